@@ -1,0 +1,107 @@
+"""CSV files with a one-line JSON header naming their schema and version.
+
+Every file this project writes starts with `# {"schema": ..., "version": ...}` so a reader can refuse
+files it does not understand instead of misreading them.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from .errors import InputError
+
+
+def header_line(schema: str, version: int, meta: dict | None = None) -> str:
+    return "# " + json.dumps({"schema": schema, "version": version, **(meta or {})}, sort_keys=True) + "\n"
+
+
+def parse_header(line: str, path: Path, schema: str, versions: Sequence[int]) -> dict:
+    if not line.startswith("# "):
+        raise InputError(f"missing the '# {{\"schema\": \"{schema}\", ...}}' header line", path=path, row=1)
+    try:
+        meta = json.loads(line[2:])
+    except json.JSONDecodeError as e:
+        raise InputError(f"header line is not valid JSON ({e})", path=path, row=1) from None
+    if meta.get("schema") != schema:
+        raise InputError(f"is a {meta.get('schema')!r} file, expected {schema!r}", path=path, row=1)
+    if meta.get("version") not in versions:
+        raise InputError(
+            f"schema version {meta.get('version')!r} is not one this reader knows ({', '.join(map(str, versions))})",
+            path=path, row=1)
+    return meta
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a whole file so that a reader never sees half of it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_table(path: Path, schema: str, version: int, columns: Sequence[str], rows: Iterable[Sequence],
+                meta: dict | None = None) -> None:
+    buf = io.StringIO()
+    buf.write(header_line(schema, version, meta))
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
+class AppendWriter:
+    """Appends rows to a CSV and flushes each one, so a killed process keeps every completed row."""
+
+    def __init__(self, path: Path, schema: str, version: int, columns: Sequence[str]):
+        self.path = Path(path)
+        self.columns = list(columns)
+        fresh = not self.path.exists() or self.path.stat().st_size == 0
+        self._f = open(self.path, "a", newline="")
+        self._w = csv.writer(self._f, lineterminator="\n")
+        if fresh:
+            self._f.write(header_line(schema, version))
+            self._w.writerow(self.columns)
+            self._f.flush()
+
+    def write(self, row: Sequence) -> None:
+        self._w.writerow(row)
+        self._f.flush()
+
+    def write_many(self, rows: Iterable[Sequence]) -> None:
+        self._w.writerows(rows)
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_table(path: Path, schema: str, versions: Sequence[int], columns: Sequence[str]) -> tuple[dict, list[list[str]]]:
+    """Header metadata and the data rows as strings. A final line cut off mid-write is dropped."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError("file not found", path=path)
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]  # the process died mid-row: keep only whole rows
+    lines = text.splitlines(keepends=True)
+    if not lines:
+        raise InputError("file is empty", path=path)
+    meta = parse_header(lines[0], path, schema, versions)
+    rows = list(csv.reader(lines[1:]))
+    if not rows:
+        raise InputError("no column header line", path=path, row=2)
+    missing = [c for c in columns if c not in rows[0]]
+    if missing:
+        raise InputError(f"missing columns {missing}; found {rows[0]}", path=path, row=2)
+    idx = [rows[0].index(c) for c in columns]
+    out = []
+    for i, r in enumerate(rows[1:], start=3):
+        if len(r) != len(rows[0]):
+            raise InputError(f"has {len(r)} fields, the header has {len(rows[0])}", path=path, row=i)
+        out.append([r[j] for j in idx])
+    return meta, out

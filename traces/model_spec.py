@@ -1,0 +1,32 @@
+"""The model a cost table or run belongs to, identified by a hash of the shapes that set its costs."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+# Qwen2.5-1.5B (DESIGN.md). Costs depend on these shapes, not on the weights' values.
+QWEN25_1P5B = {
+    "name": "Qwen2.5-1.5B",
+    "hidden_size": 1536,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "intermediate_size": 8960,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 32768,
+}
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "vocab_size", "tie_word_embeddings")
+
+
+def config_hash(spec: dict) -> str:
+    """Hash of the cost-relevant shapes: two configs with the same hash cost the same per step."""
+    return hashlib.sha256(json.dumps({k: spec[k] for k in SHAPE_KEYS}, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def kv_bytes_per_token(spec: dict, dtype_bytes: int = 2) -> int:
+    return spec["num_hidden_layers"] * 2 * spec["num_key_value_heads"] * spec["head_dim"] * dtype_bytes

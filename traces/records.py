@@ -1,0 +1,110 @@
+"""Run records, one schema for real and simulated runs.
+
+A run is a directory: meta.json (how and where it was made), requests.csv, steps.csv, tokens.csv and
+rejected.csv. Rows are appended and flushed as they complete, so a run killed halfway keeps every
+finished row; meta.json says "running" until the run closes it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .csvio import AppendWriter, atomic_write_text, read_table
+from .errors import InputError
+from .provenance import now_iso
+
+SCHEMA = "run-record"
+VERSION = 1
+REQUEST_COLUMNS = ("request_id", "arrival", "admitted", "admit_step", "group_id", "group_size", "first_token",
+                   "finished", "prompt_tokens", "output_tokens", "blocks")
+STEP_COLUMNS = ("step", "kind", "rows", "padded_len", "prompt_tokens", "kv_tokens", "kv_max", "kv_read",
+                "start", "end", "group_id", "admitted", "retired")
+TOKEN_COLUMNS = ("request_id", "index", "time")
+REJECTED_COLUMNS = ("request_id", "arrival", "reason")
+TABLES = {"requests": REQUEST_COLUMNS, "steps": STEP_COLUMNS, "tokens": TOKEN_COLUMNS, "rejected": REJECTED_COLUMNS}
+_NUMERIC = {"requests": REQUEST_COLUMNS, "steps": tuple(c for c in STEP_COLUMNS if c != "kind"),
+            "tokens": TOKEN_COLUMNS, "rejected": ("request_id", "arrival")}
+
+
+@dataclass
+class RunRecord:
+    meta: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    tokens: pd.DataFrame
+    rejected: pd.DataFrame
+
+
+class RunWriter:
+    """Collects a run's rows: appended to files under `out_dir`, or kept in memory when out_dir is None."""
+
+    def __init__(self, out_dir: str | Path | None, meta: dict, tables=("requests", "steps", "tokens", "rejected")):
+        self.meta = {"schema": SCHEMA, "version": VERSION, **meta, "status": "running"}
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self._mem: dict[str, list] = {}
+        self._files: dict[str, AppendWriter] = {}
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            if any((self.out_dir / f"{t}.csv").exists() for t in TABLES):
+                raise InputError("already holds a run record; choose a new output directory", path=self.out_dir)
+            self._write_meta()
+            self._files = {t: AppendWriter(self.out_dir / f"{t}.csv", f"{SCHEMA}/{t}", VERSION, TABLES[t]) for t in tables}
+        else:
+            self._mem = {t: [] for t in tables}
+
+    def _write_meta(self) -> None:
+        atomic_write_text(self.out_dir / "meta.json", json.dumps(self.meta, indent=2, sort_keys=True, default=str) + "\n")
+
+    def add(self, table: str, row) -> None:
+        if table in self._files:
+            self._files[table].write(row)
+        elif table in self._mem:
+            self._mem[table].append(row)
+
+    def add_many(self, table: str, rows) -> None:
+        if table in self._files:
+            self._files[table].write_many(rows)
+        elif table in self._mem:
+            self._mem[table].extend(rows)
+
+    def close(self, **summary) -> None:
+        self.meta.update(summary, status="complete", ended_at=now_iso())
+        if self.out_dir is not None:
+            for f in self._files.values():
+                f.close()
+            self._write_meta()
+
+    def record(self) -> RunRecord:
+        """The run as data frames (from memory, or re-read from its files)."""
+        if self.out_dir is not None:
+            return read_run(self.out_dir)
+        frames = {t: _frame(t, self._mem.get(t, [])) for t in TABLES}
+        return RunRecord(dict(self.meta), **frames)
+
+
+def _frame(table: str, rows: list) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=list(TABLES[table]))
+    for c in _NUMERIC[table]:
+        df[c] = pd.to_numeric(df[c])
+    return df
+
+
+def read_run(run_dir: str | Path) -> RunRecord:
+    """Read a run directory; a run cut off mid-way reads as far as its last complete row."""
+    run_dir = Path(run_dir)
+    meta_path = run_dir / "meta.json"
+    if not meta_path.exists():
+        raise InputError("not a run record (no meta.json)", path=run_dir)
+    meta = json.loads(meta_path.read_text())
+    if meta.get("schema") != SCHEMA or meta.get("version") != VERSION:
+        raise InputError(f"run-record schema {meta.get('schema')!r} v{meta.get('version')!r} is not {SCHEMA!r} v{VERSION}",
+                         path=meta_path)
+    frames = {}
+    for t, cols in TABLES.items():
+        p = run_dir / f"{t}.csv"
+        rows = read_table(p, f"{SCHEMA}/{t}", (VERSION,), cols)[1] if p.exists() else []
+        frames[t] = _frame(t, rows)
+    return RunRecord(meta, **frames)

@@ -1,0 +1,99 @@
+"""Requests and the seeded workloads every part replays: mixed draws, Poisson and closed traces.
+
+The mix and the arrival gaps come from separate random streams, so the same (n, seed) holds the
+same requests at every rate: a trace at rate 2r is the trace at rate r with time halved. Sweeps across
+rates therefore compare like with like.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .prompts import PROMPT_LENGTHS, PROMPT_NAMES
+
+BUDGETS = (64, 128, 192, 256)
+DEFAULT_BUDGET = 256
+DEFAULT_N = 400
+ARRIVAL_DECIMALS = 6  # microseconds: traces round-trip through text exactly
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a trace: when it arrives, how long its prompt is, how many tokens it generates."""
+
+    request_id: int
+    arrival: float
+    prompt_tokens: int
+    budget: int
+    prompt: str = ""  # the named workload prompt (p16..p4096), or "" for a length-only request
+
+
+@dataclass
+class Trace:
+    requests: list[Request]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def trace_id(self) -> str:
+        """A stable id from the requests alone (not the metadata): same requests, same id."""
+        h = hashlib.sha256()
+        for r in self.requests:
+            h.update(f"{r.request_id},{r.arrival:.{ARRIVAL_DECIMALS}f},{r.prompt_tokens},{r.budget},{r.prompt}\n".encode())
+        return h.hexdigest()[:16]
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+def _raw(seed: int, stream: int, count: int) -> np.ndarray:
+    # Raw PCG64 words are identical across NumPy versions; the distribution methods are not promised to be.
+    return np.random.PCG64(np.random.SeedSequence([seed, stream])).random_raw(count)
+
+
+def mixed_draw(n: int, seed: int) -> list[tuple[str, int]]:
+    """n (prompt name, budget) pairs: prompt uniform over the five, budget uniform over BUDGETS."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    raw = _raw(seed, 1, 2 * n)
+    prompts = raw[0::2] % np.uint64(len(PROMPT_NAMES))
+    budgets = raw[1::2] % np.uint64(len(BUDGETS))
+    return [(PROMPT_NAMES[int(p)], BUDGETS[int(b)]) for p, b in zip(prompts, budgets)]
+
+
+def poisson_arrivals(rate: float, n: int, seed: int) -> list[float]:
+    """Arrival times of a Poisson process of `rate` per second from t=0, rounded to microseconds."""
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"arrival rate must be a positive number of requests per second, got {rate}")
+    u = ((_raw(seed, 2, n) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+    times = np.cumsum(-np.log(u) / rate)
+    return [round(float(t), ARRIVAL_DECIMALS) for t in times]
+
+
+def _requests(draw: list[tuple[str, int]], arrivals: list[float]) -> list[Request]:
+    return [Request(i, a, PROMPT_LENGTHS[p], b, p) for i, ((p, b), a) in enumerate(zip(draw, arrivals))]
+
+
+def poisson_trace(rate: float, n: int = DEFAULT_N, seed: int = 0) -> Trace:
+    """The seeded arrival trace (rate, n, seed): Poisson arrivals carrying a mixed draw."""
+    reqs = _requests(mixed_draw(n, seed), poisson_arrivals(rate, n, seed))
+    return Trace(reqs, {"kind": "poisson", "rate": rate, "n": n, "seed": seed})
+
+
+def closed_mixed(n: int, seed: int = 0) -> Trace:
+    """A closed run: the mixed draw (n, seed), everything arriving at t=0."""
+    return Trace(_requests(mixed_draw(n, seed), [0.0] * n), {"kind": "closed-mixed", "n": n, "seed": seed})
+
+
+def closed_uniform(prompt: str, n: int, budget: int = DEFAULT_BUDGET) -> Trace:
+    """A closed run of n copies of one prompt and budget, all at t=0."""
+    reqs = _requests([(prompt, budget)] * n, [0.0] * n)
+    return Trace(reqs, {"kind": "closed-uniform", "prompt": prompt, "budget": budget, "n": n})
+
+
+def length_trace(requests: list[tuple[float, int, int]], meta: dict | None = None) -> Trace:
+    """A trace from (arrival, prompt tokens, budget) triples, e.g. an imported public trace."""
+    reqs = [Request(i, round(float(a), ARRIVAL_DECIMALS), int(p), int(b)) for i, (a, p, b) in enumerate(requests)]
+    return Trace(reqs, dict(meta or {}))
