@@ -1,6 +1,8 @@
 """Turns scheduler state and step times into run-record rows; the engine and the simulator both use it."""
 from __future__ import annotations
 
+import numpy as np
+
 from traces.records import RunWriter
 from traces.workload import Request
 
@@ -29,8 +31,20 @@ class Recorder:
                                   group[0].group_id, len(group), 0))
 
     def decode(self, step: int, rows: int, kv_tokens: int, kv_max: int, start: float, end: float, retired: int) -> None:
-        self.writer.add("steps", (step, "decode", rows, 0, 0, kv_tokens, kv_max,
-                                  kv_read(self.backend, rows, kv_tokens, kv_max), start, end, -1, 0, retired))
+        self.decode_steps(step, rows, [kv_tokens], [kv_max], [start], [end], retired)
+
+    def decode_steps(self, step: int, rows: int, kv_tokens, kv_max, starts, ends, retired: int) -> None:
+        """Consecutive decode steps of the same rows from `step`, one array entry each; rows retire only in the last.
+
+        The simulator writes a whole stretch of decode steps at once through this.
+        """
+        n = len(ends)
+        kv_tokens, kv_max = np.asarray(kv_tokens), np.asarray(kv_max)
+        self.writer.add_many("steps", zip(range(step, step + n), ["decode"] * n, [rows] * n, [0] * n, [0] * n,
+                                          kv_tokens.tolist(), kv_max.tolist(),
+                                          kv_read(self.backend, rows, kv_tokens, kv_max).tolist(),
+                                          np.asarray(starts, float).tolist(), np.asarray(ends, float).tolist(),
+                                          [-1] * n, [0] * n, [0] * (n - 1) + [retired]))
 
     def finish(self, seqs: list[Seq]) -> None:
         for s in seqs:
@@ -38,7 +52,8 @@ class Recorder:
             self.writer.add("requests", (r.request_id, r.arrival, s.admitted, s.admit_step, s.group_id, s.group_size,
                                          s.first_token, s.finished, r.prompt_tokens, s.generated, s.blocks_needed))
             if self.tokens and s.token_times:
-                self.writer.add_many("tokens", ((r.request_id, i, t) for i, t in enumerate(s.token_times)))
+                ids = s.token_ids or [-1] * len(s.token_times)
+                self.writer.add_many("tokens", ((r.request_id, i, t, tok) for i, (t, tok) in enumerate(zip(s.token_times, ids))))
 
     def reject(self, req: Request, reason: str) -> None:
         self.writer.add("rejected", (req.request_id, req.arrival, reason))

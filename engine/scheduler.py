@@ -50,6 +50,7 @@ class Scheduler:
         self.running: list[Seq] = []
         self.kv_tokens = 0  # K/V tokens held by running rows, kept incrementally for the simulator's speed
         self._seen: set[int] = set()
+        self.submitted = 0
         self._groups = 0
 
     def check(self, req: Request) -> None:
@@ -73,6 +74,7 @@ class Scheduler:
     def submit(self, req: Request) -> Seq:
         self.check(req)
         self._seen.add(req.request_id)
+        self.submitted += 1
         seq = Seq(req, self.pool.blocks_for(req.prompt_tokens + req.budget))
         self.queue.append(seq)
         return seq
@@ -88,11 +90,11 @@ class Scheduler:
             seq.block_table = self.pool.allocate(seq.blocks_needed)
             seq.admitted, seq.admit_step = now, step
             group.append(seq)
+            self.running.append(seq)  # at once, so can_admit counts the rows this group has taken
         if group:
             self._groups += 1
             for seq in group:
                 seq.group_id, seq.group_size = self._groups - 1, len(group)
-            self.running.extend(group)
         return group
 
     def prefilled(self, group: list[Seq], t: float) -> None:

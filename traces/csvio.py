@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -40,7 +41,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -61,7 +62,7 @@ class AppendWriter:
         self.path = Path(path)
         self.columns = list(columns)
         fresh = not self.path.exists() or self.path.stat().st_size == 0
-        self._f = open(self.path, "a", newline="")
+        self._f = open(self.path, "a", newline="", encoding="utf-8")
         self._w = csv.writer(self._f, lineterminator="\n")
         if fresh:
             self._f.write(header_line(schema, version))
@@ -85,10 +86,11 @@ def read_table(path: Path, schema: str, versions: Sequence[int], columns: Sequen
     path = Path(path)
     if not path.exists():
         raise InputError("file not found", path=path)
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8")
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]  # the process died mid-row: keep only whole rows
-    lines = text.splitlines(keepends=True)
+    # Split on newlines only: str.splitlines also breaks at \u2028, \x1c and the like, which may sit inside a field.
+    lines = io.StringIO(text).readlines()
     if not lines:
         raise InputError("file is empty", path=path)
     meta = parse_header(lines[0], path, schema, versions)
@@ -105,3 +107,16 @@ def read_table(path: Path, schema: str, versions: Sequence[int], columns: Sequen
             raise InputError(f"has {len(r)} fields, the header has {len(rows[0])}", path=path, row=i)
         out.append([r[j] for j in idx])
     return meta, out
+
+
+def parse_int(value: str, path: Path, line: int, column: str, minimum: int) -> int:
+    """A whole number (written as 12 or 12.0) of at least `minimum`, or an InputError naming where it is."""
+    try:
+        f = float(value)
+    except ValueError:
+        raise InputError(f"{value!r} is not a number", path=path, row=line, column=column) from None
+    if math.isnan(f) or not f.is_integer():
+        raise InputError(f"{value!r} is not a whole number", path=path, row=line, column=column)
+    if f < minimum:
+        raise InputError(f"{value!r} must be at least {minimum}", path=path, row=line, column=column)
+    return int(f)

@@ -30,3 +30,10 @@ def config_hash(spec: dict) -> str:
 
 def kv_bytes_per_token(spec: dict, dtype_bytes: int = 2) -> int:
     return spec["num_hidden_layers"] * 2 * spec["num_key_value_heads"] * spec["head_dim"] * dtype_bytes
+
+# A two-layer Qwen2 of the same structure (GQA, biases, RoPE) for CPU tests and demos. Untied and with
+# a wide init so that its greedy tokens depend on the context, which makes token parity a real check.
+TINY_QWEN2 = dict(QWEN25_1P5B, name="tiny-qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=512,
+                  max_position_embeddings=512, tie_word_embeddings=False, initializer_range=0.2)
+MODELS = {"qwen2.5-1.5b": QWEN25_1P5B, "tiny": TINY_QWEN2}

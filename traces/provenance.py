@@ -6,12 +6,14 @@ import importlib.metadata as md
 import platform
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 PACKAGES = ("numpy", "pandas", "scipy", "simpy", "torch", "triton", "transformers")
 
 
-def versions(packages=PACKAGES) -> dict[str, str | None]:
+@lru_cache(maxsize=1)
+def _versions(packages: tuple[str, ...]) -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version()}
     for name in packages:
         try:
@@ -21,6 +23,11 @@ def versions(packages=PACKAGES) -> dict[str, str | None]:
     return out
 
 
+def versions(packages=PACKAGES) -> dict[str, str | None]:
+    return dict(_versions(tuple(packages)))
+
+
+@lru_cache(maxsize=1)
 def git_commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
@@ -36,3 +43,11 @@ def now_iso() -> str:
 def provenance() -> dict:
     return {"software": versions(), "host": platform.node(), "created_at": now_iso(), "git_commit": git_commit(),
             "argv": sys.argv}
+
+
+def gpu_matches(actual: str, expected: str) -> bool:
+    """Exact device-name match, with or without the vendor prefix: an 'A10G' is not an 'A10'."""
+    def norm(name: str) -> str:
+        name = name.strip().lower()
+        return name[len("nvidia "):] if name.startswith("nvidia ") else name
+    return norm(actual) == norm(expected)

@@ -22,7 +22,7 @@ REQUEST_COLUMNS = ("request_id", "arrival", "admitted", "admit_step", "group_id"
                    "finished", "prompt_tokens", "output_tokens", "blocks")
 STEP_COLUMNS = ("step", "kind", "rows", "padded_len", "prompt_tokens", "kv_tokens", "kv_max", "kv_read",
                 "start", "end", "group_id", "admitted", "retired")
-TOKEN_COLUMNS = ("request_id", "index", "time")
+TOKEN_COLUMNS = ("request_id", "index", "time", "token_id")  # token_id -1 where not known (simulated)
 REJECTED_COLUMNS = ("request_id", "arrival", "reason")
 TABLES = {"requests": REQUEST_COLUMNS, "steps": STEP_COLUMNS, "tokens": TOKEN_COLUMNS, "rejected": REJECTED_COLUMNS}
 _NUMERIC = {"requests": REQUEST_COLUMNS, "steps": tuple(c for c in STEP_COLUMNS if c != "kind"),
@@ -98,7 +98,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
     meta_path = run_dir / "meta.json"
     if not meta_path.exists():
         raise InputError("not a run record (no meta.json)", path=run_dir)
-    meta = json.loads(meta_path.read_text())
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
     if meta.get("schema") != SCHEMA or meta.get("version") != VERSION:
         raise InputError(f"run-record schema {meta.get('schema')!r} v{meta.get('version')!r} is not {SCHEMA!r} v{VERSION}",
                          path=meta_path)

@@ -4,8 +4,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .csvio import read_table, write_table
+from .csvio import parse_int, read_table, write_table
 from .errors import InputError
+from .prompts import PROMPT_LENGTHS
 from .workload import ARRIVAL_DECIMALS, Request, Trace
 
 SCHEMA = "request-trace"
@@ -20,18 +21,6 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
             for r in trace.requests)
     write_table(path, SCHEMA, VERSION, COLUMNS, rows, {"trace_id": trace.trace_id, "meta": trace.meta})
     return path
-
-
-def _int(value: str, path: Path, line: int, column: str, minimum: int) -> int:
-    try:
-        f = float(value)
-    except ValueError:
-        raise InputError(f"{value!r} is not a number", path=path, row=line, column=column) from None
-    if math.isnan(f) or not f.is_integer():
-        raise InputError(f"{value!r} is not a whole number", path=path, row=line, column=column)
-    if f < minimum:
-        raise InputError(f"{value!r} must be at least {minimum}", path=path, row=line, column=column)
-    return int(f)
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -50,7 +39,13 @@ def read_trace(path: str | Path) -> Trace:
             raise InputError(f"arrival {a} is earlier than the previous row's {last}: traces must be sorted by arrival",
                              path=path, row=line, column="arrival_s")
         last = a
-        reqs.append(Request(_int(rid, path, line, "request_id", 0), a,
-                            _int(ptoks, path, line, "prompt_tokens", 1), _int(budget, path, line, "budget", 1), prompt))
-    # The trace id is recomputed from the rows, so a hand-edited file gets the id of what it now holds.
+        req = Request(parse_int(rid, path, line, "request_id", 0), a, parse_int(ptoks, path, line, "prompt_tokens", 1),
+                      parse_int(budget, path, line, "budget", 1), prompt)
+        # The engine prefills a named prompt's own tokens, so its name and length must agree.
+        if prompt and PROMPT_LENGTHS.get(prompt) != req.prompt_tokens:
+            raise InputError(f"prompt {prompt!r} does not have {req.prompt_tokens} tokens (the named prompts are "
+                             f"{PROMPT_LENGTHS})", path=path, row=line, column="prompt")
+        reqs.append(req)
+    # A repeated request id is left to the engine and the simulator, which refuse the second one at submit
+    # and serve the rest. The trace id is recomputed from the rows, so a hand-edited file gets the id of what it now holds.
     return Trace(reqs, header.get("meta", {}))

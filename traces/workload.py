@@ -47,6 +47,16 @@ class Trace:
     def __len__(self) -> int:
         return len(self.requests)
 
+    @property
+    def span(self) -> float:
+        """Seconds from the first arrival to the last (requests are in arrival order)."""
+        return self.requests[-1].arrival - self.requests[0].arrival if self.requests else 0.0
+
+    @property
+    def offered_rate(self) -> float | None:
+        """Requests per second between the first and last arrival; None when they coincide (a closed run)."""
+        return (len(self.requests) - 1) / self.span if self.span > 0 else None
+
 
 def _raw(seed: int, stream: int, count: int) -> np.ndarray:
     # Raw PCG64 words are identical across NumPy versions; the distribution methods are not promised to be.

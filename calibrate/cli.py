@@ -1,0 +1,128 @@
+"""`python -m calibrate --out TABLE.json`: measure the engine's step costs on this GPU and write a cost table.
+
+Everything is checked before the engine starts: the device (there must be a GPU, and the --expect-gpu one),
+the options, and a points file left by an interrupted run (it must come from the same setup; its runs are
+skipped). A problem is one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from engine.recorder import BACKENDS
+from traces.cost_table import save_cost_table
+from traces.errors import InputError
+from traces.model_spec import MODELS
+
+from .accuracy import report
+from .store import PointsFile, points_path
+from .sweep import FULL, H200_SPEEDS, QUICK, describe, make_plan, max_rows, run_plan
+
+
+def _backends(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in BACKENDS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of backends ({', '.join(BACKENDS)})")
+    return names
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m calibrate", description=(
+        "Measure the serving engine's step costs on this GPU (closed runs timed by the engine's own step log: a "
+        "prefill grid of group width x padded length, decode steps for every row count at several K/V lengths "
+        "per backend, and retirement's overhead), fit the cost model, check it on held-out shapes, and write the "
+        "cost table the simulator reads. Measured runs are kept in OUT.points.jsonl as they finish; re-running "
+        "the same command resumes. No GPU here? `modal run calibrate/modal_app.py` calibrates on Modal's A10."))
+    p.add_argument("--out", type=Path, required=True, help="the cost table to write (JSON)")
+    p.add_argument("--expect-gpu", metavar="NAME",
+                   help="refuse to run unless the GPU is this one (e.g. 'NVIDIA H200'; 'A10' does not match 'A10G')")
+    p.add_argument("--backend", type=_backends, default=BACKENDS, metavar="B1,B2",
+                   help=f"decode backends to measure (default {','.join(BACKENDS)})")
+    p.add_argument("--max-batch", type=_count, default=32, help="batch rows (default %(default)s)")
+    p.add_argument("--checkpoint", metavar="DIR", help="a local checkpoint directory (default: seeded random weights; "
+                                                       "costs depend on the shapes, not the weights' values)")
+    p.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-1.5b", help="model shapes (default %(default)s)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cuda (default), or cpu: Triton's interpreter, for trying the path with --model tiny --quick")
+    p.add_argument("--quick", action="store_true", help=(
+        f"a smoke test of the whole path: at most {QUICK.max_rows} rows, prompts up to {QUICK.max_prompt} tokens, "
+        "a handful of shapes; its table is not for simulation"))
+    return p
+
+
+def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
+    from engine.engine import Engine, EngineConfig  # torch: only once the options are known to be good
+
+    from .sweep import identity, measure
+    from .table import build_table
+
+    t0 = time.perf_counter()
+    plan = QUICK if args.quick else FULL
+    cfg = EngineConfig(max_batch=max_rows(plan, args.max_batch), max_prompt=plan.max_prompt,
+                       max_budget=plan.max_budget, backends=args.backend, checkpoint=args.checkpoint,
+                       dtype="float16" if args.device == "cuda" else "float32", device=args.device,
+                       spec=dict(MODELS[args.model]), expect_gpu=args.expect_gpu)
+    ident = identity(cfg)  # refuses a missing or unexpected GPU before anything is written
+    runs = make_plan(plan, cfg.max_batch, args.backend)
+    store = PointsFile(points_path(args.out), ident)
+    todo = sum(r.key not in store for r in runs)
+    print(f"calibrating {ident['model']} ({ident['dtype']}) on {ident['device']}: max batch {cfg.max_batch}, "
+          f"prompts up to {cfg.max_prompt}, budget up to {cfg.max_budget}, {cfg.block_size}-token blocks, "
+          f"backends {', '.join(args.backend)}")
+    print(describe(runs, H200_SPEEDS if args.model == "qwen2.5-1.5b" and not args.quick else None))
+    if todo < len(runs):
+        print(f"resuming: {len(runs) - todo} of {len(runs)} runs already measured in {store.path}")
+    try:
+        engine = Engine(cfg)
+        started_s = time.perf_counter() - t0
+        with tqdm(total=len(runs), unit="run", desc="calibrating", dynamic_ncols=True) as bar:
+            def advance(run):
+                bar.set_postfix_str(run.label, refresh=False)
+                bar.update()
+            made = run_plan(runs, store.__contains__, lambda r: measure(engine, r), store.add, advance)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the runs measured so far are kept in {store.path}; run the same command to resume",
+              file=sys.stderr)
+        return 130
+    finally:
+        store.close()
+    calibration = {"wall_s": round(time.perf_counter() - t0, 1), "engine_start_s": round(started_s, 1),
+                   "runs_measured_now": made, "runs_resumed": len(runs) - made, "points_file": str(store.path),
+                   "backends": list(args.backend), "command": shlex.join(["python", "-m", "calibrate", *argv])}
+    table = build_table(plan, runs, store.samples, engine.metadata(), calibration)
+    table_id = save_cost_table(table, args.out)
+    print(report(table["accuracy"]))
+    o = table["overhead"]
+    print(f"overhead: retirement {o['retire_s'] * 1e3:.3f} ms per retiring step (p10 {o['retire_p10_s'] * 1e3:.3f}, "
+          f"p90 {o['retire_p90_s'] * 1e3:.3f}, n {o['retire_n']}); gap between decode step rows "
+          f"{o['step_gap_s'] * 1e6:.0f} us")
+    print(f"wrote cost table {table_id} to {args.out} ({len(table['prefill']['points'])} prefill points, "
+          + ", ".join(f"{len(d['points'])} {b} decode points" for b, d in table["decode"].items())
+          + f"; {calibration['wall_s'] / 60:.1f} min)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser().parse_args(argv)
+    try:
+        return calibrate(args, argv)
+    except InputError as e:
+        print(f"calibrate: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""A measured run's cost-table points: prefill repetitions and decode step windows, as median and spread.
+
+A decode run's steps are used without its first (it also carries the prefill row's record write, and is the
+first replay after a prefill) and its last (where every row retires; that step measures the overhead instead).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .sweep import Run
+
+
+def stats(durations) -> dict:
+    d = np.asarray(durations, float)
+    p10, med, p90 = np.percentile(d, [10, 50, 90])
+    return {"median_s": float(med), "p10_s": float(p10), "p90_s": float(p90), "n": int(d.size)}
+
+
+def prefill_point(run: Run, sample: dict) -> dict:
+    return {"width": run.width, "padded_len": run.padded_len, **stats(sample["prefill_s"])}
+
+
+def usable_steps(sample: dict) -> tuple[np.ndarray, np.ndarray]:
+    """K/V read and duration of the decode steps that make points: all but the first and the last."""
+    kv = np.asarray(sample["kv_read"], int)[1:-1]
+    dur = (np.asarray(sample["end"]) - np.asarray(sample["start"]))[1:-1]
+    if not kv.size:
+        raise ValueError("a decode run needs at least 3 decode steps (budget 4)")
+    return kv, dur
+
+
+def decode_points(run: Run, sample: dict, window: int) -> list[dict]:
+    """One point per `window` consecutive usable steps: the middle step's K/V read, the steps' time statistics.
+
+    A window of an even count drops its first step, so that the median step is one step, whose K/V read is
+    the point's.
+    """
+    kv, dur = usable_steps(sample)
+    parts = [i[len(i) % 2 == 0:] for i in np.array_split(np.arange(kv.size), -(-kv.size // window))]
+    return [{"rows": run.width, "kv_read": int(kv[i[len(i) // 2]]), **stats(dur[i]), "run": run.label}
+            for i in parts]

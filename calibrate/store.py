@@ -1,0 +1,70 @@
+"""The points file: every measured run of a calibration, one JSON line each, appended and flushed as it is made.
+
+An interrupted calibration keeps what it measured and a re-run with the same --out skips it. The first line
+names the engine and device the runs were made on; a resume anywhere else is refused, since its numbers would
+not belong in the same table.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from traces.errors import InputError
+
+SCHEMA = "calibration-points"
+VERSION = 1
+
+
+def points_path(table_path: str | Path) -> Path:
+    return Path(f"{table_path}.points.jsonl")
+
+
+class PointsFile:
+    def __init__(self, path: str | Path, identity: dict):
+        self.path = Path(path)
+        self.identity = identity
+        self.samples: dict[str, dict] = {}
+        if self.path.exists() and self.path.stat().st_size:
+            self._read()
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps({"schema": SCHEMA, "version": VERSION, "identity": identity},
+                                            sort_keys=True) + "\n", encoding="utf-8")
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def _read(self) -> None:
+        text = self.path.read_text(encoding="utf-8")
+        if not text.endswith("\n"):  # killed mid-write: drop the partial line, so the next append starts clean
+            text = text[: text.rfind("\n") + 1]
+            self.path.write_text(text, encoding="utf-8")
+        lines = text.splitlines()
+        try:
+            head = json.loads(lines[0]) if lines else None
+        except json.JSONDecodeError:
+            head = None
+        if not isinstance(head, dict) or head.get("schema") != SCHEMA:
+            raise InputError(f"is not a calibration points file (expected a {SCHEMA!r} first line)", path=self.path)
+        if head.get("version") != VERSION:
+            raise InputError(f"points-file version {head.get('version')!r} is not {VERSION}", path=self.path)
+        theirs = head.get("identity", {})
+        diff = [f"{k} {theirs.get(k)!r} (now {v!r})" for k, v in self.identity.items() if theirs.get(k) != v]
+        if diff:
+            raise InputError(f"holds points measured with another setup: {'; '.join(diff)}. Resume on the same "
+                             f"setup, or choose another --out (or delete this file) to start over", path=self.path)
+        for i, line in enumerate(lines[1:], start=2):
+            try:
+                entry = json.loads(line)
+                self.samples[entry["key"]] = entry["sample"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise InputError("is not a measured run (corrupt points file?)", path=self.path, row=i) from None
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.samples
+
+    def add(self, key: str, sample: dict) -> None:
+        self._f.write(json.dumps({"key": key, "sample": sample}, separators=(",", ":")) + "\n")
+        self._f.flush()
+        self.samples[key] = sample
+
+    def close(self) -> None:
+        self._f.close()

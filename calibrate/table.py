@@ -1,0 +1,64 @@
+"""From measured runs to a cost table: the points, the fit, the retirement overhead and the accuracy check."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from traces.cost_table import SCHEMA, VERSION, validate
+
+from .accuracy import check
+from .cost_model import CostModel, ExtrapolationWarning, fit
+from .points import decode_points, prefill_point, stats
+from .sweep import Plan, Run
+
+NOTES = (
+    "Timings are the engine's own step rows (end - start), from closed runs made by `python -m calibrate`.",
+    "A prefill step row spans admission, the padded prefill, the KV copy into the pool and the first token: "
+    "admission's cost is inside the prefill costs.",
+    "A decode step row spans the decode step, retirement and the finished requests' record writes. Decode "
+    "points exclude a run's first and last steps; overhead.retire_s is the median extra time of the last step "
+    "(where all the run's rows retire and their records are written to disk) over the fitted decode cost.",
+    "overhead.step_gap_s is the median time between a decode step row's end and the next row's start (writing "
+    "the step's own row): it is in no step's cost.",
+)
+
+
+def overhead(cost: CostModel, runs: list[Run], samples: dict[str, dict]) -> dict:
+    """Retirement's extra over the fitted decode cost, and the untimed gap between decode step rows."""
+    extra, gaps = [], []
+    for run in runs:
+        s = samples[run.key]
+        start, end = np.asarray(s["start"]), np.asarray(s["end"])
+        extra.append(end[-1] - start[-1] - float(cost.decode(run.backend, run.width, s["kv_read"][-1])))
+        gaps.extend((start[1:] - end[:-1]).tolist())
+    st = stats(extra)
+    # A negative median is noise around no overhead; the simulator adds this to every retiring step.
+    return {"retire_s": max(0.0, st["median_s"]), "retire_p10_s": st["p10_s"], "retire_p90_s": st["p90_s"],
+            "retire_n": st["n"], "step_gap_s": float(np.median(gaps)) if gaps else 0.0}
+
+
+def build_table(plan: Plan, runs: list[Run], samples: dict[str, dict], engine_meta: dict, calibration: dict) -> dict:
+    """The validated cost table for `runs` (each measured in `samples`), with the engine's description."""
+    backends = list(dict.fromkeys(r.backend for r in runs if r.kind == "decode"))
+    decode_runs = [r for r in runs if r.kind == "decode"]
+    table = {
+        "schema": SCHEMA, "version": VERSION,
+        "name": f"{engine_meta['model']['name']} on {engine_meta['device']['name']}",
+        "device": engine_meta["device"], "model": engine_meta["model"],
+        "block_size": engine_meta["block_size"], "max_batch": engine_meta["max_batch"],
+        "max_tokens": engine_meta["max_tokens"], "software": engine_meta["software"],
+        "created_at": engine_meta["created_at"], "git_commit": engine_meta["git_commit"], "host": engine_meta["host"],
+        "calibration": {"plan": plan.name, **calibration},
+        "notes": list(NOTES),
+        "prefill": {"points": [prefill_point(r, samples[r.key]) for r in runs if r.kind == "prefill"]},
+        "decode": {b: {"points": [p for r in decode_runs if r.backend == b
+                                  for p in decode_points(r, samples[r.key], plan.window)]} for b in backends},
+    }
+    table["fit"] = fit(table)
+    with warnings.catch_warnings():
+        # The decode runs' last steps read a little past the points' K/V (the points' middle steps).
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        table["overhead"] = overhead(CostModel(table), decode_runs, samples)
+        table["accuracy"] = check(CostModel(table), [r for r in runs if r.kind.startswith("check-")], samples)
+    return validate(table)

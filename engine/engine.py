@@ -1,0 +1,161 @@
+"""The engine: loads the model, sizes the KV pool, compiles and captures the decode steps, runs traces."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from traces.errors import InputError
+from traces.model_spec import QWEN25_1P5B, kv_bytes_per_token
+from traces.provenance import gpu_matches, provenance
+from traces.records import RunRecord, RunWriter
+from traces.workload import Trace
+
+from .block_pool import DEFAULT_BLOCK_SIZE, blocks_for_gib
+from .model import PagedQwen2
+from .model_runner import ModelRunner
+from .recorder import BACKENDS, Recorder
+from .serve import serve
+from .weights import load_model
+
+GRAPH_RESERVE_BYTES = 2 << 30  # CUDA graphs' private memory and allocator slack, kept out of the default pool
+POOL_FRACTION = 0.9
+
+
+@dataclass
+class EngineConfig:
+    max_batch: int = 32
+    block_size: int = DEFAULT_BLOCK_SIZE
+    pool_gib: float | None = None
+    pool_blocks: int | None = None
+    max_prompt: int = 4096
+    max_budget: int = 256
+    backends: tuple[str, ...] = BACKENDS
+    checkpoint: str | None = None
+    seed: int = 0
+    dtype: str = "float16"
+    device: str = "cuda"
+    spec: dict = field(default_factory=lambda: dict(QWEN25_1P5B))
+    expect_gpu: str | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.max_prompt + self.max_budget
+
+
+def device_info(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {"name": "cpu", "memory_gib": None, "cuda": None}
+    props = torch.cuda.get_device_properties(device)
+    return {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 2), "cuda": torch.version.cuda,
+            "sms": props.multi_processor_count}
+
+
+def check_device(cfg: EngineConfig) -> torch.device:
+    """Refuse a device other than the one the user named, before any work."""
+    dev = torch.device(cfg.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError("no CUDA GPU is visible: the engine's real runs and calibration need one "
+                         "(run on a GPU machine, or use the Modal A10 path: `modal run calibrate/modal_app.py`)")
+    if cfg.expect_gpu:
+        name = device_info(dev)["name"]
+        if not gpu_matches(name, cfg.expect_gpu):
+            raise InputError(f"this device is {name!r}, not the expected {cfg.expect_gpu!r}; refusing to run")
+    return dev
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig, log=print):
+        self.cfg = cfg
+        dev = check_device(cfg)
+        if cfg.max_batch <= 0:
+            raise InputError(f"max batch must be positive, got {cfg.max_batch}")
+        dtype = getattr(torch, cfg.dtype)
+        log(f"loading {cfg.spec['name']} ({'checkpoint ' + cfg.checkpoint if cfg.checkpoint else 'random weights'}) "
+            f"in {cfg.dtype} on {device_info(dev)['name']}")
+        self.loaded = load_model(cfg.checkpoint, cfg.spec, cfg.seed, dtype, dev)
+        self.model = PagedQwen2(self.loaded, cfg.max_tokens)
+        self.peak_prefill_bytes = self._largest_prefill() if dev.type == "cuda" else 0
+        num_blocks = self._pool_blocks(dev, dtype)
+        log(f"KV pool: {num_blocks} blocks of {cfg.block_size} tokens "
+            f"({num_blocks * cfg.block_size * self.kv_bytes_per_token / 2**30:.2f} GiB); "
+            f"largest prefill transient {self.peak_prefill_bytes / 2**30:.2f} GiB; capturing decode graphs")
+        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, cfg.max_batch, cfg.max_tokens, cfg.backends)
+        if dev.type == "cuda":
+            self._largest_prefill()  # proves the largest group still fits beside the pool and the graphs
+        self.device = dev
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.loaded.spec, torch.finfo(getattr(torch, self.cfg.dtype)).bits // 8)
+
+    def _largest_prefill(self) -> int:
+        """Run the largest admission-group prefill the configuration allows; return its transient peak in bytes.
+
+        It writes nothing to a pool (every slot is -1), so it can run before the pool exists.
+        """
+        cfg = self.cfg
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        self.model.dense_logits(torch.zeros((cfg.max_batch, cfg.max_prompt), dtype=torch.int64), cfg.block_size)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    def _pool_blocks(self, dev: torch.device, dtype: torch.dtype) -> int:
+        cfg = self.cfg
+        block_bytes = cfg.block_size * self.kv_bytes_per_token
+        if cfg.pool_blocks:
+            n = cfg.pool_blocks
+        elif cfg.pool_gib:
+            n = blocks_for_gib(cfg.pool_gib, cfg.block_size, self.kv_bytes_per_token)
+        elif dev.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(dev)
+            n = int(POOL_FRACTION * (free - self.peak_prefill_bytes - GRAPH_RESERVE_BYTES) // block_bytes)
+        else:  # no memory to measure: enough that memory never binds
+            n = cfg.max_batch * -(-cfg.max_tokens // cfg.block_size)
+        need = -(-cfg.max_tokens // cfg.block_size)
+        if n < need:
+            raise InputError(f"a KV pool of {n} blocks ({n * block_bytes / 2**30:.3f} GiB) cannot hold the largest request: "
+                             f"{cfg.max_prompt} + {cfg.max_budget} tokens need {need} blocks of {cfg.block_size}")
+        return n
+
+    def metadata(self) -> dict:
+        cfg, m = self.cfg, self.loaded
+        return {"kind": "engine", "max_batch": cfg.max_batch, "pool_blocks": self.runner.num_blocks,
+                "block_size": cfg.block_size, "max_tokens": cfg.max_tokens,
+                "model": {"name": m.spec["name"], "config_hash": m.config_hash, "weights": m.weights, "dtype": cfg.dtype},
+                "device": device_info(self.device), "prefill_peak_gib": round(self.peak_prefill_bytes / 2**30, 3),
+                **provenance()}
+
+    def run(self, trace: Trace, out_dir: str | Path | None, backend: str = "paged", tokens: bool = True,
+            pool_blocks: int | None = None, max_batch: int | None = None, progress: bool = True,
+            extra_meta: dict | None = None) -> RunRecord:
+        """Replay `trace` in real time from now; rows are appended to `out_dir` as they complete.
+
+        `pool_blocks` and `max_batch` may narrow the engine's own for this run (a smaller pool, fewer rows).
+        """
+        if backend not in self.cfg.backends:
+            raise InputError(f"backend {backend!r} was not compiled at engine start ({', '.join(self.cfg.backends)})")
+        max_batch = max_batch or self.cfg.max_batch
+        if max_batch > self.cfg.max_batch:
+            raise InputError(f"max batch {max_batch} is above the engine's {self.cfg.max_batch}")
+        pool_blocks = pool_blocks or self.runner.num_blocks
+        if pool_blocks > self.runner.num_blocks:
+            raise InputError(f"pool of {pool_blocks} blocks is larger than the engine's {self.runner.num_blocks}")
+        meta = {**self.metadata(), "backend": backend, "trace_id": trace.trace_id, "trace": trace.meta,
+                "max_batch": max_batch, "pool_blocks": pool_blocks, **(extra_meta or {})}
+        writer = RunWriter(out_dir, meta)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=len(trace), desc=f"{backend} {trace.meta.get('kind', 'trace')}", unit="req", leave=False)
+        try:
+            sched = serve(trace, self.runner, Recorder(writer, backend, tokens), max_batch, pool_blocks,
+                          on_finish=bar.update if bar else None)
+        finally:
+            if bar:
+                bar.close()
+        writer.close(rejected=len(trace) - sched.submitted)
+        return writer.record()

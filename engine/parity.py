@@ -1,0 +1,99 @@
+"""The parity gate: the paged engine against HF transformers' greedy `generate`, token for token.
+
+Scenarios follow the write-up's gate: single requests, a uniform batch, a mixed batch, 8 requests queued
+through 4 rows; and the `paged` backend against the `padded` one. On the CPU in float32 the tokens must
+match exactly. In fp16 on a GPU two correct implementations can differ where the reference's top two
+logits nearly tie, so a mismatch is reported with the reference's top-2 margin at that step, and a
+near-tie flip is counted apart from a real mismatch, never hidden.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens
+from traces.workload import Trace, length_trace
+
+from .engine import Engine
+
+
+
+@dataclass
+class Mismatch:
+    scenario: str
+    backend: str
+    request_id: int
+    index: int  # first token that differs; everything after it follows a different context
+    got: int
+    want: int
+    margin: float  # the reference's top-1 minus top-2 logit at that token
+    logit_diff: float  # max |engine - reference| over the vocabulary of the prompt's first-token logits
+
+    @property
+    def near_tie(self) -> bool:
+        """The top two can swap only if the margin is within both logits' errors: 2x the measured difference."""
+        return self.margin <= 2 * self.logit_diff
+
+
+def reference(engine: Engine, prompt_len: int, budget: int) -> tuple[list[int], list[float], float]:
+    """HF greedy decode of the prompt of `prompt_len` tokens: the tokens, each step's top-2 logit margin, and the
+    largest difference between the engine's and HF's first-token logits (how far apart the two compute)."""
+    hf, vocab = engine.loaded.hf, engine.loaded.spec["vocab_size"]
+    ids = torch.tensor([prompt_tokens(prompt_len, min(vocab, QWEN_TEXT_VOCAB))], device=hf.device)
+    hf.generation_config.eos_token_id = None  # every request generates exactly its budget
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=budget, min_new_tokens=budget,
+                      do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    tokens = out.sequences[0, ids.shape[1]:].tolist()
+    margins = [float(t[0] - t[1]) for t in (lg[0].float().topk(2).values for lg in out.logits)]
+    diff = float((engine.model.dense_logits(ids, engine.cfg.block_size)[0].float() - out.logits[0][0].float()).abs().max())
+    return tokens, margins, diff
+
+
+def scenarios(max_prompt: int, budget: int) -> dict[str, tuple[Trace, int]]:
+    """name -> (closed trace, max batch rows). Lengths cover one token short of a block, whole blocks, odd sizes."""
+    lengths = sorted({1, 5, 16, 17, 40, 64, max_prompt // 2 + 3, max_prompt})
+    single = {f"single-{n}": (length_trace([(0.0, n, budget)]), 1) for n in (1, 17, max_prompt)}
+    return {
+        **single,
+        "uniform-4": (length_trace([(0.0, 40, budget)] * 4), 4),
+        "mixed-batch": (length_trace([(0.0, n, budget - i % 3) for i, n in enumerate(lengths)]), len(lengths)),
+        "8-through-4": (length_trace([(0.0, n, budget - i % 4) for i, n in enumerate(lengths)]), 4),
+    }
+
+
+def _first_difference(have: list[int], want: list[int]) -> int | None:
+    i = next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), None)
+    return i if i is not None or len(have) == len(want) else min(len(have), len(want))
+
+
+def run_gate(engine: Engine, budget: int = 12, log=print) -> tuple[list[Mismatch], int]:
+    """Every scenario on every compiled backend, against the reference and against each other.
+
+    Returns the mismatches and the number of tokens compared.
+    """
+    ref: dict[tuple[int, int], tuple[list[int], list[float], float]] = {}
+    mismatches, compared = [], 0
+    for name, (trace, rows) in scenarios(engine.cfg.max_prompt, budget).items():
+        got = {}
+        for backend in engine.cfg.backends:
+            rec = engine.run(trace, None, backend, max_batch=rows, progress=False)
+            got[backend] = rec.tokens.sort_values(["request_id", "index"]).groupby("request_id").token_id.apply(list)
+        for r in trace.requests:
+            key = (r.prompt_tokens, r.budget)
+            if key not in ref:
+                ref[key] = reference(engine, r.prompt_tokens, r.budget)
+            want, margins, diff = ref[key]
+            pairs = [(b, got[b][r.request_id], want) for b in got]
+            if len(got) == 2:
+                pairs.append(("paged-vs-padded", got["paged"][r.request_id], got["padded"][r.request_id]))
+            for label, have, other in pairs:
+                compared += len(other)
+                i = _first_difference(have, other)
+                if i is not None:
+                    mismatches.append(Mismatch(name, label, r.request_id, i, have[i] if i < len(have) else -1,
+                                               other[i] if i < len(other) else -1, margins[min(i, len(margins) - 1)], diff))
+        bad = [m for m in mismatches if m.scenario == name]
+        log(f"{name:14s} rows={rows:2d} requests={len(trace):2d} backends={'+'.join(got)}  "
+            f"mismatches={len(bad)} (near ties {sum(m.near_tie for m in bad)})")
+    return mismatches, compared

@@ -1,0 +1,129 @@
+"""What a simulation runs on, checked before anything runs or is written: the cost table, the trace, the pool.
+
+Every problem is an InputError that names what to fix.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from engine.block_pool import BlockPool, blocks_for_gib
+from engine.scheduler import Scheduler
+from traces.cost_table import check_compatible, load_cost_table
+from traces.errors import InputError
+from traces.model_spec import QWEN25_1P5B, config_hash
+from traces.trace_io import read_trace
+from traces.workload import ARRIVAL_DECIMALS, Request, Trace, closed_mixed, closed_uniform, poisson_trace
+
+SHIPPED_TABLE = Path(__file__).resolve().parent / "data" / "h200.json"
+MODEL = QWEN25_1P5B
+
+
+def load_table(path: str | Path | None, block_size: int) -> dict:
+    """The cost table at `path` (default: the shipped H200 table), refused if it is for another model or block size."""
+    if path is None:
+        if not SHIPPED_TABLE.exists():
+            raise InputError(f"the shipped H200 cost table ({SHIPPED_TABLE}) is not there yet: it is written by the "
+                             f"GPU calibration (calibrate/). Pass --table FILE to simulate with a cost table you have")
+        path = SHIPPED_TABLE
+    table = load_cost_table(path)
+    check_compatible(table, config_hash(MODEL), block_size)
+    return table
+
+
+def check_backend(table: dict, backend: str) -> None:
+    if backend not in table["decode"]:
+        raise InputError(f"cost table {table['table_id']} has no decode costs for backend {backend!r} "
+                         f"(it has {', '.join(table['decode'])})")
+
+
+def unbounded_pool(trace: Trace, max_batch: int, block_size: int) -> int:
+    """Blocks for max_batch copies of the trace's largest request: admission then never waits on the pool."""
+    pool = BlockPool(1, block_size)
+    return max_batch * max(pool.blocks_for(r.prompt_tokens + r.budget) for r in trace.requests)
+
+
+def check_rate(rate: float) -> float:
+    if not (math.isfinite(rate) and rate > 0):
+        raise InputError(f"the arrival rate must be a positive number of requests per second, got {rate}")
+    return rate
+
+
+def load_trace(path: str | Path) -> Trace:
+    """A trace file, refused if its metadata names a model other than the one the simulator models."""
+    trace = read_trace(path)
+    named = trace.meta.get("model")
+    if isinstance(named, dict):
+        mismatch = named.get("config_hash", config_hash(MODEL)) != config_hash(MODEL) or \
+            named.get("name", MODEL["name"]) != MODEL["name"]
+    else:
+        mismatch = named is not None and named != MODEL["name"]
+    if mismatch:
+        raise InputError(f"the trace was made for model {named}, not {MODEL['name']}", path=path)
+    if not trace.requests:
+        raise InputError("the trace has no requests", path=path)
+    return trace
+
+
+def at_rate(trace: Trace, rate: float) -> Trace:
+    """The trace with its time scaled so that it offers `rate` requests per second (same requests, same order)."""
+    check_rate(rate)
+    if trace.offered_rate is None:
+        raise InputError("a trace whose requests all arrive at once cannot be run at a rate")
+    scale = trace.offered_rate / rate
+    t0 = trace.requests[0].arrival
+    reqs = [Request(r.request_id, round((r.arrival - t0) * scale, ARRIVAL_DECIMALS), r.prompt_tokens, r.budget,
+                    r.prompt) for r in trace.requests]
+    return Trace(reqs, {**trace.meta, "rate": rate, "scaled_from": trace.trace_id})
+
+
+def closed(trace: Trace) -> Trace:
+    """The same requests all arriving at t=0: the engine saturated from the first step."""
+    reqs = [Request(r.request_id, 0.0, r.prompt_tokens, r.budget, r.prompt) for r in trace.requests]
+    return Trace(reqs, {"kind": "closed", "from": trace.trace_id})
+
+
+def make_trace(*, rate: float | None = None, n: int = 400, seed: int = 0, trace_file: str | Path | None = None,
+               closed_mixed_n: int | None = None, closed_uniform_prompt: str | None = None) -> Trace:
+    """The trace a command asks for: a trace file (at `rate` if given), a closed run, or a seeded Poisson trace."""
+    if trace_file is not None:
+        trace = load_trace(trace_file)
+        return at_rate(trace, rate) if rate is not None else trace
+    if closed_mixed_n is not None or closed_uniform_prompt is not None:
+        if rate is not None:
+            raise InputError("a closed run has every request arrive at t=0; it takes no arrival rate")
+        return closed_mixed(closed_mixed_n, seed) if closed_mixed_n is not None else \
+            closed_uniform(closed_uniform_prompt, n)
+    if rate is None:
+        raise InputError("give an arrival rate (--rate), a trace file (--trace) or a closed run")
+    return poisson_trace(check_rate(rate), n, seed)
+
+
+def pool_size(trace: Trace, max_batch: int, block_size: int, gib: float | None = None,
+              blocks: int | None = None) -> tuple[int, str]:
+    """The pool's blocks and how they were chosen: from GiB, given, or (default) so many it never binds."""
+    if gib is not None:
+        if not gib > 0:
+            raise InputError(f"the pool size must be positive, got {gib} GiB")
+        return blocks_for_gib(gib, block_size), f"{gib:g} GiB"
+    if blocks is not None:
+        if blocks <= 0:
+            raise InputError(f"the pool needs at least one block, got {blocks}")
+        return blocks, "as given"
+    return unbounded_pool(trace, max_batch, block_size), f"never binds: {max_batch} x the largest request"
+
+
+def validate(trace: Trace, table: dict, max_batch: int, pool_blocks: int, block_size: int) -> None:
+    """Refuse a trace the engine would refuse any request of (too large for the pool or the model, empty,
+    a repeated id), naming the first such request; the engine's own scheduler does the checking."""
+    if max_batch <= 0:
+        raise InputError(f"max batch must be a positive number of rows, got {max_batch}")
+    largest = max(trace.requests, key=lambda r: r.prompt_tokens + r.budget)
+    need = unbounded_pool(trace, 1, block_size)
+    if need > pool_blocks:
+        raise InputError(f"the pool is smaller than the largest request: request {largest.request_id} needs {need} "
+                         f"blocks of {block_size} tokens ({largest.prompt_tokens} prompt + {largest.budget} budget) "
+                         f"and the pool has {pool_blocks}")
+    sched = Scheduler(max_batch, BlockPool(pool_blocks, block_size), table["max_tokens"])
+    for req in trace.requests:
+        sched.submit(req)

@@ -1,0 +1,303 @@
+"""Calibration: the fit on known costs, the table's checks, resuming, the plan, the Modal path, and one tiny
+end-to-end calibration of the tiny model on the CPU (Triton's interpreter)."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from calibrate.accuracy import report
+from calibrate.cost_model import CostModel, ExtrapolationWarning, fit
+from calibrate.store import PointsFile, points_path
+from calibrate.sweep import FULL, H200_SPEEDS, QUICK, Run, check_runs, estimate_s, grid, make_plan, run_plan
+from calibrate.table import build_table
+from traces.cost_table import check_compatible, load_cost_table, save_cost_table, validate
+from traces.errors import InputError
+from traces.model_spec import TINY_QWEN2, config_hash
+
+# Known costs: prefill a power law in width x padded length over a launch floor; decode a line in K/V per row count.
+RETIRE_S, GAP_S = 2e-3, 1e-5
+TEST_PLAN = dataclasses.replace(FULL, name="test", max_prompt=256, max_budget=40, widths=(1, 2, 4, 8),
+                                lengths=(16, 32, 64, 128, 256), prefill_reps=3, decode_lengths=(16, 64),
+                                mixed_lengths=(16, 64, 256), decode_budget=10, window=4, max_rows=8, check_prefill=12,
+                                check_decode=4, check_reps=2)
+META = {"device": {"name": "synthetic"}, "block_size": 16, "max_batch": 8, "max_tokens": 296, "software": {},
+        "created_at": "2026-01-01T00:00:00+00:00", "git_commit": None, "host": "test",
+        "model": {"name": "tiny-qwen2", "config_hash": config_hash(TINY_QWEN2), "dtype": "float32",
+                  "weights": "random(seed=0)"}}
+
+
+def prefill_cost(w, n):
+    return 2e-3 + 3e-7 * np.power(w, 0.9) * np.power(n, 1.1)
+
+
+def decode_cost(backend, rows, kv):
+    return 1e-3 + 2e-5 * rows + (4e-9 if backend == "paged" else 5e-9) * np.asarray(kv)
+
+
+def fake_measure(run: Run, check_scale: float = 1.0) -> dict:
+    """What the engine's step log would hold if the costs were exactly the known ones (see engine/serve.py)."""
+    scale = check_scale if run.kind.startswith("check-") else 1.0
+    if run.kind.endswith("prefill"):
+        return {"prefill_s": [scale * prefill_cost(run.width, run.padded_len)] * run.reps}
+    r = run.width
+    kv = [r * (max(run.prompts) + j + 1) if run.backend == "padded" else sum(run.prompts) + r * (j + 1)
+          for j in range(run.budget - 1)]
+    dur = scale * decode_cost(run.backend, r, kv)
+    dur[-1] += RETIRE_S
+    start = np.concatenate([[0.0], np.cumsum(dur + GAP_S)[:-1]])
+    return {"kv_read": kv, "start": start.tolist(), "end": (start + dur).tolist()}
+
+
+def synthetic_table(check_scale: float = 1.0) -> dict:
+    runs = make_plan(TEST_PLAN, 8, ("paged", "padded"))
+    samples = {r.key: fake_measure(r, check_scale) for r in runs}
+    return build_table(TEST_PLAN, runs, samples, META, {"wall_s": 1.0})
+
+
+@pytest.fixture(scope="module")
+def table() -> dict:
+    return synthetic_table()
+
+
+# ---- the fit -------------------------------------------------------------------------------------------------
+
+def test_fit_reproduces_the_grid_exactly_and_known_costs_between_its_points(table):
+    cost = CostModel(table, strict=True)
+    for p in table["prefill"]["points"]:
+        assert cost.prefill(p["width"], p["padded_len"]) == pytest.approx(p["median_s"], rel=1e-9)
+    rng = np.random.default_rng(1)
+    w, n = rng.integers(1, 9, 200), rng.integers(16, 257, 200)
+    predicted = np.array([cost.prefill(int(a), int(b)) for a, b in zip(w, n)])
+    assert np.abs(predicted / prefill_cost(w, n) - 1).max() < 2e-3
+    for backend in ("paged", "padded"):
+        for rows in (1, 3, 8):
+            kv = rng.integers(rows * 20, rows * 290, 50)
+            np.testing.assert_allclose(cost.decode(backend, rows, kv), decode_cost(backend, rows, kv), rtol=1e-6)
+
+
+def test_decode_rows_between_measured_ones_interpolate_their_lines(table):
+    t = copy.deepcopy(table)
+    t["decode"]["paged"]["points"] = [p for p in t["decode"]["paged"]["points"] if p["rows"] in (2, 6)]
+    t["fit"] = fit(t)
+    kv = np.arange(100, 1500, 100)
+    np.testing.assert_allclose(CostModel(t).decode("paged", 4, kv), decode_cost("paged", 4, kv), rtol=1e-6)
+
+
+def test_beyond_the_grid_prefill_follows_the_edge_slope_with_a_warning_or_is_refused(table):
+    t = copy.deepcopy(table)
+    for p in t["prefill"]["points"]:  # a pure power law: the edge's slope is the exact continuation
+        p["median_s"] = p["p10_s"] = p["p90_s"] = float(3e-7 * p["width"] ** 0.9 * p["padded_len"] ** 1.1)
+    t["fit"] = fit(t)
+    with pytest.warns(ExtrapolationWarning):
+        assert CostModel(t).prefill(16, 512) == pytest.approx(3e-7 * 16 ** 0.9 * 512 ** 1.1, rel=1e-3)
+    with pytest.raises(InputError, match="outside the cost table's measured range"):
+        CostModel(t, strict=True).prefill(16, 512)
+
+
+def test_a_single_width_grid_is_flat_along_width(table):
+    t = copy.deepcopy(table)
+    t["prefill"]["points"] = [p for p in t["prefill"]["points"] if p["width"] == 1]
+    t["fit"] = fit(t)
+    with pytest.warns(ExtrapolationWarning):
+        assert CostModel(t).prefill(2, 64) == pytest.approx(prefill_cost(1, 64), rel=1e-9)
+
+
+# ---- overhead and the accuracy check ---------------------------------------------------------------------------
+
+def test_retirement_overhead_and_step_gap_are_what_the_steps_hold(table):
+    assert table["overhead"]["retire_s"] == pytest.approx(RETIRE_S, rel=1e-4)
+    assert table["overhead"]["step_gap_s"] == pytest.approx(GAP_S, rel=1e-4)
+    assert any("admission" in note for note in table["notes"])
+
+
+def test_accuracy_check_holds_out_shapes_and_reports_misses(table):
+    widths, lengths = grid(TEST_PLAN, 8)
+    held = [r for r in check_runs(TEST_PLAN, 8, ("paged",)) if r.kind == "check-prefill"]
+    assert held and all((r.width, r.padded_len) not in {(w, n) for w in widths for n in lengths} for r in held)
+    summary = table["accuracy"]["summary"]
+    assert set(summary) == {"prefill", "decode paged", "decode padded"}
+    assert all(s["meets_targets"] and s["median_abs_err"] < 2e-3 for s in summary.values())
+    off = synthetic_table(check_scale=1.25)["accuracy"]  # the engine got 25% slower after the grid was measured
+    assert off["summary"]["prefill"]["median_abs_err"] == pytest.approx(0.2, abs=2e-3)
+    text = report(off)
+    assert "MISSES THE TARGETS" in text and "worst points" in text
+
+
+# ---- the table's checks -------------------------------------------------------------------------------------
+
+def _edit(path: str, value):
+    def apply(t: dict) -> None:
+        *parents, last = path.split(".")
+        for k in parents:
+            t = t[int(k)] if isinstance(t, list) else t[k]
+        if value is KeyError:
+            del t[last]
+        else:
+            t[last] = value
+    return apply
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_edit("device", KeyError), "missing 'device'"),
+    (_edit("model.config_hash", KeyError), "missing model.'config_hash'"),
+    (_edit("prefill.points.0.p10_s", 1.0), r"prefill.points\[0\]. needs p10_s <= median_s"),
+    (_edit("decode.paged.points.0.rows", 9), "decode.paged has points with rows .9. above max_batch 8"),
+    (_edit("decode.padded.points.2.kv_read", 0), r"decode.padded.points\[2\].kv_read must be a positive integer"),
+    (_edit("version", 2), "cost-table version 2 is not one this reader knows"),
+])
+def test_table_validation_refuses_bad_tables_naming_the_field(table, tmp_path, edit, message):
+    path = tmp_path / "t.json"
+    save_cost_table(table, path)
+    assert load_cost_table(path)["table_id"] == table["table_id"]
+    bad = copy.deepcopy(table)
+    edit(bad)
+    bad.pop("table_id")
+    with pytest.raises(InputError, match=message):
+        validate(bad)
+
+
+def test_check_compatible_refuses_another_model_or_block_size(table):
+    check_compatible(table, config_hash(TINY_QWEN2), 16)
+    with pytest.raises(InputError, match="measured on model tiny-qwen2"):
+        check_compatible(table, config_hash(dict(TINY_QWEN2, hidden_size=128)), 16)
+    with pytest.raises(InputError, match="16-token blocks, not 64"):
+        check_compatible(table, config_hash(TINY_QWEN2), 64)
+
+
+# ---- the plan and resuming -----------------------------------------------------------------------------------
+
+def test_full_plan_covers_the_grid_and_fits_in_ten_minutes_on_an_h200():
+    runs = make_plan(FULL, 32, ("paged", "padded"))
+    assert len({r.key for r in runs}) == len(runs)
+    assert {(r.width, r.padded_len) for r in runs if r.kind == "prefill"} == {
+        (w, n) for w in (1, 2, 4, 8, 16, 32) for n in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)}
+    for b in ("paged", "padded"):
+        assert {r.width for r in runs if r.kind == "decode" and r.backend == b} == set(range(1, 33))
+        longest = [r for r in runs if r.kind == "decode" and r.backend == b and r.prompts[0] == 4096]
+        assert all(r.budget == 256 for r in longest)  # decode points reach the largest K/V a request holds
+    assert estimate_s(runs, H200_SPEEDS) < 600
+    widths, lengths = grid(FULL, 24)
+    assert widths == (1, 2, 4, 8, 16, 24) and lengths[-1] == 4096
+
+
+def _identity(device: str = "cpu") -> dict:
+    return {"device": device, "config_hash": config_hash(TINY_QWEN2), "max_batch": 2}
+
+
+def test_points_are_flushed_per_run_and_a_resume_skips_them(tmp_path):
+    runs = make_plan(QUICK, 2, ("paged",))
+    path = points_path(tmp_path / "t.json")
+    store = PointsFile(path, _identity())
+    made = []
+
+    def dies_after_three(run):
+        if len(made) == 3:
+            assert len(path.read_text().splitlines()) == 1 + 3  # the header and each run, on disk already
+            raise KeyboardInterrupt
+        made.append(run.key)
+        return fake_measure(run)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_plan(runs, store.__contains__, dies_after_three, store.add)
+    store.close()
+    with open(path, "a") as f:
+        f.write('{"key": "cut off mid-wri')  # a kill in the middle of a line
+    store = PointsFile(path, _identity())
+    assert set(store.samples) == set(made)
+    again = []
+    assert run_plan(runs, store.__contains__, lambda r: again.append(r.key) or fake_measure(r), store.add) == \
+        len(runs) - 3
+    store.close()
+    assert set(again) == {r.key for r in runs} - set(made)
+    assert set(PointsFile(path, _identity()).samples) == {r.key for r in runs}
+
+
+def test_a_resume_on_another_device_is_refused(tmp_path):
+    path = points_path(tmp_path / "t.json")
+    PointsFile(path, _identity("NVIDIA H200")).close()
+    with pytest.raises(InputError, match="device 'NVIDIA H200' \\(now 'NVIDIA A10'\\)"):
+        PointsFile(path, _identity("NVIDIA A10"))
+
+
+# ---- imports, the CLI, the Modal path ----------------------------------------------------------------------
+
+def test_the_cost_model_side_imports_no_torch():
+    code = ("import sys, calibrate, calibrate.cost_model, calibrate.table, calibrate.store, calibrate.cli; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_device_other_than_the_expected_one_is_refused_before_any_work(tmp_path, capsys):
+    from calibrate.cli import main
+
+    assert main(["--out", str(tmp_path / "t.json"), "--device", "cpu", "--expect-gpu", "NVIDIA H200"]) == 2
+    assert "not the expected 'NVIDIA H200'; refusing to run" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_without_a_gpu_the_cli_points_to_modal(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from calibrate.cli import main
+
+    assert main(["--out", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("calibrate: error: no CUDA GPU") and "modal_app.py" in err and "\n" not in err
+
+
+def test_modal_app_runs_on_an_a10_only():
+    modal_app = pytest.importorskip("calibrate.modal_app")
+    from modal._utils.async_utils import synchronizer  # a Function's spec holds the unwrapped image
+
+    for fn in (modal_app.calibrate_remote, modal_app.arrival_remote):
+        assert fn._spec_.gpus == "A10"
+        assert fn._spec_.image is synchronizer._translate_in(modal_app.image)
+    assert any(p.startswith("torch==") for p in modal_app.PACKAGES)
+    assert modal_app.check_gpu("NVIDIA A10") == "NVIDIA A10"
+    for other in ("NVIDIA A10G", "NVIDIA H200"):
+        with pytest.raises(InputError, match="not an A10"):
+            modal_app.check_gpu(other)
+
+
+def test_modal_results_from_another_card_are_not_written(tmp_path):
+    modal_app = pytest.importorskip("calibrate.modal_app")
+    with pytest.raises(InputError, match="'NVIDIA A10G', not an A10"):
+        modal_app.save_result({"device": "NVIDIA A10G", "files": {"t.json": b"{}"}}, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert modal_app.save_result({"device": "NVIDIA A10", "files": {"t.json": b"{}"}}, tmp_path / "out") == \
+        [tmp_path / "out" / "t.json"]
+
+
+@pytest.mark.slow
+def test_tiny_calibration_on_the_cpu_end_to_end(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from calibrate.cli import main
+
+    out = tmp_path / "tiny.json"
+    argv = ["--out", str(out), "--device", "cpu", "--model", "tiny", "--quick", "--backend", "paged"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "plan: 4 prefill shapes" in printed and "accuracy on held-out shapes" in printed
+    table = load_cost_table(out)
+    assert table["model"]["config_hash"] == config_hash(TINY_QWEN2) and table["device"]["name"] == "cpu"
+    assert table["max_batch"] == 2 and set(table["decode"]) == {"paged"}
+    assert {"torch", "triton", "transformers"} <= set(table["software"])
+    cost = CostModel(table)
+    assert cost.prefill(2, 24) > 0 and cost.retire_s >= 0
+    assert np.all(cost.decode("paged", 2, np.array([40, 60])) > 0)
+    assert set(table["accuracy"]["summary"]) == {"prefill", "decode paged"}
+    # Everything is in the points file now: running again measures nothing and writes the same points.
+    assert main(argv) == 0
+    again = load_cost_table(out)
+    assert again["calibration"]["runs_measured_now"] == 0
+    assert again["prefill"]["points"] == table["prefill"]["points"] and again["decode"] == table["decode"]
+    assert json.loads(points_path(out).read_text().splitlines()[0])["identity"]["device"] == "cpu"
+    assert math.isfinite(again["overhead"]["retire_s"])

@@ -1,0 +1,83 @@
+"""The engine on the CPU: token parity with HF transformers in float32 at small shapes, with the Triton kernels
+under the interpreter, and its refusals of bad input."""
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine.engine import Engine, EngineConfig  # noqa: E402
+from engine.parity import reference, run_gate, scenarios  # noqa: E402
+from traces.errors import InputError  # noqa: E402
+from traces.model_spec import TINY_QWEN2  # noqa: E402
+from traces.records import read_run  # noqa: E402
+from traces.workload import Request, Trace, length_trace  # noqa: E402
+
+CPU = dict(device="cpu", dtype="float32", spec=dict(TINY_QWEN2), block_size=16)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(EngineConfig(max_batch=8, max_prompt=80, max_budget=16, **CPU), log=lambda *a: None)
+
+
+def test_paged_engine_matches_hf_generate_token_for_token(engine):
+    mismatches, compared = run_gate(engine, budget=6, log=lambda *a: None)
+    assert compared > 200
+    assert mismatches == []
+
+
+def test_reference_tokens_depend_on_the_context(engine):
+    # A model that echoed its last token would make parity meaningless; this one does not.
+    tokens, margins, diff = reference(engine, 40, 8)
+    assert len(set(tokens)) > 2
+    assert diff < 1e-4 and min(margins) > 0
+
+
+def test_gate_covers_the_writeups_scenarios():
+    names = scenarios(80, 6)
+    assert {"uniform-4", "mixed-batch", "8-through-4"} <= set(names)
+    trace, rows = names["8-through-4"]
+    assert len(trace) == 8 and rows == 4
+
+
+def test_bad_requests_are_refused_at_submit_and_the_rest_served(engine, tmp_path):
+    reqs = [Request(0, 0.0, 20, 4), Request(1, 0.0, 0, 4), Request(2, 0.0, 10, 0), Request(0, 0.0, 12, 3),
+            Request(3, 0.0, 95, 4), Request(4, 0.001, 30, 5)]
+    rec = engine.run(Trace(reqs, {"kind": "bad-input"}), tmp_path / "run", "paged", progress=False)
+    reasons = dict(zip(rec.rejected.request_id, rec.rejected.reason))
+    assert sorted(rec.requests.request_id) == [0, 4]
+    assert len(rec.rejected) == 4
+    text = " ".join(rec.rejected.reason)
+    for words in ("empty prompt", "budget must be at least 1", "submitted twice", "beyond the model's 96 positions"):
+        assert words in text
+    assert reasons[1].startswith("request 1")
+    assert (rec.requests.output_tokens == [4, 5]).all()
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["model"]["weights"] == "random(seed=0)"
+    assert meta["device"]["name"] == "cpu" and meta["trace_id"] == Trace(reqs).trace_id
+
+
+def test_a_request_larger_than_the_run_pool_is_refused_at_submit(engine):
+    rec = engine.run(length_trace([(0.0, 70, 16), (0.0, 10, 4)]), None, "paged", pool_blocks=5, progress=False)
+    assert rec.requests.request_id.tolist() == [1]
+    assert "needs 6 blocks" in rec.rejected.reason[0] and "the pool has 5" in rec.rejected.reason[0]
+
+
+def test_records_are_written_as_rows_complete(engine, tmp_path):
+    rec = engine.run(length_trace([(0.0, 17, 5), (0.0, 33, 3)]), tmp_path / "r", "padded", progress=False)
+    again = read_run(tmp_path / "r")
+    assert len(again.tokens) == 8 and set(again.steps.kind) == {"prefill", "decode"}
+    assert (again.requests.finished >= again.requests.first_token).all()
+    assert again.tokens.token_id.ge(0).all()
+    assert rec.meta["backend"] == "padded"
+
+
+def test_a_pool_that_cannot_hold_the_largest_request_is_refused_at_start():
+    with pytest.raises(InputError, match="cannot hold the largest request"):
+        Engine(EngineConfig(max_batch=2, max_prompt=80, max_budget=16, pool_blocks=3, **CPU), log=lambda *a: None)
+
+
+def test_another_gpu_than_the_named_one_is_refused_before_any_work():
+    with pytest.raises(InputError, match="not the expected 'NVIDIA H200'"):
+        Engine(EngineConfig(expect_gpu="NVIDIA H200", **CPU), log=lambda *a: None)

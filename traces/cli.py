@@ -1,0 +1,185 @@
+"""`python -m traces`: make the seeded workload traces, import public ones, and summarise a trace file."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Callable
+
+import numpy as np
+
+from .errors import InputError
+from .importers import FORMATS, MAX_BUDGET, MAX_PROMPT, ImportOptions, import_azure, import_table
+from .prompts import PROMPT_NAMES
+from .trace_io import read_trace, write_trace
+from .workload import DEFAULT_BUDGET, DEFAULT_N, Trace, closed_mixed, closed_uniform, poisson_trace
+
+
+def _checked(kind: type, ok: Callable[[float], bool], need: str) -> Callable[[str], float]:
+    """An argparse type that refuses values outside what the option means, saying what it needs."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {need}")
+        return value
+    return parse
+
+
+_rate = _checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of requests per second")
+_count = _checked(int, lambda v: v >= 1, "a whole number >= 1")
+_seed = _checked(int, lambda v: v >= 0, "a whole number >= 0")
+
+
+def _window(text: str) -> tuple[float, float]:
+    start, _, end = text.partition(":")
+    try:
+        return float(start), float(end)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not START:END in seconds, e.g. 600:1200") from None
+
+
+def workload_options() -> argparse.ArgumentParser:
+    """The options that pick one run's workload, shared by `engine run` and `sim run`."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("workload (one of)")
+    w = g.add_mutually_exclusive_group(required=True)
+    w.add_argument("--rate", type=_rate, help="a seeded Poisson trace at this many requests per second")
+    w.add_argument("--trace", metavar="FILE", help="a request-trace file (python -m traces ...)")
+    w.add_argument("--closed-mixed", type=_count, metavar="N", help="N requests of a mixed draw, all at t=0")
+    w.add_argument("--closed-uniform", choices=PROMPT_NAMES, metavar="PROMPT",
+                   help=f"--n copies of one prompt ({', '.join(PROMPT_NAMES)}), all at t=0")
+    g.add_argument("--n", type=_count, default=DEFAULT_N, help=f"requests for --rate/--closed-uniform (default {DEFAULT_N})")
+    g.add_argument("--seed", type=_seed, default=0, help="seed of the mixed draw and arrival gaps (default 0)")
+    g.add_argument("--budget", type=_count, default=DEFAULT_BUDGET,
+                   help=f"tokens per request for --closed-uniform (default {DEFAULT_BUDGET})")
+    return p
+
+
+def workload_from_args(args: argparse.Namespace) -> Trace:
+    if args.rate is not None:
+        return poisson_trace(args.rate, args.n, args.seed)
+    if args.trace:
+        return read_trace(args.trace)
+    if args.closed_mixed:
+        return closed_mixed(args.closed_mixed, args.seed)
+    return closed_uniform(args.closed_uniform, args.n, args.budget)
+
+
+def _write(trace: Trace, out: str) -> None:
+    write_trace(trace, out)
+    print(f"wrote {out}: trace {trace.trace_id}, {len(trace)} requests")
+
+
+def _poisson(args: argparse.Namespace) -> None:
+    _write(poisson_trace(args.rate, args.n, args.seed), args.out)
+
+
+def _closed(args: argparse.Namespace) -> None:
+    # The options that do not apply are refused rather than ignored, so no one believes they took effect.
+    if args.mixed and args.budget is not None:
+        raise InputError("--budget applies to --prompt; a mixed draw picks each request's budget")
+    if args.prompt and args.seed is not None:
+        raise InputError("--seed applies to --mixed; --prompt repeats one prompt and budget")
+    trace = closed_mixed(args.n, args.seed or 0) if args.mixed else \
+        closed_uniform(args.prompt, args.n, args.budget or DEFAULT_BUDGET)
+    _write(trace, args.out)
+
+
+def _options(args: argparse.Namespace) -> ImportOptions:
+    return ImportOptions(args.max_prompt, args.max_budget, args.window, args.compress)
+
+
+def _import_azure(args: argparse.Namespace) -> None:
+    trace, report = import_azure(args.path, _options(args))
+    print(report)
+    _write(trace, args.out)
+
+
+def _import(args: argparse.Namespace) -> None:
+    trace, report = import_table(args.path, args.timestamp, args.input, args.output, _options(args), args.format)
+    print(report)
+    _write(trace, args.out)
+
+
+def summary(trace: Trace) -> str:
+    """A few lines on a trace: id, size, span, offered rate, length percentiles and metadata."""
+    lines = [f"trace id       {trace.trace_id}", f"requests       {len(trace)}"]
+    if trace.requests:
+        rate = trace.offered_rate
+        lines += [f"span           {trace.span:.3f} s (arrivals {trace.requests[0].arrival:g} .. "
+                  f"{trace.requests[-1].arrival:g} s)",
+                  "offered rate   " + ("n/a: every request arrives at once" if rate is None else f"{rate:.3f} req/s")]
+        for name, values in (("prompt tokens", [r.prompt_tokens for r in trace.requests]),
+                             ("budget", [r.budget for r in trace.requests])):
+            p50, p90, p99 = np.percentile(values, [50, 90, 99])
+            lines.append(f"{name:<15}p50 {p50:g}  p90 {p90:g}  p99 {p99:g}  max {max(values)}")
+    lines.append("meta           " + json.dumps(trace.meta, indent=2, sort_keys=True).replace("\n", "\n               "))
+    return "\n".join(lines)
+
+
+def _show(args: argparse.Namespace) -> None:
+    print(summary(read_trace(args.file)))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m traces", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--out", required=True, metavar="FILE", help="trace file to write")
+
+    s = sub.add_parser("poisson", parents=[out], help="the seeded Poisson arrival trace (rate, n, seed)")
+    s.add_argument("--rate", type=_rate, required=True, help="arrivals per second")
+    s.add_argument("--n", type=_count, default=DEFAULT_N, help=f"requests (default {DEFAULT_N})")
+    s.add_argument("--seed", type=_seed, default=0, help="seed of the mixed draw and the arrival gaps (default 0)")
+    s.set_defaults(func=_poisson)
+
+    s = sub.add_parser("closed", parents=[out], help="a closed run: n requests all arriving at t=0")
+    which = s.add_mutually_exclusive_group(required=True)
+    which.add_argument("--mixed", action="store_true", help="a mixed draw of prompts and budgets")
+    which.add_argument("--prompt", choices=PROMPT_NAMES, help="every request has this prompt")
+    s.add_argument("--n", type=_count, required=True, help="requests")
+    s.add_argument("--seed", type=_seed, help="seed of the mixed draw (default 0)")
+    s.add_argument("--budget", type=_count, help=f"tokens each --prompt request generates (default {DEFAULT_BUDGET})")
+    s.set_defaults(func=_closed)
+
+    caps = argparse.ArgumentParser(add_help=False, parents=[out])
+    caps.add_argument("--max-prompt", type=int, default=MAX_PROMPT,
+                      help=f"drop requests with longer prompts (default {MAX_PROMPT})")
+    caps.add_argument("--max-budget", type=int, default=MAX_BUDGET,
+                      help=f"clip longer outputs to this budget (default {MAX_BUDGET})")
+    caps.add_argument("--window", type=_window, metavar="START:END",
+                      help="keep requests from START to END seconds after the file's first timestamp")
+    caps.add_argument("--compress", type=float, default=1.0, metavar="F",
+                      help="divide arrival times by F, offering the same requests at F times the rate")
+
+    s = sub.add_parser("import-azure", parents=[caps], help="import the Azure LLM inference trace 2023 CSV")
+    s.add_argument("path", help="AzureLLMInferenceTrace_conv.csv or _code.csv")
+    s.set_defaults(func=_import_azure)
+
+    s = sub.add_parser("import", parents=[caps], help="import a CSV or JSONL trace, naming its columns")
+    s.add_argument("path", help="a .csv, or a .jsonl with one JSON object per line")
+    s.add_argument("--timestamp", required=True, metavar="COL", help="arrival time: seconds or ISO datetimes")
+    s.add_argument("--input", required=True, metavar="COL", help="prompt tokens")
+    s.add_argument("--output", required=True, metavar="COL", help="output tokens")
+    s.add_argument("--format", choices=FORMATS, help="file format (default: from the suffix, .jsonl or .csv)")
+    s.set_defaults(func=_import)
+
+    s = sub.add_parser("show", help="summarise a trace file")
+    s.add_argument("file")
+    s.set_defaults(func=_show)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (InputError, OSError) as e:  # the user's input or filesystem: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
