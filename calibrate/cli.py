@@ -69,6 +69,8 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     from .table import build_table
 
     t0 = time.perf_counter()
+    if args.out.is_dir():
+        raise InputError("is a directory; --out names the cost table file to write", path=args.out)
     plan = QUICK if args.quick else FULL
     cfg = EngineConfig(max_batch=max_rows(plan, args.max_batch), max_prompt=plan.max_prompt,
                        max_budget=plan.max_budget, backends=args.backend, checkpoint=args.checkpoint,
@@ -105,9 +107,8 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     table_id = save_cost_table(table, args.out)
     print(report(table["accuracy"]))
     o = table["overhead"]
-    print(f"overhead: retirement {o['retire_s'] * 1e3:.3f} ms per retiring step (p10 {o['retire_p10_s'] * 1e3:.3f}, "
-          f"p90 {o['retire_p90_s'] * 1e3:.3f}, n {o['retire_n']}); gap between decode step rows "
-          f"{o['step_gap_s'] * 1e6:.0f} us")
+    print(f"overhead: retirement {o['retire_s'] * 1e6:.0f} us per retired row (p10 {o['retire_p10_s'] * 1e6:.0f}, "
+          f"p90 {o['retire_p90_s'] * 1e6:.0f}, n {o['retire_n']})")
     print(f"wrote cost table {table_id} to {args.out} ({len(table['prefill']['points'])} prefill points, "
           + ", ".join(f"{len(d['points'])} {b} decode points" for b, d in table["decode"].items())
           + f"; {calibration['wall_s'] / 60:.1f} min)")

@@ -95,7 +95,8 @@ class CostModel:
         k = [min(3, len(a) - 1) if p.get("method") == "cubic" else 1 for a in axes]
         self._prefill = RectBivariateSpline(*axes, log_s, kx=k[0], ky=k[1], s=0)
         self.prefill_sigma = p["sigma"]
-        self._decode = {b: {k: np.array(v, float) for k, v in d.items() if k != "sigma"} for b, d in f["decode"].items()}
+        self._decode = {b: {k: np.array(v, float) for k, v in d.items() if k != "sigma"}
+                        for b, d in f["decode"].items()}
         self.decode_sigma = {b: d["sigma"] for b, d in f["decode"].items()}
         self.retire_s = float(table.get("overhead", {}).get("retire_s", 0.0))
         self.backends = tuple(self._decode)
@@ -133,7 +134,8 @@ class CostModel:
         """One decode step of `rows` rows reading `kv_read` K/V tokens (a number or an array of them)."""
         d = self._decode.get(backend)
         if d is None:
-            raise InputError(f"the cost table has no decode costs for backend {backend!r} (it has {', '.join(self.backends)})")
+            raise InputError(f"the cost table has no decode costs for backend {backend!r} "
+                             f"(it has {', '.join(self.backends)})")
         r = d["rows"]
         if rows > r[-1] or rows < r[0]:
             self._outside(f"decode rows {rows}")

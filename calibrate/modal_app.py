@@ -1,8 +1,10 @@
 """Calibration and the engine's arrival runs on Modal's A10, from a machine without a GPU.
 
-    modal run -m calibrate.modal_app --out a10.json                # calibrate; the table (and its points) land here
-    modal run -m calibrate.modal_app --out a10-quick.json --quick  # a smoke test of the path
-    modal run -m calibrate.modal_app --rate 2 --out runs/a10-r2    # one seeded arrival run; its record lands here
+    modal run calibrate/modal_app.py --out a10.json                # calibrate; the table (and its points) land here
+    modal run calibrate/modal_app.py --out a10-quick.json --quick  # a smoke test of the path
+    modal run calibrate/modal_app.py --rate 2 --out runs/a10-r2    # one seeded arrival run; its record lands here
+
+(from the repository root, with the project installed: `pip install -e .`, so that Modal finds its packages.)
 
 The container checks its card before any work and refuses anything but an NVIDIA A10 (an A10G is another card
 with other speeds); this machine checks the name again before it writes what came back. The points file of a
@@ -107,7 +109,8 @@ def main(out: str, quick: bool = False, backend: str = "", max_batch: int = 32, 
         result = arrival_remote.remote(rate, n, seed, backend or "paged", max_batch, pool_gib or None)
         paths = save_result(result, Path(out))
     else:
-        options = ["--backend", backend or "paged,padded", "--max-batch", str(max_batch)] + (["--quick"] if quick else [])
+        options = ["--backend", backend or "paged,padded", "--max-batch", str(max_batch)]
+        options += ["--quick"] if quick else []
         result = calibrate_remote.remote(Path(out).name, options)
         paths = save_result(result, Path(out).parent)
     print(f"{result['device']}: wrote " + ", ".join(map(str, paths)))

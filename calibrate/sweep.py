@@ -72,8 +72,9 @@ class Run:
 
     @property
     def key(self) -> str:
-        """The run's identity in the points file: every field that changes what is measured."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        """The run's identity in the points file: every field that changes what is measured (not the label)."""
+        return json.dumps({k: v for k, v in asdict(self).items() if k != "label"}, sort_keys=True,
+                          separators=(",", ":"))
 
     @property
     def width(self) -> int:
@@ -172,10 +173,11 @@ def describe(runs: list[Run], speeds: dict | None = None) -> str:
              f"{len(chk)} held-out runs for the accuracy check"]
     if speeds:
         total = estimate_s(runs, speeds)
-        lines.append(f"      estimated {total / 60:.1f} min at H200 speeds ({speeds['engine_start_s'] / 60:.0f} min engine "
-                     f"start, {sum(r.prefill_tokens for r in runs) / 1e6:.1f} M prefill tokens at "
+        tokens, steps = sum(r.prefill_tokens for r in runs), sum(r.decode_steps for r in runs)
+        lines.append(f"      estimated {total / 60:.1f} min at H200 speeds ({speeds['engine_start_s'] / 60:.0f} min "
+                     f"engine start, {tokens / 1e6:.1f} M prefill tokens at "
                      f"{speeds['prefill_token_s'] * 32 * 4096:.1f} s per 32 x 4096, "
-                     f"{sum(r.decode_steps for r in runs):,} decode steps at {speeds['decode_step_s'] * 1e3:.0f} ms)")
+                     f"{steps:,} decode steps at {speeds['decode_step_s'] * 1e3:.0f} ms)")
     return "\n".join(lines)
 
 

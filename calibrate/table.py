@@ -16,26 +16,24 @@ NOTES = (
     "Timings are the engine's own step rows (end - start), from closed runs made by `python -m calibrate`.",
     "A prefill step row spans admission, the padded prefill, the KV copy into the pool and the first token: "
     "admission's cost is inside the prefill costs.",
-    "A decode step row spans the decode step, retirement and the finished requests' record writes. Decode "
-    "points exclude a run's first and last steps; overhead.retire_s is the median extra time of the last step "
-    "(where all the run's rows retire and their records are written to disk) over the fitted decode cost.",
-    "overhead.step_gap_s is the median time between a decode step row's end and the next row's start (writing "
-    "the step's own row): it is in no step's cost.",
+    "A decode step row spans the decode step, retirement, the record writes and the next pass's arrival check: "
+    "it ends where the next step starts, so the rows tile a run's busy time. Decode points exclude a run's first "
+    "and last steps; overhead.retire_s is the median extra time of the last step (where all the run's rows retire "
+    "and their records are written to disk) over the fitted decode cost, per retired row.",
 )
 
 
 def overhead(cost: CostModel, runs: list[Run], samples: dict[str, dict]) -> dict:
-    """Retirement's extra over the fitted decode cost, and the untimed gap between decode step rows."""
-    extra, gaps = [], []
+    """Retirement's extra time over the fitted decode cost, per retired row (its records are written then)."""
+    extra = []
     for run in runs:
         s = samples[run.key]
-        start, end = np.asarray(s["start"]), np.asarray(s["end"])
-        extra.append(end[-1] - start[-1] - float(cost.decode(run.backend, run.width, s["kv_read"][-1])))
-        gaps.extend((start[1:] - end[:-1]).tolist())
+        last = s["end"][-1] - s["start"][-1]
+        extra.append((last - float(cost.decode(run.backend, run.width, s["kv_read"][-1]))) / run.width)
     st = stats(extra)
-    # A negative median is noise around no overhead; the simulator adds this to every retiring step.
+    # A negative median is noise around no overhead; the simulator adds retire_s per row retiring in a step.
     return {"retire_s": max(0.0, st["median_s"]), "retire_p10_s": st["p10_s"], "retire_p90_s": st["p90_s"],
-            "retire_n": st["n"], "step_gap_s": float(np.median(gaps)) if gaps else 0.0}
+            "retire_n": st["n"]}
 
 
 def build_table(plan: Plan, runs: list[Run], samples: dict[str, dict], engine_meta: dict, calibration: dict) -> dict:

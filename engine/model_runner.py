@@ -51,6 +51,7 @@ class ModelRunner:
         self.workspaces = {k: paged_attention_workspace(b, model.hq, model.head_dim, k, dev)
                            for k in set(self.splits.values()) if k > 1}
         self.out_tokens = torch.zeros(b, dtype=torch.int64, device=dev)
+        self._table_owner: list[Seq | None] = [None] * b  # whose block table each host row holds now
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         use_graphs = dev.type == "cuda" if graphs is None else graphs
         if use_graphs:
@@ -99,8 +100,10 @@ class ModelRunner:
             h[b + i] = pos
             h[2 * b + i] = pos + 1
             h[3 * b + i] = s.block_table[pos // bs] * bs + pos % bs
-            tables[i, :len(s.block_table)] = s.block_table
-            tables[i, len(s.block_table):] = self.scratch
+            if self._table_owner[i] is not s:  # a table is fixed at admission: rewrite a row only when it changes hands
+                self._table_owner[i] = s
+                tables[i, :len(s.block_table)] = s.block_table
+                tables[i, len(s.block_table):] = self.scratch
         self._dev.copy_(self._host, non_blocking=True)
         g = self.graphs.get((backend, n))
         if g is not None:

@@ -30,7 +30,7 @@ class Recorder:
         self.writer.add("steps", (step, "prefill", len(group), padded, real, 0, 0, 0, start, end,
                                   group[0].group_id, len(group), 0))
 
-    def decode(self, step: int, rows: int, kv_tokens: int, kv_max: int, start: float, end: float, retired: int) -> None:
+    def decode(self, step: int, rows: int, kv_tokens: int, kv_max: int, start: float, retired: int, *, end: float) -> None:
         self.decode_steps(step, rows, [kv_tokens], [kv_max], [start], [end], retired)
 
     def decode_steps(self, step: int, rows: int, kv_tokens, kv_max, starts, ends, retired: int) -> None:

@@ -52,8 +52,12 @@ def serve(trace: Trace, runner: Runner, recorder: Recorder, max_batch: int, pool
     pending = deque(sorted(trace.requests, key=lambda r: r.arrival))
     backend = recorder.backend
     step = 0
+    open_row = None  # the last decode step's row: it ends where the next pass starts, so rows tile the run's time
     while True:
         t = clock.now()
+        if open_row:
+            recorder.decode(*open_row, end=t)
+            open_row = None
         while pending and pending[0].arrival <= t:
             req = pending.popleft()
             try:
@@ -89,7 +93,7 @@ def serve(trace: Trace, runner: Runner, recorder: Recorder, max_batch: int, pool
         done = sched.retire()
         recorder.finish(done)
         if rows:
-            recorder.decode(step, len(rows), kv_tokens, kv_max, start, clock.now(), len(done))
+            open_row = (step, len(rows), kv_tokens, kv_max, start, len(done))
         if on_finish and done:
             on_finish(len(done))
         step += 1

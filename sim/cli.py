@@ -25,14 +25,14 @@ from traces.provenance import provenance
 from traces.records import TABLES, RunWriter
 from traces.workload import DEFAULT_N, poisson_trace
 
-from . import inputs
+from . import inputs, validate
 from .model import SimConfig, simulate
 from .report import report, write_files
 from .scoring import score
 from .sweep import AUTO_POINTS, AUTO_SPAN, Config, Workload, run_sweep
 
 DEFAULT_OUT = Path("sim-out")
-SUBCOMMANDS = ("run", "sweep")
+SUBCOMMANDS = ("run", "sweep", "validate")
 
 
 def _checked(kind: type, ok: Callable, need: str) -> Callable[[str], object]:
@@ -123,6 +123,20 @@ def parser() -> argparse.ArgumentParser:
     sweep.add_argument("--jobs", type=_count, help="worker processes (default: every core)")
     _common(sweep)
     sweep.set_defaults(func=cmd_sweep)
+
+    val = sub.add_parser("validate", help="predicted beside measured: plan points, run them on the GPU, report",
+                         description=validate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    val.add_argument("step", choices=("plan", "real", "report"),
+                     help="plan: choose points from the sim's sweep (CPU); real: run them on the engine (GPU); "
+                          "report: compare (CPU, from the records)")
+    val.add_argument("--out", type=Path, default=Path("results/validation"), help="directory (default %(default)s)")
+    val.add_argument("--table", type=Path, help="cost table (default: the shipped H200 table)")
+    val.add_argument("--n", type=_count, default=DEFAULT_N, help="requests per arrival point (plan; default %(default)s)")
+    val.add_argument("--seed", type=_seed, default=0, help="workload seed (plan; default %(default)s)")
+    val.add_argument("--azure", type=Path, default=validate.AZURE, help="the Azure conversation trace CSV (plan)")
+    val.add_argument("--expect-gpu", metavar="NAME", help="real: refuse any other device, e.g. 'NVIDIA H200'")
+    val.add_argument("--only", type=_list(str), metavar="ID1,ID2", help="real: run only these points")
+    val.set_defaults(func=cmd_validate)
     return top
 
 
@@ -232,6 +246,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     events = sum(r["sim_events"] for res in results for r in res.rows)
     print(f"\n{sum(len(res.rows) for res in results)} points, {events:,} events in {time.perf_counter() - t0:.1f} s; "
           f"wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    if args.step == "plan":
+        points = validate.make_plan(args.table, args.out, args.n, args.seed, args.azure)
+        print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
+        for p in points:
+            print(f"  {p.id:40s} {p.role:10s} {p.backend} rows {p.max_batch} pool {p.pool_gib or 'engine'} "
+                  f"x{p.repeats}" + (f" after {p.warmup} warm-up" if p.warmup else ""))
+    elif args.step == "real":
+        validate.run_real(args.out, args.expect_gpu, args.only)
+    else:
+        print(f"wrote {validate.write_report(args.out, args.table)}")
     return 0
 
 

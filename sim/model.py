@@ -194,7 +194,7 @@ class _Engine:
                     for s in rows:
                         s.token_times.extend(ends_list)
             done = sched.retire()
-            end = t + retire_s if done else t  # writing the finished rows' records costs the engine this
+            end = t + retire_s * len(done)  # writing each finished row's records costs the engine this
             rec.finish(done)
             if rows and steps_kept:
                 rec.decode_steps(step, len(rows), kv_tokens, kv_max, [decode_start] + ends_list[:-1],

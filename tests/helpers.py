@@ -51,15 +51,14 @@ class CostRunner:
 
 
 class RetireCostRecorder(Recorder):
-    """Writing finished rows' records is the engine's retirement overhead: here it costs retire_s of virtual time."""
+    """Writing finished rows' records is the engine's retirement overhead: here retire_s of virtual time per row."""
 
     def __init__(self, writer: RunWriter, backend: str, clock: VirtualClock, retire_s: float):
         super().__init__(writer, backend, tokens=True)
         self.clock, self.retire_s = clock, retire_s
 
     def finish(self, seqs) -> None:
-        if seqs:
-            self.clock.t += self.retire_s
+        self.clock.t += self.retire_s * len(seqs)
         super().finish(seqs)
 
 

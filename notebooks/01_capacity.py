@@ -1,0 +1,183 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Capacity
+#
+# How much load does each configuration carry, and how long do requests wait on the way there? The
+# simulator replays the seeded Poisson trace (400 mixed requests, DESIGN.md) at a range of arrival rates for
+# every backend x max batch x pool size, on the cost table measured on the GPU.
+#
+# A rate is **stable** when the served rate keeps up with what the trace offered and the queue wait does not
+# trend upward over the run (traces/metrics.py). A configuration's **capacity** is bracketed between its
+# highest stable rate and the lowest unstable one; a second, finer pass of rates narrows the bracket.
+#
+# Data: the table in `SERVECAP_TABLE` (default `sim/data/h200.json`). Figures: `FIGURES_DIR`.
+
+# %%
+import _style as S  # noqa: I001  (first: puts the repository on the path, sets the backend)
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from sim.sweep import Config, Workload
+
+table, table_file = S.load_table()
+BACKENDS = sorted(table["decode"], key=lambda b: (b != "paged", b))
+MAX_BATCH = [b for b in (8, 16, 32) if b <= table["max_batch"]]
+LARGE, SMALL = 64.0, 0.5  # GiB: a pool that never binds at 32 rows, and the write-up's small pool
+POOLS = [LARGE, SMALL]
+WORKLOAD = Workload(n=400, seed=0)
+FINE = 4  # extra rates inside each bracket
+
+# %% [markdown]
+# ## The sweep
+#
+# Each configuration's rates span 0.3x to 2x its saturated estimate (the rate it serves with every request
+# queued at t=0); then `FINE` more rates go inside each capacity bracket.
+
+# %%
+configs = [Config(b, mb, pool) for pool in POOLS for b in BACKENDS for mb in MAX_BATCH]
+t0 = time.perf_counter()
+results, _ = S.capacity_sweep(table, configs, WORKLOAD, fine=FINE)
+print(f"{len(configs)} configurations, {sum(len(r.rows) for r in results)} simulated runs in "
+      f"{time.perf_counter() - t0:.1f} s")
+
+rows = pd.DataFrame([{**r, "label": res.config.label} for res in results for r in res.rows]).sort_values(
+    ["backend", "max_batch", "pool_gib", "rate"])
+cap = pd.DataFrame([{"backend": r.config.backend, "max_batch": r.config.max_batch, "pool_gib": r.config.pool_gib,
+                     "pool_blocks": r.pool_blocks, "saturated_estimate": r.estimate, "capacity_lo": r.bracket[0],
+                     "capacity_hi": r.bracket[1]} for r in results])
+print(cap.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+
+
+# %% [markdown]
+# ## Served rate against arrival rate
+#
+# Below capacity the served rate follows the offered rate (the dotted line); past it, it levels off or sags.
+# The shaded band is each configuration's capacity bracket.
+
+# %%
+BATCH_COLORS = dict(zip(MAX_BATCH, ["tab:green", "tab:purple", "tab:blue"][-len(MAX_BATCH):]))
+
+
+def pool_name(gib: float) -> str:
+    return f"pool {gib:g} GiB" + (" (never binds)" if gib == LARGE else "")
+
+
+def panels(title: str):
+    fig, axes = plt.subplots(len(POOLS), len(BACKENDS), figsize=(6 * len(BACKENDS), 4.2 * len(POOLS)),
+                             squeeze=False, sharex=True)
+    for i, pool in enumerate(POOLS):
+        for j, b in enumerate(BACKENDS):
+            axes[i, j].set_title(f"{b} backend, {pool_name(pool)}")
+    for a in axes[-1]:
+        a.set_xlabel("arrival rate (req/s)")
+    fig.suptitle(title)
+    return fig, axes
+
+
+def bracket_band(ax, res, color):
+    lo, hi = res.bracket
+    if lo is not None and hi is not None:
+        ax.axvspan(lo, hi, color=color, alpha=0.15, lw=0)
+
+
+fig, axes = panels(f"Served rate against arrival rate ({WORKLOAD.n} mixed requests, {table['device']['name']})")
+for i, pool in enumerate(POOLS):
+    for j, b in enumerate(BACKENDS):
+        ax = axes[i, j]
+        for res in (r for r in results if r.config.pool_gib == pool and r.config.backend == b):
+            d = pd.DataFrame(res.rows).sort_values("rate")
+            c = BATCH_COLORS[res.config.max_batch]
+            lo, hi = res.bracket
+            ax.plot(d.rate, d.served_rate, color=c, marker=".", ms=4, **S.SIM,
+                    label=f"max batch {res.config.max_batch}: capacity {S.fmt_rate(lo)}-{S.fmt_rate(hi)} req/s")
+            bracket_band(ax, res, c)
+        top = rows.rate.max() * 1.05
+        ax.plot([0, top], [0, top], ":", color="grey", lw=1, label="served = offered")
+        ax.set_xlim(0, top)
+        ax.set_ylim(0, rows.served_rate.max() * 1.1)
+        ax.set_ylabel("served rate (req/s)")
+        ax.legend(loc="upper left")
+best = cap.loc[cap.capacity_lo.fillna(0).idxmax()]
+small = cap[(cap.backend == best.backend) & (cap.max_batch == best.max_batch) & (cap.pool_gib == SMALL)].iloc[0]
+S.save(fig, "01_served_rate",
+       f"Highest capacity: {best.backend}, max batch {best.max_batch}, large pool, stable to "
+       f"{S.fmt_rate(best.capacity_lo)} req/s (unstable at {S.fmt_rate(best.capacity_hi)}); the {SMALL:g} GiB pool "
+       f"holds the same configuration to {S.fmt_rate(small.capacity_lo)} req/s.")
+
+# %% [markdown]
+# ## Queue wait against arrival rate
+#
+# The median (solid) and 95th percentile (dashed) time from arrival to admission. Waits stay near zero up
+# to capacity and then grow with the queue (the axis is linear below 1 ms and logarithmic above).
+
+# %%
+fig, axes = panels(f"Queue wait against arrival rate ({WORKLOAD.n} mixed requests, {table['device']['name']})")
+for i, pool in enumerate(POOLS):
+    for j, b in enumerate(BACKENDS):
+        ax = axes[i, j]
+        for res in (r for r in results if r.config.pool_gib == pool and r.config.backend == b):
+            d = pd.DataFrame(res.rows).sort_values("rate")
+            c = BATCH_COLORS[res.config.max_batch]
+            ax.plot(d.rate, d.queue_wait_p50, color=c, marker=".", ms=4, **S.SIM,
+                    label=f"max batch {res.config.max_batch}")
+            ax.plot(d.rate, d.queue_wait_p95, color=c, ls="--", lw=1.2)
+            bracket_band(ax, res, c)
+        ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("queue wait (s): p50 solid, p95 dashed")
+        ax.legend(loc="upper left")
+at = rows[(rows.backend == best.backend) & (rows.max_batch == best.max_batch) & (rows.pool_gib == best.pool_gib)]
+at_lo = at[at.rate == best.capacity_lo].iloc[0] if best.capacity_lo is not None else None
+S.save(fig, "01_queue_wait",
+       (f"At its capacity ({S.fmt_rate(best.capacity_lo)} req/s) the best configuration's median request waits "
+        f"{at_lo.queue_wait_p50 * 1e3:.0f} ms and the p95 {at_lo.queue_wait_p95 * 1e3:.0f} ms; past it the waits grow "
+        f"for as long as requests keep coming." if at_lo is not None else
+        "Queue waits stay near zero below capacity and grow with the queue past it."))
+
+# %% [markdown]
+# ## Capacity of every configuration
+#
+# The bracket (bar: highest stable to lowest unstable rate) beside the saturated estimate (x), the rate the
+# engine serves when every request is queued from the start. Saturation makes the biggest admission groups,
+# so where padding is expensive the estimate sits below the bracket.
+
+# %%
+cap["name"] = [f"{b}, {mb} rows, {p:g} GiB" for b, mb, p in zip(cap.backend, cap.max_batch, cap.pool_gib)]
+cap = cap.sort_values(["pool_gib", "backend", "max_batch"], ascending=[False, True, True]).reset_index(drop=True)
+fig, ax = plt.subplots(figsize=(10, 0.42 * len(cap) + 1.6))
+for k, r in cap.iterrows():
+    c = S.COLORS.get(r.backend, "tab:gray")
+    if pd.notna(r.capacity_lo) and pd.notna(r.capacity_hi):
+        ax.barh(k, r.capacity_hi - r.capacity_lo, left=r.capacity_lo, color=c, alpha=0.75 if r.pool_gib == LARGE else 0.4,
+                height=0.6)
+        ax.text(r.capacity_hi, k, f"  {r.capacity_lo:.3g}-{r.capacity_hi:.3g}", va="center", fontsize=8)
+    else:
+        ax.text(r.saturated_estimate, k, f"  bracket open: {S.fmt_rate(r.capacity_lo)}-{S.fmt_rate(r.capacity_hi)}",
+                va="center", fontsize=8)
+    ax.plot(r.saturated_estimate, k, "x", color="black", ms=6)
+ax.set_yticks(range(len(cap)), cap.name)
+ax.invert_yaxis()
+ax.set_xlabel("arrival rate (req/s)")
+ax.set_xlim(0, cap[["capacity_hi", "saturated_estimate"]].max().max() * 1.2)
+ax.set_title(f"Capacity bracket per configuration (bar) and saturated estimate (x), {table['device']['name']}")
+ratio = (best.capacity_lo / small.capacity_lo) if small.capacity_lo else float("nan")
+worst = cap.loc[cap.capacity_lo.fillna(np.inf).idxmin()]
+S.save(fig, "01_capacity_summary",
+       f"Capacity ranges from {S.fmt_rate(worst.capacity_lo)} req/s ({worst['name']}) to "
+       f"{S.fmt_rate(best.capacity_lo)} ({best.backend}, {best.max_batch} rows, large pool); the {SMALL:g} GiB pool "
+       f"holds that best configuration {ratio:.1f}x lower.")
