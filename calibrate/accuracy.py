@@ -24,9 +24,9 @@ def check(cost: CostModel, runs: list[Run], samples: dict[str, dict]) -> dict:
             kind, measured = "prefill", float(np.median(s["prefill_s"]))
             predicted = cost.prefill(run.width, run.padded_len)
         else:
-            kv, dur = usable_steps(s)
+            kv_tokens, kv_max, dur = usable_steps(s)
             kind, measured = f"decode {run.backend}", float(np.median(dur))
-            predicted = float(np.median(cost.decode(run.backend, run.width, kv)))
+            predicted = float(np.median(cost.decode(run.backend, run.width, kv_tokens, kv_max)))
         points.append({"kind": kind, "run": run.label, "prompts": list(run.prompts), "measured_s": measured,
                        "predicted_s": predicted, "error": predicted / measured - 1})
     summary = {}

@@ -1,15 +1,16 @@
 """The cost model: step durations for any shape, fitted to a cost table's measured points.
 
-- Prefill (one admission group): a smooth surface over group width x padded length, a cubic spline
-  of log time in (log2 width, log2 padded length) through the measured grid points (of lower degree
-  along an axis with fewer than 4 points). Prefill time bends from a launch-bound floor into linear and then quadratic
-  (attention) growth; a linear interpolation between points a factor of 2 apart misses that bend by
-  1-3%, the cubic by about 0.1% (tests/test_calibrate.py). Below the grid the cost is held at the
-  smallest shape's; above it the surface is extended along its edge slope, with a warning.
-- Decode (one step): for every measured row count, a line in the K/V tokens the attention reads
-  (true lengths for `paged`, rows x widest for `padded`), fitted by least squares on relative error;
-  row counts between measured ones interpolate the two lines.
-- Overhead: the extra cost of a decode step that retires rows (their records are written then).
+- Prefill (one admission group, `width` prompts padded to `padded_len`): a smooth surface from the engine's
+  two regimes. Small groups are bound by the host launching some 340 kernels eagerly, a floor of about 10 ms
+  on the H200 that grows a little with the group's rows; large ones by the GPU's work, linear in the padded
+  tokens plus the attention square: g = base + per_token * width * len + per_token2 * width * len^2. The step
+  costs the smooth maximum of the two, (floor^k + g^k)^(1/k), fitted with scipy's robust least squares on
+  log time, so a noisy point bends the surface less than it would an interpolation through every point.
+- Decode (one step): for every measured row count, t = intercept + per_token * kv_tokens + per_max * kv_max,
+  kv_tokens the K/V tokens of all rows, kv_max the longest row's: the split-KV kernel's time follows the
+  blocks it reads and, through its split ranges, the longest row's walk. Fitted by non-negative least
+  squares on relative error; row counts between measured ones interpolate their neighbours' coefficients.
+- Overhead: the extra cost of a decode step per row it retires (their records are written then).
 - Spread: the log-normal sigma of step times around the median, from the points' p10/p90, for the
   simulator's optional noise mode.
 """
@@ -20,8 +21,7 @@ import warnings
 from functools import lru_cache
 
 import numpy as np
-from scipy.interpolate import RectBivariateSpline
-from scipy.optimize import lsq_linear
+from scipy.optimize import least_squares, lsq_linear
 
 from traces.errors import InputError
 
@@ -37,36 +37,47 @@ def _sigma(points: list[dict]) -> float:
     return float(np.median([math.log(p["p90_s"] / p["p10_s"]) / (2 * Z90) for p in points]))
 
 
+PREFILL_PARAMS = ("floor_s", "floor_per_row_s", "base_s", "per_token_s", "per_token2_s", "sharpness")
+
+
+def _prefill_time(params, width, padded_len):
+    floor_s, floor_per_row_s, base_s, per_token_s, per_token2_s, k = params
+    tokens = width * padded_len
+    gpu = base_s + per_token_s * tokens + per_token2_s * tokens * padded_len
+    floor = floor_s + floor_per_row_s * width
+    top = np.maximum(floor, gpu)  # scaled by the larger term so that no power overflows
+    return top * ((floor / top) ** k + (gpu / top) ** k) ** (1 / k)
+
+
 def fit_prefill(points: list[dict]) -> dict:
-    widths = sorted({p["width"] for p in points})
-    lengths = sorted({p["padded_len"] for p in points})
-    grid = {(p["width"], p["padded_len"]): p["median_s"] for p in points}
-    missing = [(w, n) for w in widths for n in lengths if (w, n) not in grid]
-    if missing:
-        raise InputError(f"prefill points must form a full width x length grid; missing {missing[:5]}")
-    log_s = [[math.log(grid[w, n]) for n in lengths] for w in widths]
-    return {"widths": widths, "lengths": lengths, "log_s": log_s, "method": "cubic", "sigma": _sigma(points)}
+    w = np.array([p["width"] for p in points], float)
+    n = np.array([p["padded_len"] for p in points], float)
+    y = np.array([p["median_s"] for p in points], float)
+    big = np.argmax(w * n)
+    # Start from the floor at the smallest shape and the throughput of the largest; positive through exp().
+    x0 = np.log([y.min(), y.min() * 1e-3, y.min() * 0.05, y[big] / (w[big] * n[big]), y[big] / (w[big] * n[big] ** 2) * 0.05,
+                 4.0])
+    sharpness = ([-np.inf] * 5 + [0.0], [np.inf] * 5 + [np.log(50.0)])  # between a plain sum and a hard max
+    res = least_squares(lambda x: np.log(_prefill_time(np.exp(x), w, n)) - np.log(y), x0, bounds=sharpness,
+                        loss="soft_l1", f_scale=0.05)
+    return {"method": "smooth-max", **dict(zip(PREFILL_PARAMS, np.exp(res.x).tolist())),
+            "widths": [int(w.min()), int(w.max())], "lengths": [int(n.min()), int(n.max())], "sigma": _sigma(points)}
 
 
 def fit_decode(points: list[dict]) -> dict:
-    """Per row count, t = intercept + per_token * kv_read, minimising relative error."""
+    """Per row count, t = intercept + per_token * kv_tokens + per_max * kv_max, minimising relative error."""
     rows = sorted({p["rows"] for p in points})
-    intercept, per_token, kv_lo, kv_hi = [], [], [], []
+    coef, tok_hi, max_hi = [], [], []
     for r in rows:
         pts = [p for p in points if p["rows"] == r]
-        x = np.array([p["kv_read"] for p in pts], float)
+        x = np.array([[1.0, p["kv_tokens"], p["kv_max"]] for p in pts])
         y = np.array([p["median_s"] for p in pts], float)
-        if len(pts) == 1:
-            a, b = y[0], 0.0
-        else:
-            sol = lsq_linear(np.stack([1 / y, x / y], axis=1), np.ones_like(y), bounds=([0, 0], [np.inf, np.inf]))
-            a, b = sol.x
-        intercept.append(float(a))
-        per_token.append(float(b))
-        kv_lo.append(int(x.min()))
-        kv_hi.append(int(x.max()))
-    return {"rows": rows, "intercept_s": intercept, "per_token_s": per_token, "kv_read_min": kv_lo,
-            "kv_read_max": kv_hi, "sigma": _sigma(points)}
+        coef.append(lsq_linear(x / y[:, None], np.ones_like(y), bounds=(0, np.inf)).x.tolist())
+        tok_hi.append(int(x[:, 1].max()))
+        max_hi.append(int(x[:, 2].max()))
+    a, b, c = zip(*coef)
+    return {"rows": rows, "intercept_s": list(a), "per_token_s": list(b), "per_max_s": list(c),
+            "kv_tokens_max": tok_hi, "kv_max_max": max_hi, "sigma": _sigma(points)}
 
 
 def fit(table: dict) -> dict:
@@ -83,17 +94,11 @@ class CostModel:
         self.strict = strict
         f = table["fit"]
         p = f["prefill"]
-        self._widths, self._lengths = np.array(p["widths"], float), np.array(p["lengths"], float)
-        axes, log_s = [np.log2(self._widths), np.log2(self._lengths)], np.array(p["log_s"], float)
-        for i in (0, 1):  # a single measured width or length (max batch 1): the surface is flat along that axis
-            if len(axes[i]) == 1:
-                axes[i] = np.append(axes[i], axes[i][0] + 1)
-                log_s = np.concatenate([log_s, log_s], axis=i)
-        self._axes = axes
-        # An interpolating spline (s=0) passes through every measured point. Tables written before the fit
-        # recorded its method were linear.
-        k = [min(3, len(a) - 1) if p.get("method") == "cubic" else 1 for a in axes]
-        self._prefill = RectBivariateSpline(*axes, log_s, kx=k[0], ky=k[1], s=0)
+        if p.get("method") != "smooth-max":
+            raise InputError(f"cost table {table.get('table_id')} has a prefill fit of method {p.get('method')!r}; "
+                             f"this version reads 'smooth-max': calibrate again with python -m calibrate")
+        self._prefill_params = tuple(p[k] for k in PREFILL_PARAMS)
+        self._widths, self._lengths = p["widths"], p["lengths"]
         self.prefill_sigma = p["sigma"]
         self._decode = {b: {k: np.array(v, float) for k, v in d.items() if k != "sigma"}
                         for b, d in f["decode"].items()}
@@ -110,28 +115,18 @@ class CostModel:
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(f"{what} is outside the cost table's measured range; extrapolating "
-                          f"(log-linear along the edge for prefill, linearly for decode)", ExtrapolationWarning,
+                          f"(the fitted model's own form)", ExtrapolationWarning,
                           stacklevel=3)
 
     def _prefill_cost(self, width: int, padded_len: int) -> float:
-        """One admission group's prefill: `width` prompts left-padded to `padded_len`."""
-        if width > self._widths[-1] or padded_len > self._lengths[-1]:
+        """One admission group's prefill: `width` prompts padded to `padded_len`."""
+        if width > self._widths[1] or padded_len > self._lengths[1]:
             self._outside(f"prefill width {width} x padded length {padded_len}")
-        # Smaller than the smallest measured shape: launch-bound, costs what that shape costs.
-        x = math.log2(max(float(width), self._widths[0]))
-        y = math.log2(max(float(padded_len), self._lengths[0]))
-        (xs, ys), f = self._axes, self._prefill.ev
-        xc, yc = min(x, xs[-1]), min(y, ys[-1])
-        log_s = f(xc, yc)
-        # Beyond the grid a spline's own extrapolation can swing anywhere: extend the edge's slope instead.
-        if x > xs[-1]:
-            log_s += (x - xs[-1]) * (f(xs[-1], yc) - f(xs[-2], yc)) / (xs[-1] - xs[-2])
-        if y > ys[-1]:
-            log_s += (y - ys[-1]) * (f(xc, ys[-1]) - f(xc, ys[-2])) / (ys[-1] - ys[-2])
-        return float(np.exp(log_s))
+        return float(_prefill_time(self._prefill_params, width, padded_len))
 
-    def decode(self, backend: str, rows: int, kv_read):
-        """One decode step of `rows` rows reading `kv_read` K/V tokens (a number or an array of them)."""
+    def decode(self, backend: str, rows: int, kv_tokens, kv_max):
+        """One decode step of `rows` rows holding `kv_tokens` K/V tokens in all, `kv_max` in the longest
+        (numbers, or arrays of them for a stretch of steps)."""
         d = self._decode.get(backend)
         if d is None:
             raise InputError(f"the cost table has no decode costs for backend {backend!r} "
@@ -140,13 +135,14 @@ class CostModel:
         if rows > r[-1] or rows < r[0]:
             self._outside(f"decode rows {rows}")
         if len(r) == 1:
-            a, b, hi = d["intercept_s"][0], d["per_token_s"][0], d["kv_read_max"][0]
-        else:  # interpolate the two neighbouring row counts' lines (extend the end ones outside)
+            i, w = 1, 1.0
+        else:  # interpolate the two neighbouring row counts' coefficients (extend the end ones outside)
             i = int(np.clip(np.searchsorted(r, rows), 1, len(r) - 1))
             w = (rows - r[i - 1]) / (r[i] - r[i - 1])
-            a = d["intercept_s"][i - 1] * (1 - w) + d["intercept_s"][i] * w
-            b = d["per_token_s"][i - 1] * (1 - w) + d["per_token_s"][i] * w
-            hi = max(d["kv_read_max"][i - 1], d["kv_read_max"][i])
-        if np.max(kv_read) > 1.05 * hi:
-            self._outside(f"decode K/V read {int(np.max(kv_read))} tokens at {rows} rows")
-        return a + b * kv_read
+        j = max(i - 1, 0)
+        a, b, c, hi_tok, hi_max = ((d[k][j] * (1 - w) + d[k][min(i, len(r) - 1)] * w) for k in
+                                   ("intercept_s", "per_token_s", "per_max_s", "kv_tokens_max", "kv_max_max"))
+        if np.max(kv_tokens) > 1.05 * hi_tok or np.max(kv_max) > 1.05 * hi_max:
+            self._outside(f"decode K/V of {int(np.max(kv_tokens))} tokens (longest row {int(np.max(kv_max))}) "
+                          f"at {rows} rows")
+        return a + b * np.asarray(kv_tokens, float) + c * np.asarray(kv_max, float)

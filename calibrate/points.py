@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.recorder import kv_read
+
 from .sweep import Run
 
 
@@ -20,13 +22,14 @@ def prefill_point(run: Run, sample: dict) -> dict:
     return {"width": run.width, "padded_len": run.padded_len, **stats(sample["prefill_s"])}
 
 
-def usable_steps(sample: dict) -> tuple[np.ndarray, np.ndarray]:
-    """K/V read and duration of the decode steps that make points: all but the first and the last."""
-    kv = np.asarray(sample["kv_read"], int)[1:-1]
+def usable_steps(sample: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """K/V tokens (all rows, longest row) and duration of the decode steps that make points: all but the
+    first and the last."""
+    kv_tokens, kv_max = (np.asarray(sample[k], int)[1:-1] for k in ("kv_tokens", "kv_max"))
     dur = (np.asarray(sample["end"]) - np.asarray(sample["start"]))[1:-1]
-    if not kv.size:
+    if not dur.size:
         raise ValueError("a decode run needs at least 3 decode steps (budget 4)")
-    return kv, dur
+    return kv_tokens, kv_max, dur
 
 
 def decode_points(run: Run, sample: dict, window: int) -> list[dict]:
@@ -35,7 +38,13 @@ def decode_points(run: Run, sample: dict, window: int) -> list[dict]:
     A window of an even count drops its first step, so that the median step is one step, whose K/V read is
     the point's.
     """
-    kv, dur = usable_steps(sample)
-    parts = [i[len(i) % 2 == 0:] for i in np.array_split(np.arange(kv.size), -(-kv.size // window))]
-    return [{"rows": run.width, "kv_read": int(kv[i[len(i) // 2]]), **stats(dur[i]), "run": run.label}
-            for i in parts]
+    kv_tokens, kv_max, dur = usable_steps(sample)
+    parts = [i[len(i) % 2 == 0:] for i in np.array_split(np.arange(dur.size), -(-dur.size // window))]
+    points = []
+    for i in parts:
+        m = i[len(i) // 2]
+        tokens, longest = int(kv_tokens[m]), int(kv_max[m])
+        points.append({"rows": run.width, "kv_tokens": tokens, "kv_max": longest,
+                       "kv_read": int(kv_read(run.backend, run.width, tokens, longest)), **stats(dur[i]),
+                       "run": run.label})
+    return points

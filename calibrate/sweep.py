@@ -15,7 +15,6 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from traces.prompts import PROMPT_LENGTHS
 
 WIDTHS = (1, 2, 4, 8, 16, 32)
 LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -36,7 +35,7 @@ class Plan:
     lengths: tuple[int, ...]  # prefill padded lengths
     prefill_reps: int  # recorded repetitions of a prefill shape, after one warm-up
     decode_lengths: tuple[int, ...]  # uniform prompt lengths of the decode runs; max_prompt is always one
-    mixed_lengths: tuple[int, ...]  # a decode run's mixed draw takes its prompts from these
+    mixed_runs: int  # decode runs per row count with random prompt lengths (the longest row apart from the rest)
     decode_budget: int  # tokens per request of a decode run: budget - 1 decode steps
     window: int  # decode steps per measured point; a long run gives several points
     max_rows: int | None  # cap on max batch (QUICK keeps CPU runs short)
@@ -47,10 +46,10 @@ class Plan:
 
 
 FULL = Plan("full", max_prompt=4096, max_budget=256, widths=WIDTHS, lengths=LENGTHS, prefill_reps=5,
-            decode_lengths=(16, 1024), mixed_lengths=tuple(PROMPT_LENGTHS.values()), decode_budget=32, window=32,
+            decode_lengths=(16, 1024), mixed_runs=3, decode_budget=32, window=32,
             max_rows=None, check_prefill=16, check_decode=8, check_reps=3)
 QUICK = Plan("quick", max_prompt=32, max_budget=5, widths=(1, 2), lengths=(16, 32), prefill_reps=2,
-             decode_lengths=(16,), mixed_lengths=(16, 32), decode_budget=5, window=32, max_rows=2,
+             decode_lengths=(16,), mixed_runs=1, decode_budget=5, window=32, max_rows=2,
              check_prefill=2, check_decode=1, check_reps=2)
 
 
@@ -123,17 +122,16 @@ def make_plan(plan: Plan, max_batch: int, backends: Sequence[str]) -> list[Run]:
     runs = [Run("prefill", (n,) * w, 1, backends[0], reps=plan.prefill_reps, warmup=1, label=f"prefill {w} x {n}")
             for w in widths for n in lengths]
     uniform = _clip(plan.decode_lengths, plan.max_prompt)
-    mixed = [k for k in plan.mixed_lengths if k <= plan.max_prompt]
     for b in backends:
         for r in range(1, rows_max + 1):
             for k in uniform:
                 # The longest prompts run the whole budget, so the points reach the largest K/V a request holds.
                 budget = plan.max_budget if k == plan.max_prompt else plan.decode_budget
                 runs.append(Run("decode", (k,) * r, budget, b, label=f"decode {b} {_rows(r)} x {k}"))
-            if r > 1:
-                draw = np.random.default_rng([plan.seed, r]).choice(mixed, r)
+            for m in range(plan.mixed_runs if r > 1 else 0):
+                draw = np.random.default_rng([plan.seed, r, m]).integers(lengths[0], plan.max_prompt + 1, r)
                 runs.append(Run("decode", tuple(int(k) for k in draw), plan.decode_budget, b,
-                                label=f"decode {b} {_rows(r)} mixed"))
+                                label=f"decode {b} {_rows(r)} mixed {m + 1}"))
     return runs + check_runs(plan, max_batch, backends)
 
 
@@ -239,4 +237,5 @@ def measure(engine, run: Run) -> dict:
             steps = dec
     if run.kind in ("prefill", "check-prefill"):
         return {"prefill_s": prefill_s}
-    return {"kv_read": steps.kv_read.astype(int).tolist(), "start": steps.start.tolist(), "end": steps.end.tolist()}
+    return {"kv_tokens": steps.kv_tokens.astype(int).tolist(), "kv_max": steps.kv_max.astype(int).tolist(),
+            "start": steps.start.tolist(), "end": steps.end.tolist()}

@@ -29,7 +29,8 @@ def overhead(cost: CostModel, runs: list[Run], samples: dict[str, dict]) -> dict
     for run in runs:
         s = samples[run.key]
         last = s["end"][-1] - s["start"][-1]
-        extra.append((last - float(cost.decode(run.backend, run.width, s["kv_read"][-1]))) / run.width)
+        extra.append((last - float(cost.decode(run.backend, run.width, s["kv_tokens"][-1], s["kv_max"][-1])))
+                     / run.width)
     st = stats(extra)
     # A negative median is noise around no overhead; the simulator adds retire_s per row retiring in a step.
     return {"retire_s": max(0.0, st["median_s"]), "retire_p10_s": st["p10_s"], "retire_p90_s": st["p90_s"],

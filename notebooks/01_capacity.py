@@ -60,6 +60,7 @@ rows = pd.DataFrame([{**r, "label": res.config.label} for res in results for r i
 cap = pd.DataFrame([{"backend": r.config.backend, "max_batch": r.config.max_batch, "pool_gib": r.config.pool_gib,
                      "pool_blocks": r.pool_blocks, "saturated_estimate": r.estimate, "capacity_lo": r.bracket[0],
                      "capacity_hi": r.bracket[1]} for r in results])
+cap["name"] = [f"{b}, {mb} rows, {p:g} GiB" for b, mb, p in zip(cap.backend, cap.max_batch, cap.pool_gib)]
 print(cap.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
 
@@ -115,7 +116,7 @@ for i, pool in enumerate(POOLS):
 best = cap.loc[cap.capacity_lo.fillna(0).idxmax()]
 small = cap[(cap.backend == best.backend) & (cap.max_batch == best.max_batch) & (cap.pool_gib == SMALL)].iloc[0]
 S.save(fig, "01_served_rate",
-       f"Highest capacity: {best.backend}, max batch {best.max_batch}, large pool, stable to "
+       f"Highest capacity: {best['name']}, stable to "
        f"{S.fmt_rate(best.capacity_lo)} req/s (unstable at {S.fmt_rate(best.capacity_hi)}); the {SMALL:g} GiB pool "
        f"holds the same configuration to {S.fmt_rate(small.capacity_lo)} req/s.")
 
@@ -142,7 +143,7 @@ for i, pool in enumerate(POOLS):
         ax.set_ylabel("queue wait (s): p50 solid, p95 dashed")
         ax.legend(loc="upper left")
 at = rows[(rows.backend == best.backend) & (rows.max_batch == best.max_batch) & (rows.pool_gib == best.pool_gib)]
-at_lo = at[at.rate == best.capacity_lo].iloc[0] if best.capacity_lo is not None else None
+at_lo = at[at.rate == best.capacity_lo].iloc[0] if (at.rate == best.capacity_lo).any() else None
 S.save(fig, "01_queue_wait",
        (f"At its capacity ({S.fmt_rate(best.capacity_lo)} req/s) the best configuration's median request waits "
         f"{at_lo.queue_wait_p50 * 1e3:.0f} ms and the p95 {at_lo.queue_wait_p95 * 1e3:.0f} ms; past it the waits grow "
@@ -157,14 +158,13 @@ S.save(fig, "01_queue_wait",
 # so where padding is expensive the estimate sits below the bracket.
 
 # %%
-cap["name"] = [f"{b}, {mb} rows, {p:g} GiB" for b, mb, p in zip(cap.backend, cap.max_batch, cap.pool_gib)]
 cap = cap.sort_values(["pool_gib", "backend", "max_batch"], ascending=[False, True, True]).reset_index(drop=True)
 fig, ax = plt.subplots(figsize=(10, 0.42 * len(cap) + 1.6))
 for k, r in cap.iterrows():
     c = S.COLORS.get(r.backend, "tab:gray")
     if pd.notna(r.capacity_lo) and pd.notna(r.capacity_hi):
-        ax.barh(k, r.capacity_hi - r.capacity_lo, left=r.capacity_lo, color=c, alpha=0.75 if r.pool_gib == LARGE else 0.4,
-                height=0.6)
+        ax.barh(k, r.capacity_hi - r.capacity_lo, left=r.capacity_lo, color=c, height=0.6,
+                alpha=0.75 if r.pool_gib == LARGE else 0.4)
         ax.text(r.capacity_hi, k, f"  {r.capacity_lo:.3g}-{r.capacity_hi:.3g}", va="center", fontsize=8)
     else:
         ax.text(r.saturated_estimate, k, f"  bracket open: {S.fmt_rate(r.capacity_lo)}-{S.fmt_rate(r.capacity_hi)}",
@@ -179,5 +179,5 @@ ratio = (best.capacity_lo / small.capacity_lo) if small.capacity_lo else float("
 worst = cap.loc[cap.capacity_lo.fillna(np.inf).idxmin()]
 S.save(fig, "01_capacity_summary",
        f"Capacity ranges from {S.fmt_rate(worst.capacity_lo)} req/s ({worst['name']}) to "
-       f"{S.fmt_rate(best.capacity_lo)} ({best.backend}, {best.max_batch} rows, large pool); the {SMALL:g} GiB pool "
-       f"holds that best configuration {ratio:.1f}x lower.")
+       f"{S.fmt_rate(best.capacity_lo)} ({best['name']}); the {SMALL:g} GiB pool holds that configuration "
+       f"{ratio:.1f}x lower.")

@@ -18,9 +18,9 @@
 # on the engine in closed runs (calibrate/), as points with a median and a p10-p90 spread, plus the fitted
 # model that serves every shape between them (calibrate/cost_model.py):
 #
-# - **prefill** of one admission group: a smooth surface over group width x padded length;
-# - **decode** of one step: per row count, a line in the K/V tokens the attention reads
-#   (true lengths for `paged`, rows x the widest row for `padded`);
+# - **prefill** of one admission group: a smooth surface over group width x padded length (a launch-bound
+#   floor for small groups, GPU work linear in padded tokens plus attention's square for large ones);
+# - **decode** of one step: per row count, a plane in the K/V tokens of all rows and the longest row's;
 # - **held-out accuracy**: the fitted model against shapes the fit never saw.
 #
 # Data: the table in `SERVECAP_TABLE` (default `sim/data/h200.json`). Figures: `FIGURES_DIR`
@@ -45,64 +45,85 @@ print(f"{len(prefill)} prefill points ({prefill.width.nunique()} widths x {prefi
       + ", ".join(f"{(decode.backend == b).sum()} {b} decode points" for b in table["decode"]))
 print("overhead:", {k: v for k, v in table.get("overhead", {}).items()})
 
+
+def quiet(fn, *args):
+    """The cost model at a shape, without its warning for shapes past the measured edge."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        return fn(*args)
+
+
 # %% [markdown]
 # ## Prefill: one admission group, by width and padded length
 #
-# A group of `width` prompts left-padded to `padded_len` costs about the same as `width x padded_len`
-# positions of work once it is past the launch-bound floor, so the right panel divides by that: the
-# cost of one padded position. Where the lines flatten, padding is paid in full.
+# Left: the step time, measured and fitted. Middle: the same divided by the group's padded positions
+# (width x padded length), the price of one padded position: high where the launch floor dominates, lowest
+# where the GPU is busy, rising again where attention's square takes over. Right: how far each measured
+# median sits from the fitted surface.
 
 # %%
 widths = sorted(prefill.width.unique())
 colors = dict(zip(widths, plt.cm.viridis(np.linspace(0, 0.9, len(widths)))))
 dense = np.geomspace(prefill.padded_len.min(), prefill.padded_len.max(), 80).round().astype(int)
+prefill["fitted_s"] = [quiet(cost.prefill, int(w), int(n)) for w, n in zip(prefill.width, prefill.padded_len)]
+prefill["residual"] = prefill.median_s / prefill.fitted_s - 1
 
-fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.8))
 for w in widths:
     pts = prefill[prefill.width == w].sort_values("padded_len")
-    fitted = np.array([cost.prefill(int(w), int(n)) for n in dense])
-    yerr = [pts.median_s - pts.p10_s, pts.p90_s - pts.median_s]
-    ax.errorbar(pts.padded_len, pts.median_s * 1e3, yerr=np.array(yerr) * 1e3, fmt="o", ms=4, capsize=2,
-                color=colors[w], label=f"width {w}")
+    fitted = np.array([quiet(cost.prefill, int(w), int(n)) for n in dense])
+    yerr = np.array([pts.median_s - pts.p10_s, pts.p90_s - pts.median_s]) * 1e3
+    ax.errorbar(pts.padded_len, pts.median_s * 1e3, yerr=yerr, fmt="o", ms=4, capsize=2, color=colors[w],
+                label=f"width {w}")
     ax.plot(dense, fitted * 1e3, color=colors[w], lw=1.2)
-    per = pts.median_s / (pts.width * pts.padded_len)
-    ax2.plot(pts.padded_len, per * 1e6, "o", ms=4, color=colors[w])
-    ax2.plot(dense, fitted / (w * dense) * 1e6, color=colors[w], lw=1.2, label=f"width {w}")
-for a in (ax, ax2):
+    ax2.plot(pts.padded_len, pts.median_s / (w * pts.padded_len) * 1e6, "o", ms=4, color=colors[w])
+    ax2.plot(dense, fitted / (w * dense) * 1e6, color=colors[w], lw=1.2)
+    ax3.plot(pts.padded_len, pts.residual * 100, "o-", ms=4, lw=0.8, color=colors[w])
+for a in (ax, ax2, ax3):
     a.set_xscale("log", base=2)
-    a.set_yscale("log")
     a.set_xlabel("padded prompt length (tokens)")
+    S.plain_ticks(a, "x")
+for a in (ax, ax2):
+    a.set_yscale("log")
+    S.plain_ticks(a, "y")
 ax.set_ylabel("prefill step time (ms)")
-ax.set_title("Prefill step: measured median (p10-p90 bars) and fitted surface (lines)")
-ax2.set_ylabel("time per padded position (µs)")
-ax2.set_title("Cost per padded position: step time / (width x padded length)")
+ax.set_title("Step time: measured median (p10-p90 bars), fitted (lines)")
 ax.legend(title="group width (rows)", ncol=2)
+ax2.set_ylabel("time per padded position (µs)")
+ax2.set_title("Per padded position: step time / (width x length)")
+ax3.axhline(0, color="black", lw=0.8)
+span = max(1.0, float(prefill.residual.abs().max() * 100) * 1.15)
+ax3.set_ylim(-span, span)
+ax3.set_ylabel("measured / fitted - 1 (%)")
+ax3.set_title("Fit residual at every measured point")
 fig.suptitle(f"Prefill cost, {table['device']['name']}")
 big = prefill.sort_values(["width", "padded_len"]).iloc[-1]
+worst = prefill.loc[prefill.residual.abs().idxmax()]
 S.save(fig, "05_prefill",
-       f"The fitted surface passes through every measured median; the widest group ({int(big.width)} x "
-       f"{int(big.padded_len)}) costs {big.median_s * 1e3:.0f} ms, and short groups sit on a launch floor of "
-       f"{prefill.median_s.min() * 1e3:.1f} ms.")
+       f"The widest group ({int(big.width)} x {int(big.padded_len)}) costs {big.median_s * 1e3:.0f} ms and the "
+       f"smallest {prefill.median_s.min() * 1e3:.1f} ms; the fit is within {prefill.residual.abs().median():.1%} "
+       f"of a measured median typically, {worst.residual:+.1%} at worst ({int(worst.width)} x "
+       f"{int(worst.padded_len)}).")
 
 # %% [markdown]
 # ## Decode: one step, by K/V tokens read and row count
 #
-# Each row count gets its own line. `paged` reads each row at its true length; `padded` reads every row at
-# the widest row's length, so the same batch reads (and costs) more. The bottom row shows how far each
-# measured median is from its fitted line.
+# The model prices a step by the K/V tokens of all its rows and by its longest row. The lines are batches of
+# equal rows (every row as long as the longest); a measured point with mixed lengths sits off its line, and
+# the cross marks the model at that point's own shape. `paged` reads each row at its true length; `padded`
+# reads every row at the longest row's length, so the same batch reads (and costs) more. The bottom row
+# shows how far each measured median is from the model at its shape.
 
 # %%
 backends = sorted(table["decode"], key=lambda b: (b != "paged", b))
 rows_all = sorted(decode["rows"].unique())
 shown = [r for r in rows_all if r in (1, 2, 4, 8, 16, 24, 32)] or rows_all
 rcolors = dict(zip(shown, plt.cm.plasma(np.linspace(0, 0.85, len(shown)))))
-fig, axes = plt.subplots(2, len(backends), figsize=(6 * len(backends), 7.2), squeeze=False,
-                         gridspec_kw={"height_ratios": [3, 1.3]}, sharex="col")
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", ExtrapolationWarning)
-    decode["fitted_s"] = [float(cost.decode(b, int(r), int(k))) for b, r, k in
-                          zip(decode.backend, decode["rows"], decode.kv_read)]
+decode["fitted_s"] = [float(quiet(cost.decode, b, int(r), int(t), int(m))) for b, r, t, m in
+                      zip(decode.backend, decode["rows"], decode.kv_tokens, decode.kv_max)]
 decode["residual"] = decode.median_s / decode.fitted_s - 1
+fig, axes = plt.subplots(2, len(backends), figsize=(6.5 * len(backends), 7.4), squeeze=False,
+                         gridspec_kw={"height_ratios": [3, 1.3]}, sharex="col")
 for j, b in enumerate(backends):
     ax, res = axes[0, j], axes[1, j]
     d = decode[decode.backend == b]
@@ -110,29 +131,31 @@ for j, b in enumerate(backends):
         pts = d[d["rows"] == r].sort_values("kv_read")
         if pts.empty:
             continue
-        kv = np.linspace(pts.kv_read.min(), pts.kv_read.max(), 50) if len(pts) > 1 else pts.kv_read.to_numpy()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExtrapolationWarning)
-            ax.plot(kv, np.asarray(cost.decode(b, int(r), kv)) * 1e3, color=rcolors[r], lw=1.2)
+        longest = np.geomspace(max(pts.kv_max.min(), 1), pts.kv_max.max(), 50)  # equal rows: all as long as this
+        ax.plot(r * longest, np.asarray(quiet(cost.decode, b, int(r), r * longest, longest)) * 1e3, color=rcolors[r],
+                lw=1.2)
         ax.errorbar(pts.kv_read, pts.median_s * 1e3, yerr=[(pts.median_s - pts.p10_s) * 1e3,
                                                            (pts.p90_s - pts.median_s) * 1e3],
                     fmt="o", ms=3.5, capsize=2, color=rcolors[r], label=f"{r} row{'s' if r > 1 else ''}")
+        ax.plot(pts.kv_read, pts.fitted_s * 1e3, "x", ms=5, color=rcolors[r])
+    ax.plot([], [], "x", color="grey", label="model at the point's shape")
     ax.set_xscale("log")
     ax.set_ylabel("decode step time (ms)")
-    ax.set_title(f"{b}: measured median (p10-p90) and fitted line per row count")
+    ax.set_title(f"{b}: measured median (p10-p90), model for equal rows (lines)")
     ax.legend(ncol=2, title="rows shown")
     res.scatter(d.kv_read, d.residual * 100, c=d["rows"], cmap="plasma", vmin=1, vmax=max(rows_all) / 0.85, s=9)
     res.axhline(0, color="black", lw=0.8)
     span = max(1.0, float(d.residual.abs().max() * 100) * 1.15)  # at least ±1%: rounding is not a miss
     res.set_ylim(-span, span)
     res.set_xlabel("K/V tokens read by the step (tokens, all rows)")
-    res.set_ylabel("measured / fitted - 1 (%)")
-    res.set_title(f"{b}: fit residual at every measured point ({len(d)} points, all row counts)")
+    res.set_ylabel("measured / model - 1 (%)")
+    res.set_title(f"{b}: residual at every measured point ({len(d)} points, all row counts)")
 fig.suptitle(f"Decode step cost, {table['device']['name']}")
 worst = decode.loc[decode.residual.abs().idxmax()]
 S.save(fig, "05_decode",
-       f"Decode cost is a line in K/V tokens read for each row count; the largest miss of a fitted line on a measured "
-       f"median is {worst.residual:+.1%} ({worst.backend}, {int(worst['rows'])} rows, {int(worst.kv_read)} K/V tokens).")
+       f"Decode cost grows with the K/V read and the rows; the model is within {decode.residual.abs().median():.1%} "
+       f"of a measured median typically, {worst.residual:+.1%} at worst ({worst.backend}, {int(worst['rows'])} "
+       f"row{'s' if worst['rows'] > 1 else ''}, {int(worst.kv_read)} K/V tokens read).")
 
 # %% [markdown]
 # ## Held-out accuracy

@@ -4,7 +4,8 @@ Paths resolve against the repository root (this file's parent's parent), never t
 
     SERVECAP_TABLE       the cost table         (default sim/data/h200.json, the shipped H200 table)
     SERVECAP_VALIDATION  the validation folder  (default results/validation: plan.json, real/<point>/run-<k>/)
-    FIGURES_DIR          where the PNGs go      (default notebooks/figures)
+    FIGURES_DIR          where the PNGs go      (default notebooks/figures; notebooks/figures/scratch, which
+                                                 git ignores, when either data variable points elsewhere)
 
 A relative value is taken relative to the repository root too. Missing data stops a notebook with one line
 naming the missing file and the command that makes it, and exit status MISSING_DATA (3).
@@ -118,8 +119,21 @@ def has_validation() -> bool:
     return (out / "plan.json").exists() and any((out / "real").glob("*/run-*/meta.json"))
 
 
+def _other_data() -> bool:
+    """Whether the notebook reads data other than the committed defaults (a stand-in, another GPU's table)."""
+    return any(os.environ.get(var) and _env_path(var, default).resolve() != (ROOT / default).resolve()
+               for var, default in ((TABLE_ENV, DEFAULT_TABLE), (VALIDATION_ENV, DEFAULT_VALIDATION)))
+
+
 def figures_dir() -> Path:
-    d = _env_path(FIGURES_ENV, DEFAULT_FIGURES)
+    """FIGURES_DIR; else notebooks/figures, or notebooks/figures/scratch (ignored by git) for other data, so
+    that figures of stand-in data never land where the committed ones live."""
+    if os.environ.get(FIGURES_ENV):
+        d = _env_path(FIGURES_ENV, DEFAULT_FIGURES)
+    elif _other_data():
+        d = ROOT / DEFAULT_FIGURES / "scratch"
+    else:
+        d = ROOT / DEFAULT_FIGURES
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -140,6 +154,15 @@ def save(fig, name: str, caption: str) -> Path:
         display(fig)
     plt.close(fig)
     return path
+
+
+def plain_ticks(ax, which: str = "both") -> None:
+    """Plain numbers (0.5, 20, 300) on log axes instead of powers of ten; no labels on minor ticks."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    for axis in ([ax.xaxis, ax.yaxis] if which == "both" else [getattr(ax, f"{which}axis")]):
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
 
 
 def gib_of_blocks(blocks: int, block_size: int = BLOCK_SIZE) -> float:

@@ -27,7 +27,7 @@ import simpy
 
 from calibrate.cost_model import CostModel
 from engine.block_pool import BlockPool
-from engine.recorder import Recorder, kv_read
+from engine.recorder import Recorder
 from engine.scheduler import Scheduler, Seq
 from traces.errors import InputError
 from traces.records import RunRecord, RunWriter
@@ -145,7 +145,7 @@ class _Engine:
         j = np.arange(k)
         kv_tokens = sched.kv_tokens + n + n * j  # each row also reads the token it writes this step
         kv_max = max(s.kv_len for s in rows) + 1 + j
-        d = self.cost.decode(self.cfg.backend, n, kv_read(self.cfg.backend, n, kv_tokens, kv_max))
+        d = self.cost.decode(self.cfg.backend, n, kv_tokens, kv_max)
         if self.noise:
             d = d * self.noise[1].factors(self.decodes, k)
         ends = np.cumsum(np.concatenate(([start], d)))[1:]  # start + d0 + d1 + ... in order, as one step at a time

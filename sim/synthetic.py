@@ -11,6 +11,7 @@ from typing import Callable
 
 from calibrate.cost_model import Z90, fit
 from engine.block_pool import DEFAULT_BLOCK_SIZE
+from engine.recorder import kv_read
 from traces.cost_table import SCHEMA, VERSION, table_id, validate
 from traces.model_spec import QWEN25_1P5B, config_hash
 
@@ -26,12 +27,12 @@ def _point(keys: dict, median: float, sigma: float) -> dict:
     return {**keys, "median_s": median, "p10_s": median / spread, "p90_s": median * spread, "n": 5}
 
 
-def synthetic_table(prefill: Callable[[int, int], float], decode: Callable[[str, int, int], float], *,
+def synthetic_table(prefill: Callable[[int, int], float], decode: Callable[[str, int, int, int], float], *,
                     retire_s: float = 0.0, sigma: float = 0.0, backends=("paged", "padded"), max_batch: int = 32,
                     block_size: int = DEFAULT_BLOCK_SIZE, model: dict = QWEN25_1P5B, name: str = "synthetic") -> dict:
-    """A validated cost table whose medians are prefill(width, padded_len) and decode(backend, rows, kv_read).
-
-    Decode rows without a K/V dependence get a single point, so a constant cost fits exactly.
+    """A validated cost table whose medians are prefill(width, padded_len) and
+    decode(backend, rows, kv_tokens, kv_max): uniform rows at every length of KV_PER_ROW, and rows where
+    one long row leads short ones, so the fit can tell the longest row from the total.
     """
     rows = [r for r in WIDTHS if r <= max_batch]
     prefill_points = [_point({"width": w, "padded_len": n}, prefill(w, n), sigma) for w in rows for n in LENGTHS]
@@ -39,10 +40,9 @@ def synthetic_table(prefill: Callable[[int, int], float], decode: Callable[[str,
     for b in backends:
         pts = []
         for r in rows:
-            kv = sorted({r * k for k in KV_PER_ROW})
-            if len({decode(b, r, x) for x in kv}) == 1:
-                kv = kv[-1:]
-            pts += [_point({"rows": r, "kv_read": x}, decode(b, r, x), sigma) for x in kv]
+            shapes = sorted({(r * k, k) for k in KV_PER_ROW} | {(k + (r - 1) * KV_PER_ROW[0], k) for k in KV_PER_ROW})
+            pts += [_point({"rows": r, "kv_tokens": t, "kv_max": m, "kv_read": kv_read(b, r, t, m)},
+                           decode(b, r, t, m), sigma) for t, m in shapes]
         decode_points[b] = {"points": pts}
     table = {"schema": SCHEMA, "version": VERSION, "name": name, "device": {"name": DEVICE},
              "model": {"name": model["name"], "config_hash": config_hash(model), "dtype": "float16"},
@@ -55,7 +55,14 @@ def synthetic_table(prefill: Callable[[int, int], float], decode: Callable[[str,
 
 def constant_table(prefill_s: float = 0.1, decode_s: float = 0.01, **kw) -> dict:
     """Every prefill costs prefill_s and every decode step decode_s, whatever the shape: hand-computable runs."""
-    return synthetic_table(lambda w, n: prefill_s, lambda b, r, kv: decode_s, name="synthetic-constant", **kw)
+    table = synthetic_table(lambda w, n: prefill_s, lambda b, r, t, m: decode_s, name="synthetic-constant", **kw)
+    # The exact constants the fits only approach (to about 1e-6), so hand calculations hold to the bit.
+    table["fit"]["prefill"].update(floor_s=prefill_s, floor_per_row_s=0.0, base_s=0.0, per_token_s=0.0, per_token2_s=0.0)
+    for d in table["fit"]["decode"].values():
+        n = len(d["rows"])
+        d.update(intercept_s=[decode_s] * n, per_token_s=[0.0] * n, per_max_s=[0.0] * n)
+    table["table_id"] = table_id(table)
+    return validate(table)
 
 
 def linear_table(**kw) -> dict:
@@ -63,5 +70,6 @@ def linear_table(**kw) -> dict:
     32 x 4096 padded group of about 10 s, a mixed 32-row decode step of about 45 ms. Both backends cost the
     same per K/V token read; padded reads every row at the widest row's length, so it reads (and costs) more.
     """
-    return synthetic_table(lambda w, n: 0.012 + 7.5e-5 * w * n, lambda b, r, kv: 0.018 + 2e-4 * r + 4e-7 * kv,
+    return synthetic_table(lambda w, n: 0.012 + 7.5e-5 * w * n,
+                           lambda b, r, t, m: 0.018 + 2e-4 * r + 4e-7 * kv_read(b, r, t, m),
                            name="synthetic-linear", **{"retire_s": 0.002, **kw})

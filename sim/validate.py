@@ -52,6 +52,7 @@ class Point:
     pool_gib: float | None = None  # None: the engine's own (large) pool
     warmup: int = 0
     repeats: int = 1
+    tokens: bool = False  # record every token's time (the closed controls, for the inter-token gaps)
 
 
 def build_trace(spec: dict, root: Path) -> Trace:
@@ -114,7 +115,7 @@ def make_plan(table_path: Path | None, out: Path, n: int = 400, seed: int = 0, a
               ("closed-mixed-32", {"kind": "closed-mixed", "n": 32, "seed": seed}, 32, None),
               ("closed-mixed-64-through-8", {"kind": "closed-mixed", "n": 64, "seed": seed}, 8, None),
               ("closed-mixed-64-through-32-small-pool", {"kind": "closed-mixed", "n": 64, "seed": seed}, 32, 0.5)]
-    points += [Point(i, "closed", t, max_batch=b, pool_gib=g, warmup=2, repeats=5) for i, t, b, g in closed]
+    points += [Point(i, "closed", t, max_batch=b, pool_gib=g, warmup=2, repeats=5, tokens=True) for i, t, b, g in closed]
     if azure.exists():
         points.append(_azure_point(table, azure, out, n, cap))
     plan = {"table": table["table_id"], "table_device": table["device"]["name"], "capacity_sim": cap,
@@ -165,7 +166,7 @@ def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = 
         if d.exists():  # an interrupted run: start the point again
             for f in d.iterdir():
                 f.unlink()
-        engine.run(trace, d, p.backend, pool_blocks=pool, max_batch=p.max_batch, progress=False,
+        engine.run(trace, d, p.backend, tokens=p.tokens, pool_blocks=pool, max_batch=p.max_batch, progress=False,
                    extra_meta={"validation_point": p.id, "repeat": k, "warmup_runs": p.warmup})
 
 
@@ -237,7 +238,7 @@ def step_check(out: Path, table_path: Path | None) -> dict:
             if row.kind == "prefill":
                 ratios["prefill"].append(dur / cost.prefill(int(row.rows), int(row.padded_len)))
             else:
-                pred = float(cost.decode(rec.meta["backend"], int(row.rows), int(row.kv_read)))
+                pred = float(cost.decode(rec.meta["backend"], int(row.rows), int(row.kv_tokens), int(row.kv_max)))
                 pred += cost.retire_s if row.retired else 0.0
                 ratios[f"decode {rec.meta['backend']}"].append(dur / pred)
     return {k: {"n": len(v), "p10": float(np.percentile(v, 10)), "p50": float(np.median(v)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from calibrate.cost_model import CostModel
-from engine.recorder import Recorder, kv_read
+from engine.recorder import Recorder
 from engine.serve import serve
 from sim.synthetic import constant_table, linear_table
 from traces.cost_table import save_cost_table
@@ -46,7 +46,7 @@ class CostRunner:
     def decode(self, rows, backend: str) -> list[int]:
         # What serve() records: every row's K/V plus the token it writes (no single-token request is running).
         kv_tokens, kv_max = sum(s.kv_len for s in rows) + len(rows), max(s.kv_len for s in rows) + 1
-        self.clock.t += float(self.cost.decode(backend, len(rows), kv_read(backend, len(rows), kv_tokens, kv_max)))
+        self.clock.t += float(self.cost.decode(backend, len(rows), kv_tokens, kv_max))
         return [-1] * len(rows)
 
 

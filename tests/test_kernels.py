@@ -112,10 +112,10 @@ def test_paged_attention_empty_row_gives_zeros(pad_to_span):
 
 
 def test_default_num_splits():
-    assert default_num_splits(1, 2, max_blocks=16) == 8  # short batch: spread over the SMs, two blocks a split
-    assert default_num_splits(32, 2, max_blocks=16) == 4  # 5 would leave the fifth split of a full row empty
-    assert default_num_splits(256, 2, max_blocks=64) == 1  # big batch fills the SMs on its own
-    assert default_num_splits(1, 2, max_blocks=4096) == 64
+    assert default_num_splits(1, 2, max_blocks=16) == 8  # short batch: two blocks a split
+    assert default_num_splits(32, 2, max_blocks=16) == 4  # four blocks a split
+    assert default_num_splits(32, 2, max_blocks=68) == 17  # the engine's table: 4352 tokens of 64-token blocks
+    assert default_num_splits(1, 2, max_blocks=4096) == 64  # capped: the combine kernel holds every partial
 
 
 # ---- RoPE + KV store -----------------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ from sim import SimConfig, occupancy, simulate
 from sim.cli import main
 from sim.report import mechanism
 from sim.sweep import Config, ConfigResult, auto_rates
-from sim.synthetic import synthetic_table
 from traces import metrics
 from traces.errors import InputError
 from traces.model_spec import QWEN25_1P5B
@@ -79,8 +78,9 @@ def test_head_of_line_blocking_by_the_pool():
 
 
 def test_arrivals_during_a_step_form_one_left_padded_group():
-    # Prefill costs 0.1 s per 256 x 1 padded positions (exact on the grid); decode 0.01 s.
-    table = synthetic_table(lambda w, n: 0.1 * w * n / 256, lambda b, r, kv: 0.01)
+    # Prefill costs 0.1 s per 256 x 1 padded positions (the fit's linear term alone, exactly); decode 0.01 s.
+    table = constant_table(decode_s=0.01)
+    table["fit"]["prefill"].update(floor_s=0.0, per_token_s=0.1 / 256)
     # r0 (16 tokens, budget 2): prefill 0 -> 0.00625, decode -> 0.01625, done. r1 (256 tokens) and r2 (16)
     # arrive during it and are admitted together at 0.01625, left-padded to 256: prefill(2, 256) = 0.2 s ->
     # 0.21625, decode -> 0.22625.

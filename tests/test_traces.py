@@ -124,7 +124,7 @@ def test_cost_table_round_trips(tmp_path):
     table = {"device": {"name": "test GPU"}, "model": {"name": "m", "config_hash": "abc", "dtype": "float16"},
              "block_size": 64, "max_batch": 32, "max_tokens": 32768,
              "prefill": {"points": [{"width": 2, "padded_len": 256, **point}]},
-             "decode": {"paged": {"points": [{"rows": 4, "kv_read": 1000, **point}]}}, "fit": {"kind": "none"}}
+             "decode": {"paged": {"points": [{"rows": 4, "kv_tokens": 1000, "kv_max": 250, "kv_read": 1000, **point}]}}, "fit": {"kind": "none"}}
     tid = cost_table.save_cost_table(table, tmp_path / "cost.json")
     loaded = cost_table.load_cost_table(tmp_path / "cost.json")
     assert loaded["table_id"] == tid

@@ -15,7 +15,7 @@ from .errors import InputError
 
 SCHEMA = "cost-table"
 VERSION = 1
-_POINT_KEYS = {"prefill": ("width", "padded_len"), "decode": ("rows", "kv_read")}
+_POINT_KEYS = {"prefill": ("width", "padded_len"), "decode": ("rows", "kv_tokens", "kv_max", "kv_read")}
 _STAT_KEYS = ("median_s", "p10_s", "p90_s", "n")
 
 

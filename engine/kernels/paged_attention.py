@@ -20,7 +20,7 @@ _SPAN_CHUNK = 128  # seq_lens entries read per step when pad_to_span looks for t
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale, bt_stride,
+def _split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale, bt_stride, max_blocks,
                   NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                   BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SPAN_CHUNK: tl.constexpr,
                   PAD_TO_SPAN: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -37,7 +37,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_ptr, lse_
             offs = i + tl.arange(0, SPAN_CHUNK)
             span = tl.maximum(span, tl.max(tl.load(lens_ptr + offs, mask=offs < batch, other=0)))
     n_blocks = tl.cdiv(span, BLOCK)
-    per_split = tl.cdiv(n_blocks, num_splits)
+    # Splits cover fixed block ranges of the table, not a share of each row: a long row spreads over more
+    # programs instead of lengthening every program's loop, so a step costs the blocks read, not the longest row.
+    per_split = tl.cdiv(max_blocks, num_splits)
     start = split * per_split
     end = tl.minimum(start + per_split, n_blocks)
 
@@ -107,13 +109,15 @@ def paged_attention_workspace(max_batch: int, num_q_heads: int, head_dim: int, n
             torch.empty(max_batch, num_q_heads, num_splits, dtype=torch.float32, device=device))
 
 
-def default_num_splits(batch: int, num_kv_heads: int, *, max_blocks: int, num_sms: int = 132) -> int:
-    """Splits that give about two programs per SM, keeping at least two blocks per split (the pipeline needs a loop).
+def default_num_splits(batch: int, num_kv_heads: int, *, max_blocks: int) -> int:
+    """Splits of a few blocks each across the block table's width (max_blocks, fixed for a CUDA graph).
 
-    max_blocks is the widest row's block count the call is made for (the block table's width for a CUDA graph).
+    A split covers the same block range in every row, so a long row spreads over more programs rather than
+    lengthening all of them: the step costs the blocks read, not the longest row's walk. Four blocks a split
+    once the batch gives enough programs; two for small batches, which need the extra parallelism.
     """
-    splits = max(1, min(triton.cdiv(2 * num_sms, batch * num_kv_heads), triton.cdiv(max_blocks, 2), MAX_SPLITS))
-    return triton.cdiv(max_blocks, triton.cdiv(max_blocks, splits))  # as many as a full-width row leaves non-empty
+    chunk = 4 if batch * num_kv_heads >= 16 else 2
+    return max(1, min(triton.cdiv(max_blocks, chunk), MAX_SPLITS))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -142,6 +146,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         assert part.shape[0] >= batch and part.shape[1:] == (num_q_heads, num_splits, head_dim)
     _split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part, lse, scale * _LOG2E, block_tables.stride(0),
+        block_tables.shape[1],
         NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         BLOCK=block_size, HEAD_DIM=head_dim, SPAN_CHUNK=_SPAN_CHUNK, PAD_TO_SPAN=pad_to_span, DIRECT=direct,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32; fp16 ignores it
