@@ -39,7 +39,7 @@ from traces.records import read_run
 from traces.workload import poisson_trace
 
 table, table_file = S.load_table()
-POOLS = [0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0, 5.6, 8.0]  # GiB
+POOLS = [0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 4.0, 8.0]  # GiB: log-spaced where memory binds
 ROWS = [r for r in (16, 32) if r <= table["max_batch"]]
 BACKEND = "paged" if "paged" in table["decode"] else next(iter(table["decode"]))
 WORKLOAD = Workload(n=400, seed=0)

@@ -92,7 +92,8 @@ def _accuracy(table: dict, seed: int = 7) -> dict:
 def build_standin(out: Path, n: int = 80) -> tuple[Path, Path]:
     """A synthetic cost table (out/table.json) and a validation folder (out/validation) whose "real" records
     are simulator runs with step-time noise, shaped like the real ones: the plan `python -m sim validate plan`
-    makes, every point and repeat, per-token times. No Azure point (its trace is not in CI)."""
+    makes, every point and repeat, per-token times where the plan asks for them. No Azure point (its trace is
+    not in CI)."""
     from calibrate.cost_model import CostModel
     from engine.block_pool import blocks_for_gib
     from sim import validate as V
@@ -113,7 +114,8 @@ def build_standin(out: Path, n: int = 80) -> tuple[Path, Path]:
         trace = V.build_trace(p.trace, vdir)
         pool = blocks_for_gib(p.pool_gib) if p.pool_gib else 60000
         for k in range(1, p.repeats + 1):
-            rec = simulate(trace, cost, SimConfig(p.backend, p.max_batch, pool, 64, detail="tokens",
+            detail = "tokens" if getattr(p, "tokens", True) else "steps"
+            rec = simulate(trace, cost, SimConfig(p.backend, p.max_batch, pool, 64, detail=detail,
                                                   noise_seed=k)).record
             meta = {**rec.meta, "kind": "engine", "device": {"name": "stand-in (simulated runs)"},
                     "software": {"torch": None, "triton": None}, "validation_point": p.id, "repeat": k}
