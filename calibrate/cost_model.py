@@ -6,10 +6,12 @@
   tokens plus the attention square: g = base + per_token * width * len + per_token2 * width * len^2. The step
   costs the smooth maximum of the two, (floor^k + g^k)^(1/k), fitted with scipy's robust least squares on
   log time, so a noisy point bends the surface less than it would an interpolation through every point.
-- Decode (one step): for every measured row count, t = intercept + per_token * kv_tokens + per_max * kv_max,
-  kv_tokens the K/V tokens of all rows, kv_max the longest row's: the split-KV kernel's time follows the
-  blocks it reads and, through its split ranges, the longest row's walk. Fitted by non-negative least
-  squares on relative error; row counts between measured ones interpolate their neighbours' coefficients.
+- Decode (one step of `rows` rows): the step a uniform batch would take at the longest row's length, less
+  what the shorter rows save: t = uniform(rows, kv_max) - per_token * (rows * kv_max - kv_tokens). The
+  uniform cost is measured at several lengths per row count and interpolated piecewise-linearly in the length
+  (it rises steeply over the first thousand tokens and then flattens: no straight line fits it); per_token
+  comes from the mixed-length runs by least squares (about zero for `padded`, which reads every row at the
+  widest). Row counts between measured ones interpolate their neighbours.
 - Overhead: the extra cost of a decode step per row it retires (their records are written then).
 - Spread: the log-normal sigma of step times around the median, from the points' p10/p90, for the
   simulator's optional noise mode.
@@ -65,19 +67,39 @@ def fit_prefill(points: list[dict]) -> dict:
 
 
 def fit_decode(points: list[dict]) -> dict:
-    """Per row count, t = intercept + per_token * kv_tokens + per_max * kv_max, minimising relative error."""
-    rows = sorted({p["rows"] for p in points})
-    coef, tok_hi, max_hi = [], [], []
+    """Per row count: the uniform batches' cost against the length (knots), and the shorter rows' saving."""
+    rows, knots, per_token = sorted({p["rows"] for p in points}), [], []
     for r in rows:
         pts = [p for p in points if p["rows"] == r]
-        x = np.array([[1.0, p["kv_tokens"], p["kv_max"]] for p in pts])
-        y = np.array([p["median_s"] for p in pts], float)
-        coef.append(lsq_linear(x / y[:, None], np.ones_like(y), bounds=(0, np.inf)).x.tolist())
-        tok_hi.append(int(x[:, 1].max()))
-        max_hi.append(int(x[:, 2].max()))
-    a, b, c = zip(*coef)
-    return {"rows": rows, "intercept_s": list(a), "per_token_s": list(b), "per_max_s": list(c),
-            "kv_tokens_max": tok_hi, "kv_max_max": max_hi, "sigma": _sigma(points)}
+        uniform = sorted((p for p in pts if p["kv_tokens"] == r * p["kv_max"]), key=lambda p: p["kv_max"])
+        if not uniform:
+            raise InputError(f"decode points for {r} rows have no uniform-length batch to anchor the model")
+        # One knot per measured length: the median of the points at it (a long run gives several windows).
+        lengths = sorted({p["kv_max"] for p in uniform})
+        ks = [[m, float(np.median([p["median_s"] for p in uniform if p["kv_max"] == m]))] for m in lengths]
+        knots.append(ks)
+        mixed = [p for p in pts if p["kv_tokens"] < r * p["kv_max"]]
+        if mixed:
+            base = np.array([_interp(ks, p["kv_max"]) for p in mixed])
+            short = np.array([r * p["kv_max"] - p["kv_tokens"] for p in mixed], float)
+            y = np.array([p["median_s"] for p in mixed])
+            # least squares on relative error of base - b * short = y, b >= 0
+            per_token.append(float(lsq_linear((-short / y)[:, None], 1 - base / y, bounds=(0, np.inf)).x[0]))
+        else:
+            per_token.append(0.0)
+    return {"rows": rows, "knots": knots, "per_token_s": per_token, "sigma": _sigma(points)}
+
+
+def _interp(knots: list[list[float]], length):
+    """Piecewise-linear in the length through the knots, extended along the end segments."""
+    x = np.array([k[0] for k in knots], float)
+    y = np.array([k[1] for k in knots], float)
+    if len(x) == 1:
+        return np.full_like(np.asarray(length, float), y[0])
+    length = np.asarray(length, float)
+    lo = y[0] + (length - x[0]) * (y[1] - y[0]) / (x[1] - x[0])
+    hi = y[-1] + (length - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2])
+    return np.where(length < x[0], lo, np.where(length > x[-1], hi, np.interp(length, x, y)))
 
 
 def fit(table: dict) -> dict:
@@ -100,8 +122,7 @@ class CostModel:
         self._prefill_params = tuple(p[k] for k in PREFILL_PARAMS)
         self._widths, self._lengths = p["widths"], p["lengths"]
         self.prefill_sigma = p["sigma"]
-        self._decode = {b: {k: np.array(v, float) for k, v in d.items() if k != "sigma"}
-                        for b, d in f["decode"].items()}
+        self._decode = f["decode"]
         self.decode_sigma = {b: d["sigma"] for b, d in f["decode"].items()}
         self.retire_s = float(table.get("overhead", {}).get("retire_s", 0.0))
         self.backends = tuple(self._decode)
@@ -134,15 +155,18 @@ class CostModel:
         r = d["rows"]
         if rows > r[-1] or rows < r[0]:
             self._outside(f"decode rows {rows}")
+        kv_tokens, kv_max = np.asarray(kv_tokens, float), np.asarray(kv_max, float)
+        top = max(k[-1][0] for k in d["knots"])
+        if np.max(kv_max) > 1.05 * top:
+            self._outside(f"decode K/V of {int(np.max(kv_max))} tokens in the longest row")
+
+        short = rows * kv_max - kv_tokens  # tokens the shorter rows lack next to a uniform batch at the longest
+
+        def at(i: int):
+            return _interp(d["knots"][i], kv_max) - d["per_token_s"][i] * short
         if len(r) == 1:
-            i, w = 1, 1.0
-        else:  # interpolate the two neighbouring row counts' coefficients (extend the end ones outside)
-            i = int(np.clip(np.searchsorted(r, rows), 1, len(r) - 1))
-            w = (rows - r[i - 1]) / (r[i] - r[i - 1])
-        j = max(i - 1, 0)
-        a, b, c, hi_tok, hi_max = ((d[k][j] * (1 - w) + d[k][min(i, len(r) - 1)] * w) for k in
-                                   ("intercept_s", "per_token_s", "per_max_s", "kv_tokens_max", "kv_max_max"))
-        if np.max(kv_tokens) > 1.05 * hi_tok or np.max(kv_max) > 1.05 * hi_max:
-            self._outside(f"decode K/V of {int(np.max(kv_tokens))} tokens (longest row {int(np.max(kv_max))}) "
-                          f"at {rows} rows")
-        return a + b * np.asarray(kv_tokens, float) + c * np.asarray(kv_max, float)
+            return at(0)
+        # Between two measured row counts, weigh their two predictions.
+        i = int(np.clip(np.searchsorted(r, rows), 1, len(r) - 1))
+        w = (rows - r[i - 1]) / (r[i] - r[i - 1])
+        return at(i - 1) * (1 - w) + at(i) * w

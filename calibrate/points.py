@@ -1,13 +1,19 @@
 """A measured run's cost-table points: prefill repetitions and decode step windows, as median and spread.
 
-A decode run's steps are used without its first (it also carries the prefill row's record write, and is the
-first replay after a prefill) and its last (where every row retires; that step measures the overhead instead).
+A decode run's steps are used without the first SETTLE_S seconds after its prefill and without its last step
+(where every row retires; that step measures the overhead instead). After a large prefill the H200 runs decode
+steps up to 25% slower for some 50-100 ms before they settle (measured: a 32 x 4096 group's first decode step
+3.65 ms, 2.84 ms at 60 ms, 2.79 ms from 120 ms on), while an engine serving arrivals spends nearly all its
+steps settled; a table built from the transient predicted the validation runs' steps 5% slow.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from engine.recorder import kv_read
+
+SETTLE_S = 0.1
+MIN_STEPS = 3
 
 from .sweep import Run
 
@@ -23,10 +29,12 @@ def prefill_point(run: Run, sample: dict) -> dict:
 
 
 def usable_steps(sample: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """K/V tokens (all rows, longest row) and duration of the decode steps that make points: all but the
-    first and the last."""
-    kv_tokens, kv_max = (np.asarray(sample[k], int)[1:-1] for k in ("kv_tokens", "kv_max"))
-    dur = (np.asarray(sample["end"]) - np.asarray(sample["start"]))[1:-1]
+    """K/V tokens (all rows, longest row) and duration of the decode steps that make points: the settled ones
+    before the last (at least the last MIN_STEPS of them when a run is short)."""
+    start = np.asarray(sample["start"])[:-1]
+    first = min(int(np.searchsorted(start, start[0] + SETTLE_S)), max(len(start) - MIN_STEPS, 1))
+    kv_tokens, kv_max = (np.asarray(sample[k], int)[first:-1] for k in ("kv_tokens", "kv_max"))
+    dur = (np.asarray(sample["end"])[:-1] - start)[first:]
     if not dur.size:
         raise ValueError("a decode run needs at least 3 decode steps (budget 4)")
     return kv_tokens, kv_max, dur

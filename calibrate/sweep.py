@@ -46,7 +46,7 @@ class Plan:
 
 
 FULL = Plan("full", max_prompt=4096, max_budget=256, widths=WIDTHS, lengths=LENGTHS, prefill_reps=5,
-            decode_lengths=(16, 1024), mixed_runs=3, decode_budget=32, window=32,
+            decode_lengths=(16, 256, 1024, 2048), mixed_runs=3, decode_budget=64, window=32,
             max_rows=None, check_prefill=16, check_decode=8, check_reps=3)
 QUICK = Plan("quick", max_prompt=32, max_budget=5, widths=(1, 2), lengths=(16, 32), prefill_reps=2,
              decode_lengths=(16,), mixed_runs=1, decode_budget=5, window=32, max_rows=2,
