@@ -33,7 +33,8 @@ import numpy as np
 import pandas as pd
 
 from calibrate.cost_model import CostModel
-from sim import SimConfig, score, simulate
+from sim import SimConfig, simulate
+from traces.metrics import summary
 from sim.validate import ABS_FLOOR, compare, headline, load_plan, run_dir
 from traces.errors import InputError
 from traces.workload import poisson_trace
@@ -136,7 +137,7 @@ for key, cs in groups.items():
     for r in np.geomspace(min(c.rate for c in cs) * 0.7, max(c.rate for c in cs) * 1.1, 18):
         rec = simulate(poisson_trace(float(r), spec["n"], spec["seed"]), cost,
                        SimConfig(key[0], key[1], pool_blocks, S.BLOCK_SIZE)).record
-        rows.append(score(rec, float(r)))
+        rows.append(summary(rec, float(r)))
     curves[key] = pd.DataFrame(rows)
 print(f"simulated curves: {sum(len(v) for v in curves.values())} runs in {time.perf_counter() - t0:.1f} s")
 

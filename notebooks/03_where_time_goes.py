@@ -16,7 +16,7 @@
 #
 # Two costs that the headline numbers hide, both made by the admission prefill:
 #
-# 1. **The sag past capacity.** Requests admitted in the same step are prefilled together, left-padded to the
+# 1. **The sag past capacity.** Requests admitted in the same step are prefilled together, padded to the
 #    group's widest prompt. A deeper queue makes bigger groups, bigger groups pad more, padded prefill is slow,
 #    and the slower service deepens the queue: past capacity the served rate can fall as the load rises.
 # 2. **The admission disturbance.** While a group prefills, every running request waits: its next token comes
@@ -37,7 +37,8 @@ import numpy as np
 import pandas as pd
 
 from calibrate.cost_model import CostModel
-from sim import SimConfig, score, simulate
+from sim import SimConfig, simulate
+from traces.metrics import summary
 from sim.validate import build_trace, load_plan, run_dir
 from traces.metrics import SPIKE_FACTOR, admission_groups, token_gaps
 from traces.records import read_run
@@ -69,7 +70,7 @@ def complete_runs(p) -> list:
 
 # %%
 def mechanism(rec, rate) -> dict:
-    s = score(rec, rate)
+    s = summary(rec, rate)
     r = rec.requests[rec.requests.finished.notna()]
     span = float(r.finished.max() - r.arrival.min())
     p = rec.steps[rec.steps.kind == "prefill"]

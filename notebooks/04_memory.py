@@ -33,7 +33,8 @@ import pandas as pd
 
 from calibrate.cost_model import CostModel
 from engine.block_pool import BlockPool, blocks_for_gib
-from sim import SimConfig, score, simulate
+from sim import SimConfig, simulate
+from traces.metrics import summary
 from sim.sweep import Config, Workload
 from traces.records import read_run
 from traces.workload import poisson_trace
@@ -67,7 +68,7 @@ for p in POOLS:
 # Each (rows, pool) gets rates from 0.3x to 2x its saturated estimate and four more inside its capacity
 # bracket. Occupancy is read at the highest rate, where the engine is saturated: the mean running rows, and
 # `head_blocked_frac`, the share of the time the queue head waited for blocks while a batch row was free
-# (sim/scoring.py).
+# (traces/metrics.py).
 
 # %%
 t0 = time.perf_counter()
@@ -114,8 +115,8 @@ if S.has_validation():
         if not runs:
             continue
         rate, pool = p.trace.get("rate"), runs[0].meta["pool_blocks"]
-        meas = [score(r, rate) for r in runs]
-        sim = score(simulate(build_trace(p.trace, vdir), cost, SimConfig(p.backend, p.max_batch, pool)).record, rate)
+        meas = [summary(r, rate) for r in runs]
+        sim = summary(simulate(build_trace(p.trace, vdir), cost, SimConfig(p.backend, p.max_batch, pool)).record, rate)
         keys = ("served_rate", "head_blocked_frac", "mean_running_rows")
         real.append({"point": p.id, "rate": rate, "rows": p.max_batch, "pool_gib": S.gib_of_blocks(pool),
                      "repeats": len(runs), "served_rate_lo": min(m["served_rate"] for m in meas),

@@ -22,7 +22,7 @@ from traces.workload import poisson_trace
 
 from .inputs import SHIPPED_TABLE, closed, load_table
 from .model import SimConfig, simulate
-from .scoring import score
+from traces.metrics import summary
 from .sweep import Config, Workload, run_sweep
 from .synthetic import linear_table
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(5):  # the median of 5 after a warm-up: one point is too short to time once
         t0 = time.perf_counter()
         result = simulate(poisson_trace(rate, 400, 0), cost)
-        score(result.record, rate)
+        summary(result.record, rate)
         walls.append(time.perf_counter() - t0)
     print(_line("one 400-request point", sorted(walls[1:])[2], result.events, TARGETS_S["point"]))
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with tqdm(total=len(trace), unit="req", desc="large trace") as bar:
         result = simulate(trace, cost, SimConfig(), on_finish=bar.update)
-    score(result.record, rate)
+    summary(result.record, rate)
     print(_line(f"{args.large_n:,}-request trace", time.perf_counter() - t0, result.events, TARGETS_S["large"]))
     return 0
 

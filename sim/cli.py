@@ -28,7 +28,7 @@ from traces.workload import DEFAULT_N, poisson_trace
 from . import inputs, validate
 from .model import SimConfig, simulate
 from .report import report, write_files
-from .scoring import score
+from traces.metrics import summary
 from .sweep import AUTO_POINTS, AUTO_SPAN, Config, Workload, run_sweep
 
 DEFAULT_OUT = Path("sim-out")
@@ -145,13 +145,13 @@ def _check_out(out: Path | None) -> None:
         raise InputError("already holds a run record; choose a new output directory", path=out)
 
 
-def _write_record(rec, out: Path, tokens: bool, summary: dict) -> None:
+def _write_record(rec, out: Path, tokens: bool, scored: dict) -> None:
     # Written only once the run has succeeded, so a refused or failed run leaves nothing behind.
     tables = ("requests", "steps", "rejected") + (("tokens",) if tokens else ())
     writer = RunWriter(out, {**rec.meta, **provenance()}, tables)
     for t in tables:
         writer.add_many(t, getattr(rec, t).itertuples(index=False, name=None))
-    writer.close(summary=summary)
+    writer.close(summary=scored)
 
 
 def _fmt(v: float, spec: str = ".2f") -> str:
@@ -172,7 +172,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with tqdm(total=len(trace), unit="req", desc="simulating", disable=len(trace) < 20_000) as bar:
         result = simulate(trace, CostModel(table, args.strict), cfg, on_finish=bar.update)
     rate = trace.meta.get("rate") or trace.offered_rate  # None for a closed run: no stability verdict
-    s = score(result.record, rate)
+    s = summary(result.record, rate)
     if args.out:
         _write_record(result.record, args.out, args.tokens, s)
     kind = trace.meta.get("kind", "trace file" if args.trace else "trace")

@@ -22,7 +22,7 @@ from traces.workload import Trace, poisson_trace
 
 from .inputs import at_rate, closed
 from .model import SimConfig, simulate
-from .scoring import score
+from traces.metrics import summary
 
 AUTO_SPAN = (0.3, 2.0)
 AUTO_POINTS = 12
@@ -99,7 +99,7 @@ def _estimate(config: Config) -> tuple[float, list[str]]:
 def _point(config: Config, rate: float) -> tuple[dict, list[str]]:
     result, caught = _simulate(config, _workload.at(rate))
     row = {**asdict(config), "rate": rate, "pool_blocks": result.pool_blocks,
-           "trace_id": result.record.meta["trace_id"], **score(result.record, rate),
+           "trace_id": result.record.meta["trace_id"], **summary(result.record, rate),
            "sim_events": result.events, "sim_wall_s": result.wall_s}
     return row, caught
 

@@ -60,7 +60,7 @@ def constant_table(prefill_s: float = 0.1, decode_s: float = 0.01, **kw) -> dict
     table["fit"]["prefill"].update(floor_s=prefill_s, floor_per_row_s=0.0, base_s=0.0, per_token_s=0.0, per_token2_s=0.0)
     for d in table["fit"]["decode"].values():
         n = len(d["rows"])
-        d.update(knots=[[[1, decode_s]]] * n, per_token_s=[0.0] * n)
+        d.update(knots=[[[1, decode_s], [MAX_TOKENS, decode_s]]] * n, per_token_s=[0.0] * n)
     table["table_id"] = table_id(table)
     return validate(table)
 

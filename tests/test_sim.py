@@ -17,7 +17,8 @@ from helpers import constant_table, linear_table, serve_virtual, write_table
 import sim.inputs
 from calibrate.cost_model import CostModel
 from engine.recorder import BACKENDS
-from sim import SimConfig, occupancy, simulate
+from sim import SimConfig, simulate
+from traces.metrics import occupancy
 from sim.cli import main
 from sim.report import mechanism
 from sim.sweep import Config, ConfigResult, auto_rates
@@ -77,12 +78,12 @@ def test_head_of_line_blocking_by_the_pool():
     assert occ["head_blocked_frac"] == near(0.68 / 0.86)
 
 
-def test_arrivals_during_a_step_form_one_left_padded_group():
+def test_arrivals_during_a_step_form_one_padded_group():
     # Prefill costs 0.1 s per 256 x 1 padded positions (the fit's linear term alone, exactly); decode 0.01 s.
     table = constant_table(decode_s=0.01)
     table["fit"]["prefill"].update(floor_s=0.0, per_token_s=0.1 / 256)
     # r0 (16 tokens, budget 2): prefill 0 -> 0.00625, decode -> 0.01625, done. r1 (256 tokens) and r2 (16)
-    # arrive during it and are admitted together at 0.01625, left-padded to 256: prefill(2, 256) = 0.2 s ->
+    # arrive during it and are admitted together at 0.01625, padded to 256: prefill(2, 256) = 0.2 s ->
     # 0.21625, decode -> 0.22625.
     req, result = run([(0.0, 16, 2), (0.002, 256, 2), (0.004, 16, 2)], table)
     assert list(req["group_id"]) == [0, 1, 1] and list(req["group_size"]) == [1, 2, 2]

@@ -179,12 +179,55 @@ def closed_run(rec: RunRecord) -> dict:
             "ttft_p50": _pct(served["first_token"] - served["arrival"], 50)}
 
 
+def _mean(values: np.ndarray, weights: np.ndarray) -> float:
+    total = weights.sum()
+    return float((values * weights).sum() / total) if total > 0 else math.nan
+
+
+def occupancy(rec: RunRecord) -> dict:
+    """How full the batch was and what held the queue back, over the run (first arrival to last finish).
+
+    A request holds a row and its blocks from admission to finish and queues from arrival to admission;
+    the queue head is the earliest arrival not yet admitted (admission is FIFO). Keys:
+    mean_running_rows  running rows averaged over the run;
+    rows_while_queued  running rows averaged over the time some request was queued (NaN if none was);
+    head_blocked_frac  of the time any row was running, the fraction in which the queue head needed more
+                       blocks than were free while a batch row was free: the pool, not the batch, held it back.
+    """
+    r = rec.requests.sort_values(["arrival", "request_id"], kind="stable")
+    n = len(r)
+    pool, max_batch = rec.meta.get("pool_blocks"), rec.meta.get("max_batch")
+    if n == 0 or pool is None or max_batch is None:
+        return {"mean_running_rows": math.nan, "rows_while_queued": math.nan, "head_blocked_frac": math.nan}
+    arrival = r["arrival"].to_numpy(float)
+    admitted = np.nan_to_num(r["admitted"].to_numpy(float), nan=math.inf)  # never admitted: queued to the end
+    finished = np.nan_to_num(r["finished"].to_numpy(float), nan=math.inf)  # never finished: running to the end
+    blocks = r["blocks"].to_numpy(float)
+    t = np.unique(np.concatenate((arrival, admitted, finished)))
+    end = finished[np.isfinite(finished)].max(initial=arrival.max())
+    t = t[(t >= arrival.min()) & (t <= end)]
+    if t.size < 2:
+        return {"mean_running_rows": math.nan, "rows_while_queued": math.nan, "head_blocked_frac": math.nan}
+    dt, t = np.diff(t), t[:-1]  # the state is constant on each [t, t + dt)
+    admitted_by = np.searchsorted(admitted, t, side="right")  # FIFO: the first k in arrival order
+    fin_order = np.argsort(finished, kind="stable")
+    finished_by = np.searchsorted(finished[fin_order], t, side="right")
+    running = admitted_by - finished_by
+    used = np.concatenate(([0.0], np.cumsum(blocks)))[admitted_by] - \
+        np.concatenate(([0.0], np.cumsum(blocks[fin_order])))[finished_by]
+    head = np.minimum(admitted_by, n - 1)
+    queued = (admitted_by < n) & (arrival[head] <= t)
+    blocked = queued & (running < max_batch) & (blocks[head] > pool - used)
+    return {"mean_running_rows": _mean(running, dt), "rows_while_queued": _mean(running, dt * queued),
+            "head_blocked_frac": _mean(blocked, dt * (running > 0))}
+
+
 def summary(rec: RunRecord, rate: float | None = None) -> dict:
     """The headline figures every report uses, flat and JSON-friendly (NaN where a run has none).
 
     Keys: n, served_rate, queue_wait_p50/p95, ttft_p50/p95, tpot_p50, group_size_p50/p95/max,
-    padding_waste_p50/p95, wall_time_s, decode_tok_s; with a rate (given, or meta['trace']['rate']) also
-    rate, stable, served_ok, trend_rise_s, expected_rate.
+    padding_waste_p50/p95, wall_time_s, decode_tok_s, mean_running_rows, rows_while_queued, head_blocked_frac;
+    with a rate (given, or meta['trace']['rate']) also rate, stable, served_ok, trend_rise_s, expected_rate.
     """
     m = request_metrics(rec)
     groups = admission_groups(rec)
@@ -193,7 +236,7 @@ def summary(rec: RunRecord, rate: float | None = None) -> dict:
            "queue_wait_p50": _pct(m["queue_wait"], 50), "queue_wait_p95": _pct(m["queue_wait"], 95),
            "ttft_p50": _pct(m["ttft"], 50), "ttft_p95": _pct(m["ttft"], 95), "tpot_p50": _pct(m["tpot"], 50),
            **{k: v for k, v in groups.items() if k != "groups"},
-           "wall_time_s": closed["wall_time_s"], "decode_tok_s": closed["decode_tok_s"]}
+           "wall_time_s": closed["wall_time_s"], "decode_tok_s": closed["decode_tok_s"], **occupancy(rec)}
     rate = rate if rate is not None else _meta_rate(rec)
     if rate is not None:
         s = stability(rec, rate)
