@@ -19,9 +19,10 @@ import numpy as np
 WIDTHS = (1, 2, 4, 8, 16, 32)
 LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
-# Rough H200 speeds for the up-front estimate: the engine's start (weights, compilation, 64 graph captures),
-# a 32 x 4096 prefill taking 1 s (the slow end of 0.5-1 s), a decode step, and a closed run's own overhead.
-H200_SPEEDS = {"engine_start_s": 120.0, "prefill_token_s": 1.0 / (32 * 4096), "decode_step_s": 3e-3, "run_s": 0.01}
+# H200 speeds for the up-front estimate, as measured there (results/bench, results/calibration): the engine's start
+# (weights, compilation, 64 graph captures) about 25 s, a 32 x 4096 prefill 0.70 s, a decode step 2-3 ms, and
+# a closed run's own overhead (records written and read back) about 40 ms.
+H200_SPEEDS = {"engine_start_s": 25.0, "prefill_token_s": 0.70 / (32 * 4096), "decode_step_s": 2.4e-3, "run_s": 0.04}
 
 
 @dataclass(frozen=True)
@@ -172,10 +173,10 @@ def describe(runs: list[Run], speeds: dict | None = None) -> str:
     if speeds:
         total = estimate_s(runs, speeds)
         tokens, steps = sum(r.prefill_tokens for r in runs), sum(r.decode_steps for r in runs)
-        lines.append(f"      estimated {total / 60:.1f} min at H200 speeds ({speeds['engine_start_s'] / 60:.0f} min "
+        lines.append(f"      estimated {total / 60:.1f} min at H200 speeds ({speeds['engine_start_s']:.0f} s "
                      f"engine start, {tokens / 1e6:.1f} M prefill tokens at "
-                     f"{speeds['prefill_token_s'] * 32 * 4096:.1f} s per 32 x 4096, "
-                     f"{steps:,} decode steps at {speeds['decode_step_s'] * 1e3:.0f} ms)")
+                     f"{speeds['prefill_token_s'] * 32 * 4096:.2f} s per 32 x 4096, "
+                     f"{steps:,} decode steps at {speeds['decode_step_s'] * 1e3:.1f} ms)")
     return "\n".join(lines)
 
 

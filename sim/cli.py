@@ -19,6 +19,7 @@ from tqdm import tqdm
 from calibrate.cost_model import CostModel
 from engine.block_pool import DEFAULT_BLOCK_SIZE
 from engine.recorder import BACKENDS
+from traces.cli import checked, count_arg, rate_arg, seed_arg
 from traces.errors import InputError
 from traces.prompts import PROMPT_NAMES
 from traces.provenance import provenance
@@ -35,40 +36,25 @@ DEFAULT_OUT = Path("sim-out")
 SUBCOMMANDS = ("run", "sweep", "validate")
 
 
-def _checked(kind: type, ok: Callable, need: str) -> Callable[[str], object]:
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not ok(value):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {need}")
-        return value
-    return parse
-
-
 def _list(item: Callable[[str], object]) -> Callable[[str], list]:
     return lambda text: [item(t.strip()) for t in text.split(",") if t.strip()] or item("")
 
 
-_rate = _checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of requests per second")
-_gib = _checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of GiB")
-_count = _checked(int, lambda v: v >= 1, "a whole number >= 1")
-_seed = _checked(int, lambda v: v >= 0, "a whole number >= 0")
-_backend = _checked(str, lambda v: v in BACKENDS, f"a backend ({', '.join(BACKENDS)})")
+_gib = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of GiB")
+_backend = checked(str, lambda v: v in BACKENDS, f"a backend ({', '.join(BACKENDS)})")
 
 
 def _rates(text: str) -> list[float] | None:
-    return None if text.strip() == "auto" else _list(_rate)(text)
+    return None if text.strip() == "auto" else _list(rate_arg)(text)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--table", type=Path, help="cost table JSON (default: the shipped H200 table, sim/data/h200.json)")
-    p.add_argument("--block-size", type=_count, default=DEFAULT_BLOCK_SIZE,
+    p.add_argument("--block-size", type=count_arg, default=DEFAULT_BLOCK_SIZE,
                    help="KV block size in tokens; the table must have been measured with it (default %(default)s)")
     p.add_argument("--strict", action="store_true",
                    help="refuse shapes outside the table's measured range instead of extrapolating with a warning")
-    p.add_argument("--noise-seed", type=_seed,
+    p.add_argument("--noise-seed", type=seed_arg,
                    help="multiply step times by seeded log-normal noise with the table's spread (default: none)")
 
 
@@ -83,18 +69,18 @@ def parser() -> argparse.ArgumentParser:
         "(the engine's schema). The trace: --rate (seeded Poisson), --trace FILE, --closed-mixed or --closed-uniform."))
     src = run.add_mutually_exclusive_group()
     src.add_argument("--trace", type=Path, help="a request-trace file; with --rate, its time is scaled to that rate")
-    src.add_argument("--closed-mixed", type=_count, metavar="N", help="N mixed requests all arriving at t=0")
+    src.add_argument("--closed-mixed", type=count_arg, metavar="N", help="N mixed requests all arriving at t=0")
     src.add_argument("--closed-uniform", choices=PROMPT_NAMES, metavar="PROMPT",
                      help=f"--n copies of one prompt ({', '.join(PROMPT_NAMES)}) all arriving at t=0")
-    run.add_argument("--rate", type=_rate, help="arrival rate in requests/s")
-    run.add_argument("--n", type=_count, default=DEFAULT_N, help="requests in a generated trace (default %(default)s)")
-    run.add_argument("--seed", type=_seed, default=0, help="workload seed (default %(default)s)")
+    run.add_argument("--rate", type=rate_arg, help="arrival rate in requests/s")
+    run.add_argument("--n", type=count_arg, default=DEFAULT_N, help="requests in a generated trace (default %(default)s)")
+    run.add_argument("--seed", type=seed_arg, default=0, help="workload seed (default %(default)s)")
     run.add_argument("--backend", type=_backend, default="paged",
                      help="decode backend: paged or padded (default paged)")
-    run.add_argument("--max-batch", type=_count, default=32, help="batch rows (default %(default)s)")
+    run.add_argument("--max-batch", type=count_arg, default=32, help="batch rows (default %(default)s)")
     pool = run.add_mutually_exclusive_group()
     pool.add_argument("--pool-gib", type=_gib, help="KV pool size in GiB")
-    pool.add_argument("--pool-blocks", type=_count, help="KV pool size in blocks (default: enough that it never binds)")
+    pool.add_argument("--pool-blocks", type=count_arg, help="KV pool size in blocks (default: enough that it never binds)")
     run.add_argument("--out", type=Path, help="write the run record here (per-step rows; per-token rows with --tokens)")
     run.add_argument("--tokens", action="store_true", help="with --out, also write every token's time")
     run.add_argument("--no-fast-forward", action="store_true",
@@ -111,16 +97,16 @@ def parser() -> argparse.ArgumentParser:
                             f"{AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x each configuration's estimated capacity")
     sweep.add_argument("--pool-gib", type=_list(_gib), default=[0.5, 1, 2, 4], metavar="G1,G2,...",
                        help="KV pool sizes in GiB (default 0.5,1,2,4)")
-    sweep.add_argument("--max-batch", type=_list(_count), default=[16, 32], metavar="B1,B2,...",
+    sweep.add_argument("--max-batch", type=_list(count_arg), default=[16, 32], metavar="B1,B2,...",
                        help="batch rows (default 16,32)")
     sweep.add_argument("--backend", type=_list(_backend), default=list(BACKENDS), metavar="paged,padded",
                        help="backends (default paged,padded)")
     sweep.add_argument("--trace", type=Path, help="a request-trace file, scaled in time to each rate "
                                                   "(default: the seeded Poisson trace --n, --seed)")
-    sweep.add_argument("--n", type=_count, default=DEFAULT_N, help="requests per point (default %(default)s)")
-    sweep.add_argument("--seed", type=_seed, default=0, help="workload seed (default %(default)s)")
+    sweep.add_argument("--n", type=count_arg, default=DEFAULT_N, help="requests per point (default %(default)s)")
+    sweep.add_argument("--seed", type=seed_arg, default=0, help="workload seed (default %(default)s)")
     sweep.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default ./%(default)s)")
-    sweep.add_argument("--jobs", type=_count, help="worker processes (default: every core)")
+    sweep.add_argument("--jobs", type=count_arg, help="worker processes (default: every core)")
     _common(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
@@ -131,8 +117,8 @@ def parser() -> argparse.ArgumentParser:
                           "report: compare (CPU, from the records)")
     val.add_argument("--out", type=Path, default=Path("results/validation"), help="directory (default %(default)s)")
     val.add_argument("--table", type=Path, help="cost table (default: the shipped H200 table)")
-    val.add_argument("--n", type=_count, default=DEFAULT_N, help="requests per arrival point (plan; default %(default)s)")
-    val.add_argument("--seed", type=_seed, default=0, help="workload seed (plan; default %(default)s)")
+    val.add_argument("--n", type=count_arg, default=DEFAULT_N, help="requests per arrival point (plan; default %(default)s)")
+    val.add_argument("--seed", type=seed_arg, default=0, help="workload seed (plan; default %(default)s)")
     val.add_argument("--azure", type=Path, default=validate.AZURE, help="the Azure conversation trace CSV (plan)")
     val.add_argument("--expect-gpu", metavar="NAME", help="real: refuse any other device, e.g. 'NVIDIA H200'")
     val.add_argument("--only", type=_list(str), metavar="ID1,ID2", help="real: run only these points")

@@ -16,7 +16,7 @@ from .trace_io import read_trace, write_trace
 from .workload import DEFAULT_BUDGET, DEFAULT_N, Trace, closed_mixed, closed_uniform, poisson_trace
 
 
-def _checked(kind: type, ok: Callable[[float], bool], need: str) -> Callable[[str], float]:
+def checked(kind: type, ok: Callable[[float], bool], need: str) -> Callable[[str], float]:
     """An argparse type that refuses values outside what the option means, saying what it needs."""
     def parse(text: str):
         try:
@@ -29,9 +29,9 @@ def _checked(kind: type, ok: Callable[[float], bool], need: str) -> Callable[[st
     return parse
 
 
-_rate = _checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of requests per second")
-_count = _checked(int, lambda v: v >= 1, "a whole number >= 1")
-_seed = _checked(int, lambda v: v >= 0, "a whole number >= 0")
+rate_arg = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of requests per second")
+count_arg = checked(int, lambda v: v >= 1, "a whole number >= 1")
+seed_arg = checked(int, lambda v: v >= 0, "a whole number >= 0")
 
 
 def _window(text: str) -> tuple[float, float]:
@@ -47,14 +47,14 @@ def workload_options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("workload (one of)")
     w = g.add_mutually_exclusive_group(required=True)
-    w.add_argument("--rate", type=_rate, help="a seeded Poisson trace at this many requests per second")
+    w.add_argument("--rate", type=rate_arg, help="a seeded Poisson trace at this many requests per second")
     w.add_argument("--trace", metavar="FILE", help="a request-trace file (python -m traces ...)")
-    w.add_argument("--closed-mixed", type=_count, metavar="N", help="N requests of a mixed draw, all at t=0")
+    w.add_argument("--closed-mixed", type=count_arg, metavar="N", help="N requests of a mixed draw, all at t=0")
     w.add_argument("--closed-uniform", choices=PROMPT_NAMES, metavar="PROMPT",
                    help=f"--n copies of one prompt ({', '.join(PROMPT_NAMES)}), all at t=0")
-    g.add_argument("--n", type=_count, default=DEFAULT_N, help=f"requests for --rate/--closed-uniform (default {DEFAULT_N})")
-    g.add_argument("--seed", type=_seed, default=0, help="seed of the mixed draw and arrival gaps (default 0)")
-    g.add_argument("--budget", type=_count, default=DEFAULT_BUDGET,
+    g.add_argument("--n", type=count_arg, default=DEFAULT_N, help=f"requests for --rate/--closed-uniform (default {DEFAULT_N})")
+    g.add_argument("--seed", type=seed_arg, default=0, help="seed of the mixed draw and arrival gaps (default 0)")
+    g.add_argument("--budget", type=count_arg, default=DEFAULT_BUDGET,
                    help=f"tokens per request for --closed-uniform (default {DEFAULT_BUDGET})")
     return p
 
@@ -133,18 +133,18 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--out", required=True, metavar="FILE", help="trace file to write")
 
     s = sub.add_parser("poisson", parents=[out], help="the seeded Poisson arrival trace (rate, n, seed)")
-    s.add_argument("--rate", type=_rate, required=True, help="arrivals per second")
-    s.add_argument("--n", type=_count, default=DEFAULT_N, help=f"requests (default {DEFAULT_N})")
-    s.add_argument("--seed", type=_seed, default=0, help="seed of the mixed draw and the arrival gaps (default 0)")
+    s.add_argument("--rate", type=rate_arg, required=True, help="arrivals per second")
+    s.add_argument("--n", type=count_arg, default=DEFAULT_N, help=f"requests (default {DEFAULT_N})")
+    s.add_argument("--seed", type=seed_arg, default=0, help="seed of the mixed draw and the arrival gaps (default 0)")
     s.set_defaults(func=_poisson)
 
     s = sub.add_parser("closed", parents=[out], help="a closed run: n requests all arriving at t=0")
     which = s.add_mutually_exclusive_group(required=True)
     which.add_argument("--mixed", action="store_true", help="a mixed draw of prompts and budgets")
     which.add_argument("--prompt", choices=PROMPT_NAMES, help="every request has this prompt")
-    s.add_argument("--n", type=_count, required=True, help="requests")
-    s.add_argument("--seed", type=_seed, help="seed of the mixed draw (default 0)")
-    s.add_argument("--budget", type=_count, help=f"tokens each --prompt request generates (default {DEFAULT_BUDGET})")
+    s.add_argument("--n", type=count_arg, required=True, help="requests")
+    s.add_argument("--seed", type=seed_arg, help="seed of the mixed draw (default 0)")
+    s.add_argument("--budget", type=count_arg, help=f"tokens each --prompt request generates (default {DEFAULT_BUDGET})")
     s.set_defaults(func=_closed)
 
     caps = argparse.ArgumentParser(add_help=False, parents=[out])
