@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
-
 from traces.cost_table import SCHEMA, VERSION, validate
 
 from .accuracy import check

@@ -77,7 +77,7 @@ class Engine:
         self.loaded = load_model(cfg.checkpoint, cfg.spec, cfg.seed, dtype, dev)
         self.model = PagedQwen2(self.loaded, cfg.max_tokens)
         self.peak_prefill_bytes = self._largest_prefill() if dev.type == "cuda" else 0
-        num_blocks = self._pool_blocks(dev, dtype)
+        num_blocks = self._pool_blocks(dev)
         log(f"KV pool: {num_blocks} blocks of {cfg.block_size} tokens "
             f"({num_blocks * cfg.block_size * self.kv_bytes_per_token / 2**30:.2f} GiB); "
             f"largest prefill transient {self.peak_prefill_bytes / 2**30:.2f} GiB; capturing decode graphs")
@@ -103,7 +103,7 @@ class Engine:
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
 
-    def _pool_blocks(self, dev: torch.device, dtype: torch.dtype) -> int:
+    def _pool_blocks(self, dev: torch.device) -> int:
         cfg = self.cfg
         block_bytes = cfg.block_size * self.kv_bytes_per_token
         if cfg.pool_blocks:

@@ -50,7 +50,6 @@ class Scheduler:
         self.running: list[Seq] = []
         self.kv_tokens = 0  # K/V tokens held by running rows, kept incrementally for the simulator's speed
         self._seen: set[int] = set()
-        self.submitted = 0
         self._groups = 0
 
     def check(self, req: Request) -> None:
@@ -74,7 +73,6 @@ class Scheduler:
     def submit(self, req: Request) -> Seq:
         self.check(req)
         self._seen.add(req.request_id)
-        self.submitted += 1
         seq = Seq(req, self.pool.blocks_for(req.prompt_tokens + req.budget))
         self.queue.append(seq)
         return seq
@@ -126,6 +124,11 @@ class Scheduler:
                 self.kv_tokens -= s.kv_len
                 self.pool.release(s.block_table)
         return done
+
+    @property
+    def submitted(self) -> int:
+        """Requests accepted so far (every accepted id is distinct)."""
+        return len(self._seen)
 
     @property
     def idle(self) -> bool:

@@ -96,23 +96,27 @@ def bracket_band(ax, res, color):
         ax.axvspan(lo, hi, color=color, alpha=0.15, lw=0)
 
 
+def configurations(axes):
+    """Each panel (pool x backend) with its configurations: (axes, result, its rows by rate, its colour)."""
+    for i, pool in enumerate(POOLS):
+        for j, b in enumerate(BACKENDS):
+            for res in (r for r in results if r.config.pool_gib == pool and r.config.backend == b):
+                yield axes[i, j], res, pd.DataFrame(res.rows).sort_values("rate"), BATCH_COLORS[res.config.max_batch]
+
+
 fig, axes = panels(f"Served rate against arrival rate ({WORKLOAD.n} mixed requests, {table['device']['name']})")
-for i, pool in enumerate(POOLS):
-    for j, b in enumerate(BACKENDS):
-        ax = axes[i, j]
-        for res in (r for r in results if r.config.pool_gib == pool and r.config.backend == b):
-            d = pd.DataFrame(res.rows).sort_values("rate")
-            c = BATCH_COLORS[res.config.max_batch]
-            lo, hi = res.bracket
-            ax.plot(d.rate, d.served_rate, color=c, marker=".", ms=4, **S.SIM,
-                    label=f"max batch {res.config.max_batch}: capacity {S.fmt_rate(lo)}-{S.fmt_rate(hi)} req/s")
-            bracket_band(ax, res, c)
-        top = rows.rate.max() * 1.05
-        ax.plot([0, top], [0, top], ":", color="grey", lw=1, label="served = offered")
-        ax.set_xlim(0, top)
-        ax.set_ylim(0, rows.served_rate.max() * 1.1)
-        ax.set_ylabel("served rate (req/s)")
-        ax.legend(loc="upper left")
+for ax, res, d, c in configurations(axes):
+    lo, hi = res.bracket
+    ax.plot(d.rate, d.served_rate, color=c, marker=".", ms=4, **S.SIM,
+            label=f"max batch {res.config.max_batch}: capacity {S.fmt_rate(lo)}-{S.fmt_rate(hi)} req/s")
+    bracket_band(ax, res, c)
+for ax in axes.flat:
+    top = rows.rate.max() * 1.05
+    ax.plot([0, top], [0, top], ":", color="grey", lw=1, label="served = offered")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, rows.served_rate.max() * 1.1)
+    ax.set_ylabel("served rate (req/s)")
+    ax.legend(loc="upper left")
 best = cap.loc[cap.capacity_lo.fillna(0).idxmax()]
 small = cap[(cap.backend == best.backend) & (cap.max_batch == best.max_batch) & (cap.pool_gib == SMALL)].iloc[0]
 S.save(fig, "01_served_rate",
@@ -128,20 +132,15 @@ S.save(fig, "01_served_rate",
 
 # %%
 fig, axes = panels(f"Queue wait against arrival rate ({WORKLOAD.n} mixed requests, {table['device']['name']})")
-for i, pool in enumerate(POOLS):
-    for j, b in enumerate(BACKENDS):
-        ax = axes[i, j]
-        for res in (r for r in results if r.config.pool_gib == pool and r.config.backend == b):
-            d = pd.DataFrame(res.rows).sort_values("rate")
-            c = BATCH_COLORS[res.config.max_batch]
-            ax.plot(d.rate, d.queue_wait_p50, color=c, marker=".", ms=4, **S.SIM,
-                    label=f"max batch {res.config.max_batch}")
-            ax.plot(d.rate, d.queue_wait_p95, color=c, ls="--", lw=1.2)
-            bracket_band(ax, res, c)
-        ax.set_yscale("symlog", linthresh=1e-3)
-        ax.set_ylim(bottom=0)
-        ax.set_ylabel("queue wait (s): p50 solid, p95 dashed")
-        ax.legend(loc="upper left")
+for ax, res, d, c in configurations(axes):
+    ax.plot(d.rate, d.queue_wait_p50, color=c, marker=".", ms=4, **S.SIM, label=f"max batch {res.config.max_batch}")
+    ax.plot(d.rate, d.queue_wait_p95, color=c, ls="--", lw=1.2)
+    bracket_band(ax, res, c)
+for ax in axes.flat:
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("queue wait (s): p50 solid, p95 dashed")
+    ax.legend(loc="upper left")
 at = rows[(rows.backend == best.backend) & (rows.max_batch == best.max_batch) & (rows.pool_gib == best.pool_gib)]
 at_lo = at[at.rate == best.capacity_lo].iloc[0] if (at.rate == best.capacity_lo).any() else None
 S.save(fig, "01_queue_wait",

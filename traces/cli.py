@@ -43,7 +43,7 @@ def _window(text: str) -> tuple[float, float]:
 
 
 def workload_options() -> argparse.ArgumentParser:
-    """The options that pick one run's workload, shared by `engine run` and `sim run`."""
+    """The options that pick one run's workload (`engine run`)."""
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("workload (one of)")
     w = g.add_mutually_exclusive_group(required=True)
