@@ -1,6 +1,7 @@
 """The held-out check: the fitted cost model against steps measured at shapes the fit never saw.
 
-Prefill: random widths and padded lengths off the grid, with the group's other prompts shorter. Decode: random
+Prefill: random widths and padded lengths off the grid, with the group's other prompts shorter, and the other
+policies' steps (each chunk of a chunked prompt is a point). Decode: random
 row counts with random prompt lengths per backend. The error of a point is predicted / measured - 1, with the
 measured side the median of the run's repetitions (prefill) or usable steps (decode, predicted step by step).
 """
@@ -8,9 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cost_model import CostModel
-from .points import usable_steps
-from .sweep import Run
+from costs.model import CostModel
+from costs.shapes import PrefillShape
+
+from .plan import Run
+from .points import prefill_steps, usable_steps
 
 TARGETS = {"median_abs_err": 0.03, "p95_abs_err": 0.10}
 WORST = 5
@@ -21,14 +24,18 @@ def check(cost: CostModel, runs: list[Run], samples: dict[str, dict]) -> dict:
     for run in runs:
         s = samples[run.key]
         if run.kind == "check-prefill":
-            kind, measured = "prefill", float(np.median(s["prefill_s"]))
-            predicted = cost.prefill(run.width, run.padded_len)
-        else:
-            kv_tokens, kv_max, dur = usable_steps(s)
-            kind, measured = f"decode {run.backend}", float(np.median(dur))
-            predicted = float(np.median(cost.decode(run.backend, run.width, kv_tokens, kv_max)))
-        points.append({"kind": kind, "run": run.label, "prompts": list(run.prompts), "measured_s": measured,
-                       "predicted_s": predicted, "error": predicted / measured - 1})
+            policy = run.policy.partition(":")[0]
+            kind = "prefill" if policy == "padded" else f"prefill {policy}"
+            for (rows, tokens, attn), dur in prefill_steps(s).items():  # a chunked prompt's chunks: one point each
+                measured, predicted = float(np.median(dur)), cost.prefill(PrefillShape(rows, tokens, attn))
+                points.append({"kind": kind, "run": run.label, "prompts": list(run.prompts), "shape": [rows, tokens, attn],
+                               "measured_s": measured, "predicted_s": predicted, "error": predicted / measured - 1})
+            continue
+        kv_tokens, kv_max, dur = usable_steps(s)
+        measured = float(np.median(dur))
+        predicted = float(np.median(cost.decode(run.backend, run.width, kv_tokens, kv_max)))
+        points.append({"kind": f"decode {run.backend}", "run": run.label, "prompts": list(run.prompts),
+                       "measured_s": measured, "predicted_s": predicted, "error": predicted / measured - 1})
     summary = {}
     for kind in dict.fromkeys(p["kind"] for p in points):
         err = np.abs([p["error"] for p in points if p["kind"] == kind])

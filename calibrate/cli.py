@@ -14,14 +14,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from engine.recorder import BACKENDS
-from traces.cost_table import save_cost_table
+from costs.shapes import BACKENDS
+from costs.table import save_cost_table
 from traces.errors import InputError
 from traces.model_spec import MODELS
 
 from .accuracy import report
+from .plan import FULL, H200_SPEEDS, QUICK, describe, make_plan, max_rows, run_plan
 from .store import PointsFile, points_path
-from .sweep import FULL, H200_SPEEDS, QUICK, describe, make_plan, max_rows, run_plan
 
 
 def _backends(text: str) -> tuple[str, ...]:
@@ -45,7 +45,15 @@ def parser() -> argparse.ArgumentParser:
         "per backend, and retirement's overhead), fit the cost model, check it on held-out shapes, and write the "
         "cost table the simulator reads. Measured runs are kept in OUT.points.jsonl as they finish; re-running "
         "the same command resumes. No GPU here? `modal run calibrate/modal_app.py` calibrates on Modal's A10."))
-    p.add_argument("--out", type=Path, required=True, help="the cost table to write (JSON)")
+    p.add_argument("--out", type=Path, help="the cost table to write (JSON); required but with --check-stationary")
+    p.add_argument("--check-stationary", action="store_true",
+                   help="only the stationarity check: shapes this engine has never run, each timed on its first run "
+                        "and on repeats; exit status 1 if a step's cost depended on what ran before (p95 of first / "
+                        "repeat above the limit). Writes nothing")
+    p.add_argument("--refresh", type=Path, metavar="TABLE",
+                   help="instead of a whole calibration, re-measure a few of TABLE's shapes on this GPU and write TABLE "
+                        "rescaled to it (about a minute): for a GPU instance other than the one that made TABLE")
+    p.add_argument("--force", action="store_true", help="replace an existing --out table")
     p.add_argument("--expect-gpu", metavar="NAME",
                    help="refuse to run unless the GPU is this one (e.g. 'NVIDIA H200'; 'A10' does not match 'A10G')")
     p.add_argument("--backend", type=_backends, default=BACKENDS, metavar="B1,B2",
@@ -65,19 +73,32 @@ def parser() -> argparse.ArgumentParser:
 def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     from engine.engine import Engine, EngineConfig  # torch: only once the options are known to be good
 
-    from .sweep import identity, measure
+    from .measure import identity, measure
     from .table import build_table
 
     t0 = time.perf_counter()
-    if args.out.is_dir():
+    if args.check_stationary:
+        pass  # writes nothing
+    elif args.out is None:
+        raise InputError("--out TABLE.json is required (the cost table to write), except with --check-stationary")
+    elif args.out.is_dir():
         raise InputError("is a directory; --out names the cost table file to write", path=args.out)
+    elif args.out.exists() and not args.force:
+        raise InputError("already exists; pass --force to replace it", path=args.out)
     plan = QUICK if args.quick else FULL
     cfg = EngineConfig(max_batch=max_rows(plan, args.max_batch), max_prompt=plan.max_prompt,
                        max_budget=plan.max_budget, backends=args.backend, checkpoint=args.checkpoint,
                        dtype="float16" if args.device == "cuda" else "float32", device=args.device,
                        spec=dict(MODELS[args.model]), expect_gpu=args.expect_gpu)
     ident = identity(cfg)  # refuses a missing or unexpected GPU before anything is written
-    runs = make_plan(plan, cfg.max_batch, args.backend)
+    if args.refresh is not None:
+        from .refresh import refresh
+        return refresh(args.refresh, args.out, cfg, argv)
+    if args.check_stationary:
+        return check_stationary(plan, cfg, args.backend)
+    from engine.engine import POLICIES_BUILT
+    runs = make_plan(plan, cfg.max_batch, args.backend,
+                     tuple(f"chunked:{plan.chunk}" if p == "chunked" else p for p in POLICIES_BUILT))
     store = PointsFile(points_path(args.out), ident)
     todo = sum(r.key not in store for r in runs)
     print(f"calibrating {ident['model']} ({ident['dtype']}) on {ident['device']}: max batch {cfg.max_batch}, "
@@ -88,7 +109,6 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"resuming: {len(runs) - todo} of {len(runs)} runs already measured in {store.path}")
     try:
         engine = Engine(cfg)
-        started_s = time.perf_counter() - t0
         with tqdm(total=len(runs), unit="run", desc="calibrating", dynamic_ncols=True) as bar:
             def advance(run):
                 bar.set_postfix_str(run.label, refresh=False)
@@ -100,19 +120,52 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         return 130
     finally:
         store.close()
-    calibration = {"wall_s": round(time.perf_counter() - t0, 1), "engine_start_s": round(started_s, 1),
+    calibration = {"wall_s": round(time.perf_counter() - t0, 1), "engine_start_s": round(engine.start_s, 1),
                    "runs_measured_now": made, "runs_resumed": len(runs) - made, "points_file": str(store.path),
                    "backends": list(args.backend), "command": shlex.join(["python", "-m", "calibrate", *argv])}
     table = build_table(plan, runs, store.samples, engine.metadata(), calibration)
     table_id = save_cost_table(table, args.out)
     print(report(table["accuracy"]))
+    st = table["stationarity"]
     o = table["overhead"]
     print(f"overhead: retirement {o['retire_s'] * 1e6:.0f} us per retired row (p10 {o['retire_p10_s'] * 1e6:.0f}, "
           f"p90 {o['retire_p90_s'] * 1e6:.0f}, n {o['retire_n']})")
     print(f"wrote cost table {table_id} to {args.out} ({len(table['prefill']['points'])} prefill points, "
           + ", ".join(f"{len(d['points'])} {b} decode points" for b, d in table["decode"].items())
           + f"; {calibration['wall_s'] / 60:.1f} min)")
+    print(stationarity_line(st))
+    if not st["passed"]:
+        print(f"calibrate: error: the stationarity check failed (p95 of first-run / repeat above {st['limit']}): a step's "
+              f"cost depended on what ran before it. The table is written but refused by the simulator unless "
+              f"--allow-nonstationary is given", file=sys.stderr)
+        return 1
     return 0
+
+
+def check_stationary(plan, cfg, backends) -> int:
+    """The stationarity check alone, on a freshly started engine."""
+    from engine.engine import POLICIES_BUILT, Engine
+
+    from .measure import measure
+    from .plan import stationarity_runs
+    from .table import stationarity
+
+    engine = Engine(cfg)
+    others = [f"chunked:{plan.chunk}" if p == "chunked" else p for p in POLICIES_BUILT if p != "padded"]
+    runs = stationarity_runs(plan, cfg.max_batch, backends, others)
+    samples = {r.key: measure(engine, r) for r in tqdm(runs, unit="run", desc="stationarity")}
+    st = stationarity(runs, samples)
+    worst = sorted(st["shapes"], key=lambda s: -s["first_over_again"])[:5]
+    print(f"engine start {engine.start_s:.1f} s; worst shapes: " +
+          "; ".join(f"{s['run']} {s['first_over_again']:.3f}" for s in worst))
+    print(stationarity_line(st))
+    return 0 if st["passed"] else 1
+
+
+def stationarity_line(st: dict) -> str:
+    return ("stationarity (first run of a never-run shape / its repeats): " + "; ".join(
+        f"{k} n={st[k]['n']} median {st[k]['median']:.3f} p95 {st[k]['p95']:.3f} max {st[k]['max']:.3f}"
+        for k in ("prefill", "decode")) + f"; limit {st['limit']} on the p95: {'passed' if st['passed'] else 'FAILED'}")
 
 
 def main(argv: list[str] | None = None) -> int:

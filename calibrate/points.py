@@ -8,14 +8,16 @@ steps settled; a table built from the transient predicted the validation runs' s
 """
 from __future__ import annotations
 
+from collections import defaultdict
+
 import numpy as np
 
-from engine.recorder import kv_read
+from costs.shapes import kv_read
+
+from .plan import Run
 
 SETTLE_S = 0.1
 MIN_STEPS = 3
-
-from .sweep import Run
 
 
 def stats(durations) -> dict:
@@ -24,8 +26,29 @@ def stats(durations) -> dict:
     return {"median_s": float(med), "p10_s": float(p10), "p90_s": float(p90), "n": int(d.size)}
 
 
-def prefill_point(run: Run, sample: dict) -> dict:
-    return {"width": run.width, "padded_len": run.padded_len, **stats(sample["prefill_s"])}
+def prefill_steps(sample: dict) -> dict[tuple[int, int, int], list[float]]:
+    """Every prefill step of a run's repetitions, by shape (rows, tokens, attn): its durations."""
+    by_shape: dict[tuple[int, int, int], list[float]] = defaultdict(list)
+    for rep in sample["prefill"]:
+        for rows, tokens, attn, dur in rep:
+            by_shape[rows, tokens, attn].append(dur)
+    return by_shape
+
+
+def prefill_points(run: Run, sample: dict) -> list[dict]:
+    """One point per distinct step shape of the run (a chunked prompt's chunks are several)."""
+    policy = run.policy.partition(":")[0]
+    return [{"policy": policy, "rows": r, "tokens": t, "attn": a, **stats(d), "run": run.label}
+            for (r, t, a), d in prefill_steps(sample).items()]
+
+
+def first_over_again(run: Run, sample: dict) -> float:
+    """A stationarity run's first-run time over the median of its repeats (prefill: the run's prefill steps
+    summed; decode: the median step)."""
+    if run.kind == "stationary-decode":
+        return float(np.median(sample["first"]) / np.median(sample["again"]))
+    totals = [sum(s[3] for s in rep) for rep in sample["prefill"]]
+    return float(totals[0] / np.median(totals[1:]))
 
 
 def usable_steps(sample: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -24,15 +24,15 @@ class PointsFile:
         self.path = Path(path)
         self.identity = identity
         self.samples: dict[str, dict] = {}
-        if self.path.exists() and self.path.stat().st_size:
-            self._read()
-        else:
+        if not (self.path.exists() and self.path.stat().st_size and self._read()):
+            # New, or only the header of a start that measured nothing: (re)start it with this setup.
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps({"schema": SCHEMA, "version": VERSION, "identity": identity},
                                             sort_keys=True) + "\n", encoding="utf-8")
         self._f = open(self.path, "a", encoding="utf-8")
 
-    def _read(self) -> None:
+    def _read(self) -> bool:
+        """Load the measured runs; False when the file holds none (nothing to resume, whatever its setup)."""
         text = self.path.read_text(encoding="utf-8")
         if not text.endswith("\n"):  # killed mid-write: drop the partial line, so the next append starts clean
             text = text[: text.rfind("\n") + 1]
@@ -44,6 +44,8 @@ class PointsFile:
             head = None
         if not isinstance(head, dict) or head.get("schema") != SCHEMA:
             raise InputError(f"is not a calibration points file (expected a {SCHEMA!r} first line)", path=self.path)
+        if len(lines) == 1:
+            return False
         if head.get("version") != VERSION:
             raise InputError(f"points-file version {head.get('version')!r} is not {VERSION}", path=self.path)
         theirs = head.get("identity", {})
@@ -57,6 +59,7 @@ class PointsFile:
                 self.samples[entry["key"]] = entry["sample"]
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise InputError("is not a measured run (corrupt points file?)", path=self.path, row=i) from None
+        return True
 
     def __contains__(self, key: str) -> bool:
         return key in self.samples

@@ -1,13 +1,14 @@
-"""Engine speed on the GPU, measured side by side in one run (issue: decode near the memory floor).
+"""Engine speed on the GPU, measured side by side in one run.
 
-    python -m engine.bench [--out results/bench] [--expect-gpu "NVIDIA H200"] [--quick]
+    python -m engine.bench [--out results/bench] [--expect-gpu "NVIDIA H200"] [--quick] [--hf]
 
 Prints, for uniform decode batches (rows 1, 8, 32 x context 256, 1024, 4096): the engine's decode step
 time from its own step log (`paged`, `padded`) and the GPU time of one graph replay, tokens/s, the
 bandwidth floor (weight + K/V bytes over the device-to-device copy bandwidth measured here) and the
-ratio to it, and HF transformers' eager `generate` on the same weights; prefill tokens/s by group width
-and padded length; the closed mixed 32-row run and 64 requests through 8 rows. Writes bench.json and
-bench.md to --out with the device and versions.
+ratio to it, and with --hf HF transformers' eager `generate` on the same weights; prefill steps by group
+width and padded length, each as the engine runs it (a graph replay up to its graph bucket) and the same
+step's forward pass run eagerly, side by side; the closed mixed 32-row run and 64 requests through 8 rows.
+Writes bench.json and bench.md to --out with the device and versions.
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ from .engine import Engine, EngineConfig, device_info
 
 ROWS, CONTEXTS = (1, 8, 32), (256, 1024, 4096)
 DECODE_BUDGET = 64
+PREFILL = ((1, 16), (1, 256), (1, 1024), (1, 4096), (8, 256), (8, 2048), (32, 1024), (32, 4096))
+# Targets: a 1 x 16 and a 1 x 256 prefill within about two decode steps; large groups at least as fast as before.
+PREFILL_TARGETS = {(1, 16): ("ms", 3.0), (1, 256): ("ms", 4.0), (8, 2048): ("tok_s", 200_000)}
 
 
 def copy_bandwidth(gib: float = 4.0) -> float:
@@ -87,6 +91,39 @@ def decode_point(engine: Engine, backend: str, rows: int, ctx: int) -> dict:
             "tok_s": rows / step, "kv_read": int(d.kv_read.median())}
 
 
+def prefill_point(engine: Engine, width: int, n: int, reps: int = 5) -> dict:
+    """A padded group's prefill step from the engine's step log (median of reps after one warm-up), and the same
+    step's forward pass run eagerly (no graph) on the inputs the engine left, timed by device events."""
+    times = []
+    for _ in range(reps + 1):
+        rec = engine.run(length_trace([(0.0, n, 1)] * width), None, "paged", tokens=False, max_batch=width,
+                         progress=False)
+        p = rec.steps[rec.steps.kind == "prefill"]
+        times.append(float((p.end - p.start).iloc[0]))
+    step = statistics.median(times[1:])
+    r = engine.runner
+    bucket = r.bucket(width * n)
+    eager = None
+    if bucket in r.prefill_graphs:
+        def forward():
+            r._prefill_forward(bucket)
+        eager = _device_time(forward)
+    return {"width": width, "padded_len": n, "bucket": bucket, "graph": bucket in r.prefill_graphs,
+            "ms": 1e3 * step, "tok_s": width * n / step, "eager_ms": None if eager is None else 1e3 * eager}
+
+
+def _device_time(fn, reps: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
 def closed_point(engine: Engine, trace, max_batch: int, backend: str = "paged", warmup: int = 1, repeat: int = 3) -> dict:
     runs = []
     for i in range(warmup + repeat):
@@ -104,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/bench", help="directory for bench.json and bench.md")
     ap.add_argument("--expect-gpu", metavar="NAME")
-    ap.add_argument("--quick", action="store_true", help="rows 8,32 x context 1024 only; no HF baseline")
+    ap.add_argument("--quick", action="store_true", help="rows 8,32 x context 1024 only")
+    ap.add_argument("--hf", action="store_true", help="also time HF transformers' eager generate (slow)")
     args = ap.parse_args(argv)
     engine = Engine(EngineConfig(expect_gpu=args.expect_gpu))
     m = engine.model
@@ -119,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         for ctx in ctxs:
             pts = {b: decode_point(engine, b, rows, ctx) for b in engine.cfg.backends}
             floor = (weight_bytes + pts["paged"]["kv_read"] * engine.kv_bytes_per_token) / bw
-            hf = None if args.quick else hf_decode(engine, rows, ctx)
+            hf = hf_decode(engine, rows, ctx) if args.hf else None
             for b, p in pts.items():
                 p.update(floor_ms=1e3 * floor, vs_floor=p["step_ms"] / (1e3 * floor),
                          hf_step_ms=None if hf is None else 1e3 * hf,
@@ -127,23 +165,16 @@ def main(argv: list[str] | None = None) -> int:
                 decode.append(p)
             print(f"rows {rows:2d} ctx {ctx:4d}: paged {pts['paged']['step_ms']:.3f} ms, padded {pts['padded']['step_ms']:.3f} ms, "
                   f"floor {1e3 * floor:.3f} ms" + ("" if hf is None else f", HF eager {1e3 * hf:.2f} ms"))
-    prefill = []
-    for width in ((8, 32) if args.quick else (1, 8, 32)):
-        for n in ((1024,) if args.quick else (256, 1024, 4096)):
-            times = []
-            for _ in range(4):
-                rec = engine.run(length_trace([(0.0, n, 1)] * width), None, "paged", tokens=False, max_batch=width,
-                                 progress=False)
-                p = rec.steps[rec.steps.kind == "prefill"]
-                times.append(float((p.end - p.start).iloc[0]))
-            t = statistics.median(times[1:])
-            prefill.append({"width": width, "padded_len": n, "ms": 1e3 * t, "tok_s": width * n / t})
+    prefill = [prefill_point(engine, w, n) for w, n in (PREFILL[:2] + PREFILL[5:6] if args.quick else PREFILL)]
+    for p in prefill:
+        print(f"prefill {p['width']:2d} x {p['padded_len']:4d}: {p['ms']:.2f} ms ({p['tok_s']:,.0f} tok/s)"
+              + (f", eager forward {p['eager_ms']:.2f} ms" if p["eager_ms"] else ""))
     closed = [closed_point(engine, closed_mixed(32, 0), 32), closed_point(engine, closed_mixed(64, 0), 8)]
     uniform32 = next((p["tok_s"] for p in decode if p["backend"] == "paged" and p["rows"] == 32
                       and p["ctx"] == 1024), None)
     report = {"device": device_info(engine.device), "copy_bandwidth_Bps": bw, "weight_bytes": weight_bytes,
-              "decode": decode, "prefill": prefill, "closed": closed, **provenance(),
-              "targets": _targets(decode, closed, uniform32)}
+              "decode": decode, "prefill": prefill, "closed": closed, "engine": engine.metadata()["engine"],
+              **provenance(), "targets": _targets(decode, prefill, closed, uniform32)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
@@ -153,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _targets(decode: list[dict], closed: list[dict], uniform32: float | None) -> dict:
+def _targets(decode: list[dict], prefill: list[dict], closed: list[dict], uniform32: float | None) -> dict:
+    pre = {(p["width"], p["padded_len"]): p for p in prefill}
     by = {(p["backend"], p["rows"], p["ctx"]): p for p in decode}
     ratios = [by["paged", r, c]["step_ms"] / by["padded", r, c]["step_ms"] for (b, r, c) in by if b == "paged" and r >= 8]
     floor = by.get(("paged", 32, 1024))
@@ -161,7 +193,15 @@ def _targets(decode: list[dict], closed: list[dict], uniform32: float | None) ->
     return {"paged_over_padded_max_uniform_8_32": max(ratios) if ratios else None,
             "step_over_floor_32x1024": floor["vs_floor"] if floor else None,
             "speedup_over_hf_32_rows_min": min(hf) if hf else None,
-            "closed_mixed32_decode_over_uniform32": closed[0]["decode_tok_s"] / uniform32 if uniform32 else None}
+            "closed_mixed32_decode_over_uniform32": closed[0]["decode_tok_s"] / uniform32 if uniform32 else None,
+            **{f"prefill_{w}x{n}_{unit}": pre[w, n][unit] for (w, n), (unit, _) in PREFILL_TARGETS.items() if (w, n) in pre},
+            **{f"prefill_{w}x{n}_{unit}_target": t for (w, n), (unit, t) in PREFILL_TARGETS.items() if (w, n) in pre}}
+
+
+def _prefill_row(p: dict) -> str:
+    eager = "| |" if p["eager_ms"] is None else f"| {p['eager_ms']:.2f} | {p['ms'] / p['eager_ms']:.2f} |"
+    return (f"| {p['width']} | {p['padded_len']} | {p['bucket']} | {'yes' if p['graph'] else 'no'} | {p['ms']:.2f} | "
+            f"{p['tok_s']:.0f} {eager}")
 
 
 def _markdown(r: dict) -> str:
@@ -178,8 +218,10 @@ def _markdown(r: dict) -> str:
         vs = "" if p["vs_hf"] is None else f"{p['vs_hf']:.1f}x"
         lines.append(f"| {p['backend']} | {p['rows']} | {p['ctx']} | {p['step_ms']:.3f} | {p['gpu_ms']:.3f} | "
                      f"{p['tok_s']:.0f} | {p['floor_ms']:.3f} | {p['vs_floor']:.2f} | {hf} | {vs} |")
-    lines += ["", "## Prefill (one admission group, engine step)", "", "| width | padded len | ms | tok/s |", "|---|---|---|---|"]
-    lines += [f"| {p['width']} | {p['padded_len']} | {p['ms']:.1f} | {p['tok_s']:.0f} |" for p in r["prefill"]]
+    lines += ["", "## Prefill (one padded admission group: the engine's step; the same forward pass run eagerly)", "",
+              "| width | padded len | bucket | graph | step ms | tok/s | eager forward ms | step / eager |",
+              "|---|---|---|---|---|---|---|---|"]
+    lines += [_prefill_row(p) for p in r["prefill"]]
     lines += ["", "## Closed runs (median of 3 after 1 warm-up)", "", "| requests | max batch | wall s | decode tok/s | TTFT p50 s |",
               "|---|---|---|---|---|"]
     lines += [f"| {c['requests']} | {c['max_batch']} | {c['wall_s']:.3f} | {c['decode_tok_s']:.0f} | {c['ttft_p50_s']:.3f} |"

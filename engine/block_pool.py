@@ -1,23 +1,42 @@
-"""The KV block pool's bookkeeping: fixed-size blocks handed out from a free list.
+"""The KV block pool's bookkeeping, and every sizing of a pool: from GiB, for one request, for a whole trace.
 
-Only ids live here; the engine's KV tensors are indexed by these ids, the simulator has none.
+Only ids live here; the engine's KV tensors are indexed by these ids, the simulator has none. The free list
+is lazy (ids never handed out are a counter), so a pool's cost does not grow with its size.
 """
 from __future__ import annotations
 
 from collections import deque
+from typing import Iterable
 
 from traces.model_spec import QWEN25_1P5B, kv_bytes_per_token
 
 DEFAULT_BLOCK_SIZE = 64
-QWEN_KV_BYTES_PER_TOKEN = kv_bytes_per_token(QWEN25_1P5B)  # 28,672 bytes in fp16
+QWEN_KV_BYTES_PER_TOKEN = kv_bytes_per_token(QWEN25_1P5B)  # fp16
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Whole blocks that hold `tokens` tokens."""
+    return -(-tokens // block_size)
 
 
 def blocks_for_gib(gib: float, block_size: int = DEFAULT_BLOCK_SIZE,
                    kv_bytes_per_token: int = QWEN_KV_BYTES_PER_TOKEN) -> int:
-    """How many blocks a pool of `gib` GiB holds (0.5 GiB of Qwen2.5-1.5B KV = 292 blocks of 64 tokens)."""
-    if not gib > 0:
-        raise ValueError(f"pool size must be positive, got {gib} GiB")
+    """How many blocks a pool of `gib` GiB holds (callers check that gib is a positive number)."""
     return int(gib * 2**30 // (block_size * kv_bytes_per_token))
+
+
+def gib_of(blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, kv_bytes_per_token: int = QWEN_KV_BYTES_PER_TOKEN) -> float:
+    return blocks * block_size * kv_bytes_per_token / 2**30
+
+
+def largest_request_blocks(requests: Iterable, block_size: int) -> int:
+    """Blocks the largest request (prompt + full budget) reserves."""
+    return max(blocks_for(r.prompt_tokens + r.budget, block_size) for r in requests)
+
+
+def unbounded_pool(requests: Iterable, max_batch: int, block_size: int) -> int:
+    """Blocks for max_batch copies of the largest request: admission then never waits on the pool."""
+    return max_batch * largest_request_blocks(requests, block_size)
 
 
 class BlockPool:
@@ -26,23 +45,27 @@ class BlockPool:
             raise ValueError(f"a pool needs positive blocks and block size, got {num_blocks} x {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free = deque(range(num_blocks))
-
-    @property
-    def free(self) -> int:
-        return len(self._free)
+        self._fresh = 0  # ids below this have been handed out at least once
+        self._released: deque[int] = deque()
+        self.free = num_blocks
 
     @property
     def used(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.free
 
     def blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
+        return blocks_for(tokens, self.block_size)
 
     def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise RuntimeError(f"asked for {n} blocks with {len(self._free)} free")  # the scheduler checks first
-        return [self._free.popleft() for _ in range(n)]
+        if n > self.free:
+            raise RuntimeError(f"asked for {n} blocks with {self.free} free")  # the scheduler checks first
+        fresh = min(n, self.num_blocks - self._fresh)
+        out = list(range(self._fresh, self._fresh + fresh))
+        self._fresh += fresh
+        out += [self._released.popleft() for _ in range(n - fresh)]
+        self.free -= n
+        return out
 
     def release(self, blocks: list[int]) -> None:
-        self._free.extend(blocks)
+        self._released.extend(blocks)
+        self.free += len(blocks)

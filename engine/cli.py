@@ -7,11 +7,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from costs.shapes import BACKENDS
 from traces.cli import workload_from_args, workload_options
 from traces.errors import InputError
 from traces.model_spec import MODELS
-
-from .recorder import BACKENDS
 
 
 def engine_options() -> argparse.ArgumentParser:
@@ -59,7 +58,7 @@ def _run(args: argparse.Namespace) -> None:
     for i in range(runs):
         warm = i < args.warmup
         out = None if warm or not args.out else Path(args.out) / (f"run-{i - args.warmup + 1}" if args.repeat > 1 else "")
-        rec = engine.run(trace, out, args.backend, tokens=not args.no_tokens,
+        rec = engine.run(trace, out, args.backend, tokens=not args.no_tokens, policy=args.prefill,
                          extra_meta={"repeat": None if warm else i - args.warmup + 1, "warmup_runs": args.warmup})
         s = summary(rec)
         if not warm:
@@ -94,6 +93,8 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", parents=[workload_options(), engine_options()],
                        help="replay a trace on the engine in real time and record every request, step and token")
     r.add_argument("--backend", choices=BACKENDS, default="paged", help="decode attention (default paged)")
+    r.add_argument("--prefill", default="padded", metavar="POLICY",
+                   help="prefill policy: padded, packed or chunked:N (default padded)")
     r.add_argument("--out", metavar="DIR", help="write the run record here (rows appended as they complete)")
     r.add_argument("--no-tokens", action="store_true", help="do not record per-token times")
     r.add_argument("--warmup", type=int, default=0, help="unrecorded runs first (closed controls: 2)")

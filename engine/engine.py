@@ -1,11 +1,15 @@
-"""The engine: loads the model, sizes the KV pool, compiles and captures the decode steps, runs traces."""
+"""The engine: loads the model, sizes the KV pool, compiles the kernels and captures the prefill and decode graphs
+(all before the first step, so no step pays for any of it), and runs traces."""
 from __future__ import annotations
 
+import gc
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from costs.shapes import BACKENDS
 from traces.errors import InputError
 from traces.model_spec import QWEN25_1P5B, kv_bytes_per_token
 from traces.provenance import gpu_matches, provenance
@@ -13,11 +17,14 @@ from traces.records import RunRecord, RunWriter
 from traces.workload import Trace
 
 from .block_pool import DEFAULT_BLOCK_SIZE, blocks_for_gib
-from .model import PagedQwen2
-from .model_runner import ModelRunner
-from .recorder import BACKENDS, Recorder
+from .model_runner import EAGER_BUCKET, GRAPH_TOKENS, ModelRunner
+from .qwen2 import PagedQwen2
+from .recorder import Recorder
+from .scheduler import PrefillPolicy
 from .serve import serve
 from .weights import load_model
+
+POLICIES_BUILT = ("padded",)  # the prefill policies this engine can run
 
 GRAPH_RESERVE_BYTES = 2 << 30  # CUDA graphs' private memory and allocator slack, kept out of the default pool
 POOL_FRACTION = 0.9
@@ -48,8 +55,9 @@ def device_info(device: torch.device) -> dict:
     if device.type != "cuda":
         return {"name": "cpu", "memory_gib": None, "cuda": None}
     props = torch.cuda.get_device_properties(device)
-    return {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 2), "cuda": torch.version.cuda,
-            "sms": props.multi_processor_count}
+    uuid = getattr(props, "uuid", None)
+    return {"name": props.name, "uuid": f"GPU-{uuid}" if uuid is not None else None, "memory_gib": round(props.total_memory / 2**30, 2),
+            "cuda": torch.version.cuda, "sms": props.multi_processor_count}
 
 
 def check_device(cfg: EngineConfig) -> torch.device:
@@ -67,6 +75,7 @@ def check_device(cfg: EngineConfig) -> torch.device:
 
 class Engine:
     def __init__(self, cfg: EngineConfig, log=print):
+        t0 = time.perf_counter()
         self.cfg = cfg
         dev = check_device(cfg)
         if cfg.max_batch <= 0:
@@ -80,11 +89,16 @@ class Engine:
         num_blocks = self._pool_blocks(dev)
         log(f"KV pool: {num_blocks} blocks of {cfg.block_size} tokens "
             f"({num_blocks * cfg.block_size * self.kv_bytes_per_token / 2**30:.2f} GiB); "
-            f"largest prefill transient {self.peak_prefill_bytes / 2**30:.2f} GiB; capturing decode graphs")
-        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, cfg.max_batch, cfg.max_tokens, cfg.backends)
+            f"largest prefill transient {self.peak_prefill_bytes / 2**30:.2f} GiB; capturing prefill and decode graphs")
+        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, cfg.max_batch, cfg.max_tokens,
+                                  cfg.max_prompt, cfg.backends)
         if dev.type == "cuda":
             self._largest_prefill()  # proves the largest group still fits beside the pool and the graphs
+            torch.cuda.synchronize()
         self.device = dev
+        self.start_s = time.perf_counter() - t0
+        log(f"engine ready in {self.start_s:.1f} s ({len(self.runner.prefill_graphs)} prefill and "
+            f"{len(self.runner.graphs)} decode graphs)")
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -122,37 +136,52 @@ class Engine:
         return n
 
     def metadata(self) -> dict:
-        cfg, m = self.cfg, self.loaded
-        return {"kind": "engine", "max_batch": cfg.max_batch, "pool_blocks": self.runner.num_blocks,
+        cfg, m, r = self.cfg, self.loaded, self.runner
+        return {"kind": "engine", "max_batch": cfg.max_batch, "pool_blocks": r.num_blocks,
                 "block_size": cfg.block_size, "max_tokens": cfg.max_tokens,
                 "model": {"name": m.spec["name"], "config_hash": m.config_hash, "weights": m.weights, "dtype": cfg.dtype},
                 "device": device_info(self.device), "prefill_peak_gib": round(self.peak_prefill_bytes / 2**30, 3),
+                "engine": {"start_s": round(self.start_s, 2), "policies": list(POLICIES_BUILT),
+                           "prefill_attention": "triton varlen (engine/kernels/prefill_attention.py)",
+                           "prefill_graph_buckets": sorted(r.prefill_graphs), "graph_tokens": GRAPH_TOKENS,
+                           "eager_bucket": EAGER_BUCKET},
                 **provenance()}
+
+    def close(self) -> None:
+        """Give the GPU memory back (the graphs, the pool), so another engine can start in this process."""
+        self.runner = self.model = self.loaded = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
 
     def run(self, trace: Trace, out_dir: str | Path | None, backend: str = "paged", tokens: bool = True,
             pool_blocks: int | None = None, max_batch: int | None = None, progress: bool = True,
-            extra_meta: dict | None = None) -> RunRecord:
+            extra_meta: dict | None = None, policy: str = "padded") -> RunRecord:
         """Replay `trace` in real time from now; rows are appended to `out_dir` as they complete.
 
         `pool_blocks` and `max_batch` may narrow the engine's own for this run (a smaller pool, fewer rows).
         """
         if backend not in self.cfg.backends:
             raise InputError(f"backend {backend!r} was not compiled at engine start ({', '.join(self.cfg.backends)})")
+        prefill = PrefillPolicy.parse(policy)
+        if prefill.name not in POLICIES_BUILT:
+            raise InputError(f"this engine does not run {prefill} prefill yet (it runs {', '.join(POLICIES_BUILT)})")
         max_batch = max_batch or self.cfg.max_batch
         if max_batch > self.cfg.max_batch:
             raise InputError(f"max batch {max_batch} is above the engine's {self.cfg.max_batch}")
         pool_blocks = pool_blocks or self.runner.num_blocks
         if pool_blocks > self.runner.num_blocks:
             raise InputError(f"pool of {pool_blocks} blocks is larger than the engine's {self.runner.num_blocks}")
-        meta = {**self.metadata(), "backend": backend, "trace_id": trace.trace_id, "trace": trace.meta,
-                "max_batch": max_batch, "pool_blocks": pool_blocks, **(extra_meta or {})}
+        meta = {**self.metadata(), "backend": backend, "prefill": str(prefill), "trace_id": trace.trace_id,
+                "trace": trace.meta, "max_batch": max_batch, "pool_blocks": pool_blocks, **(extra_meta or {})}
         writer = RunWriter(out_dir, meta)
         bar = None
         if progress:
             from tqdm import tqdm
             bar = tqdm(total=len(trace), desc=f"{backend} {trace.meta.get('kind', 'trace')}", unit="req", leave=False)
         try:
-            sched = serve(trace, self.runner, Recorder(writer, backend, tokens), max_batch, pool_blocks,
+            sched = serve(trace, self.runner, Recorder(writer, backend, tokens), max_batch, pool_blocks, prefill,
                           on_finish=bar.update if bar else None)
         finally:
             if bar:

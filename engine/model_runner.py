@@ -1,10 +1,17 @@
-"""Runs the model's prefill and decode steps on the KV pool; decode replays CUDA graphs.
+"""Runs the model's prefill and decode steps on the KV pool; both replay CUDA graphs captured at engine start.
 
-The pool is one K and one V tensor [layers, blocks + 1, KV heads, block size, head dim]; the extra block
-is a scratch block that pads block tables, so the `padded` backend can read past a row's own blocks.
-Decode steps are captured as CUDA graphs at engine start, one per (backend, row count) for every row
-count up to max batch, so a step is one graph replay plus one host-to-device copy of its inputs and no
-step ever includes compilation.
+The pool is one K and one V tensor [layers, blocks + 1, KV heads, block size, head dim]; the extra block is a
+scratch block that pads block tables, so the `padded` decode backend can read past a row's own blocks.
+
+Decode: one graph per (backend, row count) up to max batch; a step is one host-to-device copy and one replay.
+
+Prefill: the step's sequences are packed back to back (a padded group's rows at the padded length, its padding
+computed and never stored) and attend through one varlen Triton kernel, so the cost of a step is set by its
+token count and its sequences' lengths, never by a plan built for a shape. The token count is rounded up to a
+bucket: up to GRAPH_TOKENS tokens each bucket is a captured graph (small prefills would otherwise pay for some
+three hundred eager launches); above it the step runs eagerly at the bucket's size, and every bucket's matrix
+products were run once at start, so no step is the first to load a kernel. Nothing a step does depends on what
+ran before it.
 """
 from __future__ import annotations
 
@@ -13,22 +20,60 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from costs.shapes import BACKENDS
 from traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens
 
 from .kernels import default_num_splits, paged_attention, paged_attention_workspace
-from .model import PagedQwen2
-from .recorder import BACKENDS
-from .scheduler import Seq
+from .kernels.prefill_attention import default_block_m, max_programs, plan
+from .qwen2 import PagedQwen2
+from .scheduler import PrefillWork, Seq
+
+GRAPH_TOKENS = 8192  # prefill steps up to this many tokens replay a graph
+EAGER_BUCKET = 1024  # above it, token counts round up to a multiple of this
 
 
-@lru_cache(maxsize=64)
+def prefill_buckets(max_tokens: int, graph_tokens: int = GRAPH_TOKENS) -> list[int]:
+    """Token-count buckets: 64-token steps to 2048, 128 to 4096, 256 to graph_tokens, then EAGER_BUCKET steps;
+    each rounds a step up by at most about 6% below graph_tokens."""
+    steps = [(2048, 64), (4096, 128), (graph_tokens, 256)]
+    out, t = [], 0
+    while t < max_tokens:
+        step = next((s for top, s in steps if t < top), EAGER_BUCKET)
+        t += step
+        out.append(t)
+    return out
+
+
+@lru_cache(maxsize=256)
 def _prompt_ids(length: int, vocab: int) -> np.ndarray:
-    return np.asarray(prompt_tokens(length, min(vocab, QWEN_TEXT_VOCAB)), dtype=np.int64)
+    return np.asarray(prompt_tokens(length, min(vocab, QWEN_TEXT_VOCAB)), dtype=np.int32)
+
+
+class PrefillInputs:
+    """One int32 buffer, copied to the device in one go: [ids | positions | slots] for `tokens` token slots,
+    then [seq_start | seq_len] for `seqs` sequences, [block_seq | block_q] for the kernel's programs, and the
+    index of each sequence's last computed token (its logits row)."""
+
+    def __init__(self, tokens: int, seqs: int, programs: int, device: torch.device, pinned: bool):
+        self.tokens, self.seqs, self.programs = tokens, seqs, programs
+        n = 3 * tokens + 3 * seqs + 2 * programs
+        self.host = torch.zeros(n, dtype=torch.int32, pin_memory=pinned)
+        self.np = self.host.numpy()
+        self.dev = torch.zeros(n, dtype=torch.int32, device=device)
+        t, s, p = tokens, seqs, programs
+        cut = np.cumsum([0, t, t, t, s, s, p, p, s])
+        self._cuts = cut
+        self.views = [self.dev[a:b] for a, b in zip(cut[:-1], cut[1:])]  # ids, pos, slots, start, len, bseq, bq, last
+        self.host_views = [self.np[a:b] for a, b in zip(cut[:-1], cut[1:])]
+
+    def for_bucket(self, bucket: int, programs: int) -> list[torch.Tensor]:
+        ids, pos, slots, start, length, bseq, bq, last = self.views
+        return [ids[:bucket], pos[:bucket], slots[:bucket], start, length, bseq[:programs], bq[:programs], last]
 
 
 class ModelRunner:
     def __init__(self, model: PagedQwen2, num_blocks: int, block_size: int, max_batch: int, max_tokens: int,
-                 backends=BACKENDS, graphs: bool | None = None):
+                 max_prompt: int, backends=BACKENDS, graphs: bool | None = None):
         self.model = model
         self.num_blocks, self.block_size = num_blocks, block_size
         self.max_batch, self.max_tokens = max_batch, max_tokens
@@ -42,7 +87,8 @@ class ModelRunner:
         # [token ids | positions | seq lens | slots | block tables (max_batch x max_blocks)].
         b = max_batch
         n = 4 * b + b * self.max_blocks
-        self._host = torch.zeros(n, dtype=torch.int32, pin_memory=dev.type == "cuda")
+        pinned = dev.type == "cuda"
+        self._host = torch.zeros(n, dtype=torch.int32, pin_memory=pinned)
         self._host_np = self._host.numpy()
         self._dev = torch.zeros(n, dtype=torch.int32, device=dev)
         self.ids, self.pos, self.lens, self.slots = (self._dev[i * b:(i + 1) * b] for i in range(4))
@@ -53,9 +99,21 @@ class ModelRunner:
         self.out_tokens = torch.zeros(b, dtype=torch.int64, device=dev)
         self._table_owner: list[Seq | None] = [None] * b  # whose block table each host row holds now
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+
+        # Prefill: buckets, the kernel's tile, static inputs for the graph buckets, and the first tokens.
+        self.block_m = default_block_m(dev)
+        self.buckets = prefill_buckets(max_batch * max_prompt)
         use_graphs = dev.type == "cuda" if graphs is None else graphs
+        graph_top = max([t for t in self.buckets if t <= GRAPH_TOKENS], default=0) if use_graphs else 0
+        self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.max_seqs = b + 1  # the step's sequences, and the bucket's padding as one more
+        self._prefill_in = PrefillInputs(graph_top, self.max_seqs, self._programs(graph_top), dev, pinned) \
+            if graph_top else None
+        self.prefill_tokens = torch.zeros(self.max_seqs, dtype=torch.int64, device=dev)
         if use_graphs:
-            self._capture(backends)
+            self._capture(backends, graph_top)
+        if dev.type == "cuda":
+            self._warm_eager(graph_top)
 
     # ---- decode -------------------------------------------------------------------------------------
     def _decode_forward(self, rows: int, backend: str) -> None:
@@ -71,22 +129,31 @@ class ModelRunner:
                            slice(None))
         self.out_tokens[:rows].copy_(logits.argmax(-1))
 
-    def _capture(self, backends) -> None:
+    def _capture(self, backends, graph_top: int) -> None:
+        """Every graph, largest first so the smaller ones reuse its memory: prefill buckets, then decode rows."""
         self.tables.fill_(self.scratch)
         self.lens.fill_(1)
         pool = None
+
+        def capture(fn):
+            nonlocal pool
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                fn()  # compiles and loads every kernel outside the graph
+            torch.cuda.current_stream().wait_stream(stream)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                fn()
+            pool = g.pool()
+            return g
+
+        for bucket in sorted((t for t in self.buckets if t <= graph_top), reverse=True):
+            self._fill_idle_prefill(bucket)
+            self.prefill_graphs[bucket] = capture(lambda: self._prefill_forward(bucket))
         for backend in backends:
-            for rows in range(self.max_batch, 0, -1):  # largest first so smaller graphs reuse its memory
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    self._decode_forward(rows, backend)  # compiles the kernels outside the graph
-                torch.cuda.current_stream().wait_stream(stream)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
-                    self._decode_forward(rows, backend)
-                pool = g.pool()
-                self.graphs[backend, rows] = g
+            for rows in range(self.max_batch, 0, -1):
+                self.graphs[backend, rows] = capture(lambda: self._decode_forward(rows, backend))
         torch.cuda.synchronize()
 
     def decode(self, rows: list[Seq], backend: str) -> list[int]:
@@ -113,25 +180,85 @@ class ModelRunner:
         return self.out_tokens[:n].tolist()  # the step's one host sync
 
     # ---- prefill ------------------------------------------------------------------------------------
-    def prefill(self, group: list[Seq]) -> list[int]:
-        """Prefill an admission group padded to its widest prompt; returns each row's first token."""
+    def bucket(self, tokens: int) -> int:
+        i = int(np.searchsorted(self.buckets, tokens))
+        if i == len(self.buckets):
+            raise ValueError(f"a prefill step of {tokens} tokens is beyond the engine's {self.buckets[-1]}")
+        return self.buckets[i]
+
+    def _programs(self, bucket: int) -> int:
+        return max_programs(bucket, self.max_seqs, self.block_m)
+
+    def _prefill_forward(self, bucket: int, inputs: list[torch.Tensor] | None = None) -> None:
+        m = self.model
+        ids, pos, slots, start, length, bseq, bq, last = inputs or \
+            self._prefill_in.for_bucket(bucket, self._programs(bucket))
+        attend = m.prefill_attend(start, length, bseq, bq, self.block_m)
+        logits = m.forward(ids, pos, slots, self.k_cache, self.v_cache, attend, last)
+        self.prefill_tokens.copy_(logits.argmax(-1))
+
+    def _fill_idle_prefill(self, bucket: int) -> None:
+        """Inputs that run a bucket's full work (one sequence of its length) and store nothing: for warm-ups."""
+        pi = self._prefill_in
+        ids, pos, slots, start, length, bseq, bq, last = pi.host_views
+        p = plan([bucket], self.block_m, len(bseq))
+        ids[:], pos[:], slots[:] = 0, 0, -1
+        pos[:bucket] = np.arange(bucket)
+        start[:] = 0
+        length[:] = 0
+        length[0] = bucket
+        bseq[:], bq[:] = p.block_seq, p.block_q
+        last[:] = bucket - 1
+        pi.dev.copy_(pi.host)
+
+    def _warm_eager(self, graph_top: int) -> None:
+        """Run each eager bucket's matrix products once, so none is first loaded inside a measured step."""
+        m = self.model
+        L = m.layers[0]
+        for bucket in (t for t in self.buckets if t > graph_top):
+            x = torch.randn(bucket, m.embed.shape[1], dtype=m.dtype, device=m.device)
+            torch.nn.functional.linear(x, L.qkv_w, L.qkv_b)
+            h = torch.nn.functional.linear(x, L.gate_up_w)
+            torch.nn.functional.linear(h[:, :L.down_w.shape[1]].contiguous(), L.down_w)
+            torch.nn.functional.linear(x, L.o_w)
+        torch.cuda.synchronize()
+
+    def prefill(self, work: PrefillWork) -> list[int]:
+        """Run a prefill step; returns the first token of each prompt it completes, in the step's order."""
         m, bs = self.model, self.block_size
-        g = len(group)
-        width = max(s.req.prompt_tokens for s in group)
-        ids = np.zeros((g, width), dtype=np.int64)
-        slots = np.full((g, width), -1, dtype=np.int64)
-        last = np.empty(g, dtype=np.int64)
-        for i, s in enumerate(group):
-            n = s.req.prompt_tokens
-            ids[i, :n] = _prompt_ids(n, m.vocab)
-            j = np.arange(n)
-            slots[i, :n] = np.asarray(s.block_table, dtype=np.int64)[j // bs] * bs + j % bs
-            last[i] = i * width + n - 1
-        dev = m.device
-        host = torch.from_numpy(np.concatenate([ids.ravel(), slots.ravel(), last]))
-        flat = host.to(dev, non_blocking=True)
-        t = g * width
-        ids_d, slots_d, last_d = flat[:t], flat[t:2 * t], flat[2 * t:]
-        positions = torch.arange(width, device=dev).repeat(g)
-        logits = m.forward(ids_d, positions, slots_d, self.k_cache, self.v_cache, m.prefill_attend(g, width), last_d)
-        return logits.argmax(-1).tolist()
+        total = sum(work.computed)
+        bucket = self.bucket(total)
+        graph = self.prefill_graphs.get(bucket)
+        if graph is not None:
+            pi = self._prefill_in
+        else:  # an eager bucket: inputs of its own size
+            pi = PrefillInputs(bucket, self.max_seqs, self._programs(bucket), m.device, m.device.type == "cuda")
+        ids, pos, slots, start, length, bseq, bq, last = pi.host_views
+        ids[:bucket], pos[:bucket], slots[:bucket] = 0, 0, -1
+        start[:], length[:], last[:] = 0, 0, 0
+        completes, off = [], 0
+        for i, s in enumerate(work.seqs):
+            p, n, c = work.prefix[i], work.new[i], work.computed[i]
+            ids[off:off + n] = _prompt_ids(s.req.prompt_tokens, m.vocab)[p:p + n]
+            pos[off:off + c] = np.arange(p, p + c)
+            j = np.arange(p, p + n)
+            slots[off:off + n] = np.asarray(s.block_table, dtype=np.int32)[j // bs] * bs + j % bs
+            start[i], length[i] = off, c
+            if work.completes(i):
+                last[len(completes)] = off + n - 1
+                completes.append(s)
+            off += c
+        lengths = list(work.computed)
+        if bucket > total:  # the bucket's padding attends within itself, so no unset memory enters a product
+            i = len(lengths)
+            start[i], length[i] = total, bucket - total
+            pos[total:bucket] = np.arange(bucket - total)
+            lengths.append(bucket - total)
+        p = plan(lengths, self.block_m, len(bseq))
+        bseq[:], bq[:] = p.block_seq, p.block_q
+        pi.dev.copy_(pi.host, non_blocking=True)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._prefill_forward(bucket, pi.for_bucket(bucket, self._programs(bucket)))
+        return self.prefill_tokens[:len(completes)].tolist()

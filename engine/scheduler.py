@@ -1,20 +1,66 @@
-"""The scheduler both clocks share: FIFO queue, batch rows, reserve-on-admit, admission groups, retirement.
+"""The scheduler both clocks share: FIFO queue, batch rows, reserve-on-admit, admission groups, prefill policy,
+retirement, and the shapes of the steps it asks for.
 
-The engine drives it with real GPU steps and the simulator with modelled step costs; neither has
-scheduling code of its own, so they cannot disagree about who is admitted when.
+The engine drives it with real GPU steps and the simulator with modelled step costs; neither has scheduling
+code of its own, so they cannot disagree about who is admitted when or what a step computes.
 
-Rules (DESIGN.md): the queue head is admitted only when a batch row is free and every block it could
-ever need (prompt + full budget, rounded up to whole blocks) is free; if it does not fit, it and
-everything behind it wait. The requests admitted in one step form an admission group.
+Admission: the queue head is admitted only when a batch row is free and every block it could ever need
+(prompt + full budget, rounded up to whole blocks) is free; if it does not fit, it and everything behind it
+wait. The requests admitted in one step form an admission group.
+
+Prefill policies (what the prefill step of a pass computes):
+- padded: the group admitted in this pass, every prompt padded to the group's widest (the write-up's engine);
+- packed: the same group, each prompt at its true length;
+- chunked:N: at most N prompt positions a step, taken from the admitted prompts not yet in the pool, oldest
+  first (several short prompts can share a chunk; a long one spans several). A decode step for the rows that
+  have their first token follows each chunk step, as it follows every prefill: the two stay separate steps, so
+  a decode step is always the same graph-captured kernel sequence, and a chunk's cost is a prefill's.
+A prompt whose last positions are computed in a step gets its first token from that step.
 """
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
+from costs.shapes import DecodeShape, PrefillShape
 from traces.errors import InputError
 from traces.workload import Request
 
 from .block_pool import BlockPool
+
+POLICIES = ("padded", "packed", "chunked")
+
+
+@dataclass(frozen=True)
+class PrefillPolicy:
+    name: str = "padded"
+    chunk: int | None = None  # prompt positions per chunk step (chunked only)
+
+    def __post_init__(self):
+        if self.name not in POLICIES:
+            raise InputError(f"unknown prefill policy {self.name!r}; choose padded, packed or chunked:N")
+        if (self.name == "chunked") != (self.chunk is not None):
+            raise InputError("chunked prefill needs a chunk size (chunked:N); padded and packed take none")
+        if self.chunk is not None and (isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1):
+            raise InputError(f"the chunk size must be a whole number of tokens >= 1, got {self.chunk!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> "PrefillPolicy":
+        """'padded', 'packed' or 'chunked:N'."""
+        name, sep, n = str(text).strip().partition(":")
+        if name == "chunked":
+            if not n.strip().isdigit():
+                raise InputError(f"{text!r}: chunked prefill is written chunked:N, N a whole number of tokens >= 1")
+            return cls(name, int(n))
+        if sep:
+            raise InputError(f"{text!r}: only chunked takes a size (chunked:N)")
+        return cls(name)
+
+    def __str__(self) -> str:
+        return f"chunked:{self.chunk}" if self.chunk is not None else self.name
+
+
+PADDED = PrefillPolicy()
 
 
 class Seq:
@@ -27,7 +73,7 @@ class Seq:
         self.req = req
         self.blocks_needed = blocks_needed
         self.block_table: list[int] = []
-        self.kv_len = 0  # tokens whose K/V are in the pool
+        self.kv_len = 0  # tokens whose K/V are in the pool: the prompt's computed part, then one per decode step
         self.generated = 0
         self.admitted = self.first_token = self.last_token = self.finished = float("nan")
         self.admit_step = self.group_id = self.group_size = -1
@@ -39,16 +85,49 @@ class Seq:
         return self.req.budget - self.generated
 
 
+@dataclass
+class PrefillWork:
+    """One prefill step: for each sequence, `prefix` prompt positions already in the pool, `new` prompt positions
+    computed now, and `computed` positions run (new plus padding, for padded)."""
+
+    seqs: list[Seq]
+    prefix: list[int]
+    new: list[int]
+    computed: list[int]
+
+    @property
+    def shape(self) -> PrefillShape:
+        return PrefillShape.of(self.computed, self.prefix)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(self.new)
+
+    @property
+    def padded_len(self) -> int:
+        return max(self.computed)
+
+    def completes(self, i: int) -> bool:
+        """Whether sequence i's prompt is whole in the pool after this step (it then has its first token)."""
+        return self.prefix[i] + self.new[i] == self.seqs[i].req.prompt_tokens
+
+
+def decode_shape(rows: list[Seq]) -> DecodeShape:
+    """The decode step of `rows`: each row also reads the token it writes this step."""
+    return DecodeShape(len(rows), sum(s.kv_len for s in rows) + len(rows), max(s.kv_len for s in rows) + 1)
+
+
 class Scheduler:
-    def __init__(self, max_batch: int, pool: BlockPool, max_tokens: int | None = None):
+    def __init__(self, max_batch: int, pool: BlockPool, max_tokens: int | None = None, policy: PrefillPolicy = PADDED):
         if max_batch <= 0:
             raise ValueError(f"max batch must be positive, got {max_batch}")
         self.max_batch = max_batch
         self.pool = pool
         self.max_tokens = max_tokens  # prompt + budget the model can hold (its positions), None = unbounded
+        self.policy = policy
         self.queue: deque[Seq] = deque()
         self.running: list[Seq] = []
-        self.kv_tokens = 0  # K/V tokens held by running rows, kept incrementally for the simulator's speed
+        self.prefilling: deque[Seq] = deque()  # admitted, prompt not yet whole in the pool, in admission order
         self._seen: set[int] = set()
         self._groups = 0
 
@@ -93,18 +172,54 @@ class Scheduler:
             self._groups += 1
             for seq in group:
                 seq.group_id, seq.group_size = self._groups - 1, len(group)
+            self.prefilling.extend(group)
         return group
 
-    def prefilled(self, group: list[Seq], t: float) -> None:
-        """The group's prompts are in the pool and each has its first token (from the prefill)."""
-        for seq in group:
-            seq.kv_len = seq.req.prompt_tokens
-            seq.generated = 1
-            seq.first_token = seq.last_token = t
-            self.kv_tokens += seq.kv_len
+    def prefill_work(self) -> PrefillWork | None:
+        """What this pass's prefill step computes under the policy, or None when no prompt waits for the pool."""
+        if not self.prefilling:
+            return None
+        policy = self.policy
+        if policy.name != "chunked":  # the group admitted in this pass: nothing else is ever left half-prefilled
+            seqs = list(self.prefilling)
+            new = [s.req.prompt_tokens for s in seqs]
+            computed = [max(new)] * len(seqs) if policy.name == "padded" else new
+            return PrefillWork(seqs, [0] * len(seqs), new, computed)
+        seqs, prefix, new, budget = [], [], [], policy.chunk
+        for s in self.prefilling:
+            if not budget:
+                break
+            n = min(s.req.prompt_tokens - s.kv_len, budget)
+            seqs.append(s)
+            prefix.append(s.kv_len)
+            new.append(n)
+            budget -= n
+        return PrefillWork(seqs, prefix, new, list(new))
+
+    def prefilled(self, work: PrefillWork, t: float) -> list[Seq]:
+        """The step's positions are in the pool at `t`; prompts it completed have their first token then.
+        Returns those sequences."""
+        done = []
+        for i, s in enumerate(work.seqs):
+            s.kv_len += work.new[i]
+            if work.completes(i):
+                s.generated = 1
+                s.first_token = s.last_token = t
+                done.append(s)
+        for _ in done:  # prompts complete in admission order, so the finished ones lead the deque
+            self.prefilling.popleft()
+        return done
 
     def decode_rows(self) -> list[Seq]:
-        return [s for s in self.running if s.generated < s.req.budget]
+        """Rows with their first token and budget left: the ones a decode step advances."""
+        return [s for s in self.running if 0 < s.generated < s.req.budget]
+
+    def max_decode_steps(self) -> int:
+        """Decode steps that can run back to back before the scheduler has anything to decide: until the first
+        running row finishes, and one while prompts still wait for chunk steps (at least 1)."""
+        if self.prefilling:
+            return 1
+        return max(1, min(s.remaining for s in self.running))
 
     def advance(self, rows: list[Seq], t: float, steps: int = 1) -> None:
         """`steps` decode steps for `rows` ended at `t`: each step wrote one token's K/V and generated one token."""
@@ -112,7 +227,6 @@ class Scheduler:
             s.kv_len += steps
             s.generated += steps
             s.last_token = t
-        self.kv_tokens += steps * len(rows)
 
     def retire(self) -> list[Seq]:
         """Finish rows that generated their whole budget (at their last token) and free their blocks."""
@@ -121,7 +235,6 @@ class Scheduler:
             self.running = [s for s in self.running if s.generated < s.req.budget]
             for s in done:
                 s.finished = s.last_token
-                self.kv_tokens -= s.kv_len
                 self.pool.release(s.block_table)
         return done
 

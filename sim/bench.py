@@ -15,16 +15,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from calibrate.cost_model import CostModel
+from costs.model import CostModel
+from costs.synthetic import linear_table
+from costs.table import as_cost_table
 from traces.errors import InputError
-from traces.metrics import served_rate
+from traces.metrics import served_rate, summary
 from traces.workload import poisson_trace
 
 from .inputs import SHIPPED_TABLE, closed, load_table
-from .model import SimConfig, simulate
-from traces.metrics import summary
+from .simulator import SimConfig, simulate
 from .sweep import Config, Workload, run_sweep
-from .synthetic import linear_table
 
 TARGETS_S = {"point": 0.2, "sweep": 10.0, "large": 30.0}
 LOAD = 0.7  # the point and the large trace run at this fraction of the estimated capacity: busy but stable
@@ -44,14 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.table is None and not SHIPPED_TABLE.exists():
-            table, source = linear_table(), "synthetic linear costs: the shipped H200 table is not there yet"
+            table, source = as_cost_table(linear_table()), "synthetic linear costs: the shipped H200 table is not there yet"
         else:
             table, source = load_table(args.table, 64), str(args.table or SHIPPED_TABLE)
     except InputError as e:
         print(f"sim.bench: error: {e}", file=sys.stderr)
         return 2
     cost = CostModel(table)
-    print(f"sim benchmark: cost table {table['table_id']} ({source}); {os.cpu_count()} cores here")
+    print(f"sim benchmark: cost table {table.table_id} ({source}); {os.cpu_count()} cores here")
     capacity = served_rate(simulate(closed(poisson_trace(1.0, 400, 0)), cost).record)
     rate = round(LOAD * capacity, 2)
     print(f"paged, max batch 32, pool that never binds; a saturated 400-request run serves {capacity:.2f} req/s, "

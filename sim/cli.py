@@ -16,24 +16,25 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from calibrate.cost_model import CostModel
+from costs.model import CostModel
+from costs.shapes import BACKENDS
 from engine.block_pool import DEFAULT_BLOCK_SIZE
-from engine.recorder import BACKENDS
+from engine.scheduler import PrefillPolicy
 from traces.cli import checked, count_arg, rate_arg, seed_arg
 from traces.errors import InputError
+from traces.metrics import summary
 from traces.prompts import PROMPT_NAMES
 from traces.provenance import provenance
 from traces.records import TABLES, RunWriter
 from traces.workload import DEFAULT_N, poisson_trace
 
-from . import inputs, validate
-from .model import SimConfig, simulate
+from . import inputs
 from .report import report, write_files
-from traces.metrics import summary
+from .simulator import SimConfig, simulate
 from .sweep import AUTO_POINTS, AUTO_SPAN, Config, Workload, run_sweep
 
 DEFAULT_OUT = Path("sim-out")
-SUBCOMMANDS = ("run", "sweep", "validate")
+SUBCOMMANDS = ("run", "sweep")
 
 
 def _list(item: Callable[[str], object]) -> Callable[[str], list]:
@@ -44,12 +45,21 @@ _gib = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number o
 _backend = checked(str, lambda v: v in BACKENDS, f"a backend ({', '.join(BACKENDS)})")
 
 
+def _policy(text: str) -> str:
+    try:
+        return str(PrefillPolicy.parse(text))
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _rates(text: str) -> list[float] | None:
     return None if text.strip() == "auto" else _list(rate_arg)(text)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--table", type=Path, help="cost table JSON (default: the shipped H200 table, sim/data/h200.json)")
+    p.add_argument("--table", type=Path, help="cost table JSON (default: the shipped H200 table, costs/data/h200.json)")
+    p.add_argument("--allow-nonstationary", action="store_true",
+                   help="use a table whose stationarity check failed (its step costs depended on what ran before)")
     p.add_argument("--block-size", type=count_arg, default=DEFAULT_BLOCK_SIZE,
                    help="KV block size in tokens; the table must have been measured with it (default %(default)s)")
     p.add_argument("--strict", action="store_true",
@@ -78,6 +88,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", type=_backend, default="paged",
                      help="decode backend: paged or padded (default paged)")
     run.add_argument("--max-batch", type=count_arg, default=32, help="batch rows (default %(default)s)")
+    run.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY",
+                     help="prefill policy: padded (each group padded to its widest prompt), packed (true lengths) or "
+                          "chunked:N (N prompt tokens a step between decode steps) (default padded)")
     pool = run.add_mutually_exclusive_group()
     pool.add_argument("--pool-gib", type=_gib, help="KV pool size in GiB")
     pool.add_argument("--pool-blocks", type=count_arg, help="KV pool size in blocks (default: enough that it never binds)")
@@ -101,6 +114,8 @@ def parser() -> argparse.ArgumentParser:
                        help="batch rows (default 16,32)")
     sweep.add_argument("--backend", type=_list(_backend), default=list(BACKENDS), metavar="paged,padded",
                        help="backends (default paged,padded)")
+    sweep.add_argument("--prefill", type=_list(_policy), default=["padded"], metavar="P1,P2,...",
+                       help="prefill policies: padded, packed, chunked:N (default padded)")
     sweep.add_argument("--trace", type=Path, help="a request-trace file, scaled in time to each rate "
                                                   "(default: the seeded Poisson trace --n, --seed)")
     sweep.add_argument("--n", type=count_arg, default=DEFAULT_N, help="requests per point (default %(default)s)")
@@ -110,19 +125,6 @@ def parser() -> argparse.ArgumentParser:
     _common(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
-    val = sub.add_parser("validate", help="predicted beside measured: plan points, run them on the GPU, report",
-                         description=validate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    val.add_argument("step", choices=("plan", "real", "report"),
-                     help="plan: choose points from the sim's sweep (CPU); real: run them on the engine (GPU); "
-                          "report: compare (CPU, from the records)")
-    val.add_argument("--out", type=Path, default=Path("results/validation"), help="directory (default %(default)s)")
-    val.add_argument("--table", type=Path, help="cost table (default: the shipped H200 table)")
-    val.add_argument("--n", type=count_arg, default=DEFAULT_N, help="requests per arrival point (plan; default %(default)s)")
-    val.add_argument("--seed", type=seed_arg, default=0, help="workload seed (plan; default %(default)s)")
-    val.add_argument("--azure", type=Path, default=validate.AZURE, help="the Azure conversation trace CSV (plan)")
-    val.add_argument("--expect-gpu", metavar="NAME", help="real: refuse any other device, e.g. 'NVIDIA H200'")
-    val.add_argument("--only", type=_list(str), metavar="ID1,ID2", help="real: run only these points")
-    val.set_defaults(func=cmd_validate)
     return top
 
 
@@ -145,16 +147,17 @@ def _fmt(v: float, spec: str = ".2f") -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    table = inputs.load_table(args.table, args.block_size)
+    table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
     inputs.check_backend(table, args.backend)
     trace = inputs.make_trace(rate=args.rate, n=args.n, seed=args.seed, trace_file=args.trace,
                               closed_mixed_n=args.closed_mixed, closed_uniform_prompt=args.closed_uniform)
-    pool_blocks, how = inputs.pool_size(trace, args.max_batch, args.block_size, args.pool_gib, args.pool_blocks)
-    inputs.validate(trace, table, args.max_batch, pool_blocks, args.block_size)
+    pool_blocks, how = inputs.pool_size(trace, args.max_batch, table.block_size, args.pool_gib, args.pool_blocks)
+    inputs.check_trace(trace, table, args.max_batch, pool_blocks, table.block_size)
     _check_out(args.out)
-    cfg = SimConfig(args.backend, args.max_batch, pool_blocks, args.block_size,
+    cfg = SimConfig(args.backend, args.max_batch, pool_blocks,
                     detail=("tokens" if args.tokens else "steps") if args.out else "summary",
-                    fast_forward=not args.no_fast_forward, noise_seed=args.noise_seed)
+                    fast_forward=not args.no_fast_forward, noise_seed=args.noise_seed,
+                    policy=PrefillPolicy.parse(args.prefill))
     with tqdm(total=len(trace), unit="req", desc="simulating", disable=len(trace) < 20_000) as bar:
         result = simulate(trace, CostModel(table, args.strict), cfg, on_finish=bar.update)
     rate = trace.meta.get("rate") or trace.offered_rate  # None for a closed run: no stability verdict
@@ -164,8 +167,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     kind = trace.meta.get("kind", "trace file" if args.trace else "trace")
     print(f"trace    {kind}, {len(trace)} requests" + (f", rate {rate:g}/s" if rate else "") +
           (f", seed {trace.meta['seed']}" if "seed" in trace.meta else "") + f" (trace {trace.trace_id})")
-    print(f"engine   {args.backend}, max batch {args.max_batch}, pool {pool_blocks} blocks ({how}); "
-          f"cost table {table['table_id']} ({table['device']['name']})")
+    print(f"engine   {args.backend}, {args.prefill} prefill, max batch {args.max_batch}, pool {pool_blocks} blocks "
+          f"({how}); {table.summary()}")
     if rate:
         verdict = "stable" if s["stable"] else "NOT stable"
         print(f"served   {_fmt(s['served_rate'])} req/s against {_fmt(s['expected_rate'])} offered: {verdict} "
@@ -193,7 +196,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    table = inputs.load_table(args.table, args.block_size)
+    table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
     for b in args.backend:
         inputs.check_backend(table, b)
     workload = Workload(args.n, args.seed, inputs.load_trace(args.trace) if args.trace else None)
@@ -201,51 +204,38 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise InputError("every request of this trace arrives at once, so it cannot be scaled to arrival rates; "
                          "simulate it with `sim run --trace`", path=args.trace)
     requests = workload.base or poisson_trace(1.0, args.n, args.seed)  # the same requests at every rate
-    configs = list(dict.fromkeys(Config(b, m, g) for b in args.backend for m in args.max_batch for g in args.pool_gib))
+    configs = list(dict.fromkeys(Config(b, m, g, p) for b in args.backend for p in args.prefill for m in args.max_batch
+                                 for g in args.pool_gib))
     rates = None if args.rates is None else sorted(set(args.rates))
     for c in configs:
-        pool_blocks = c.pool_blocks(args.block_size)
+        pool_blocks = c.pool_blocks(table.block_size)
         try:
-            inputs.validate(requests, table, c.max_batch, pool_blocks, args.block_size)
+            inputs.check_trace(requests, table, c.max_batch, pool_blocks, table.block_size)
         except InputError as e:
             raise InputError(f"{c.label} ({pool_blocks} blocks): {e}") from None
     what = f"trace {args.trace} ({len(requests)} requests)" if args.trace else \
         f"the seeded Poisson trace, {args.n} requests, seed {args.seed}"
-    print(f"sweep: {len(configs)} configuration{'s' * (len(configs) > 1)} on {what}; cost table {table['table_id']} ({table['device']['name']})")
+    print(f"sweep: {len(configs)} configuration{'s' * (len(configs) > 1)} on {what}; {table.summary()}")
     if args.rates is None:
         print(f"rates: auto. Each configuration's capacity is estimated from one saturated run (all its requests "
               f"queued at t=0); its {AUTO_POINTS} rates span {AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x that estimate")
     t0 = time.perf_counter()
-    results, warned = run_sweep(table, configs, rates, workload, block_size=args.block_size, strict=args.strict,
-                                noise_seed=args.noise_seed, jobs=args.jobs)
+    results, warned = run_sweep(table, configs, rates, workload, strict=args.strict, noise_seed=args.noise_seed,
+                                jobs=args.jobs)
     for w in warned:
         _warn(w)
     print(report(results))
-    meta = {"table": {"id": table["table_id"], "device": table["device"]["name"], "path": str(args.table or
-                                                                                          inputs.SHIPPED_TABLE)},
+    meta = {"table": {"id": table.table_id, "device": table.device_name, "gpu_uuid": table.gpu_uuid,
+                      "path": str(args.table or inputs.SHIPPED_TABLE)},
             "workload": {"trace_file": str(args.trace), "trace_id": requests.trace_id} if args.trace else
             {"kind": "poisson", "n": args.n, "seed": args.seed},
-            "rates": "auto" if rates is None else rates, "block_size": args.block_size,
+            "rates": "auto" if rates is None else rates, "block_size": table.block_size,
             "noise_seed": args.noise_seed, "strict": args.strict, "warnings": warned,
             "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance()}
     files = write_files(args.out, results, meta)
     events = sum(r["sim_events"] for res in results for r in res.rows)
     print(f"\n{sum(len(res.rows) for res in results)} points, {events:,} events in {time.perf_counter() - t0:.1f} s; "
           f"wrote " + ", ".join(str(f) for f in files))
-    return 0
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    if args.step == "plan":
-        points = validate.make_plan(args.table, args.out, args.n, args.seed, args.azure)
-        print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
-        for p in points:
-            print(f"  {p.id:40s} {p.role:10s} {p.backend} rows {p.max_batch} pool {p.pool_gib or 'engine'} "
-                  f"x{p.repeats}" + (f" after {p.warmup} warm-up" if p.warmup else ""))
-    elif args.step == "real":
-        validate.run_real(args.out, args.expect_gpu, args.only)
-    else:
-        print(f"wrote {validate.write_report(args.out, args.table)}")
     return 0
 
 

@@ -7,40 +7,34 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from engine.block_pool import BlockPool, blocks_for_gib
+from costs.table import CostTable, check_compatible, load_cost_table
+from engine.block_pool import BlockPool, blocks_for_gib, largest_request_blocks, unbounded_pool
 from engine.scheduler import Scheduler
-from traces.cost_table import check_compatible, load_cost_table
 from traces.errors import InputError
 from traces.model_spec import QWEN25_1P5B, config_hash
 from traces.trace_io import read_trace
 from traces.workload import ARRIVAL_DECIMALS, Request, Trace, closed_mixed, closed_uniform, poisson_trace
 
-SHIPPED_TABLE = Path(__file__).resolve().parent / "data" / "h200.json"
+SHIPPED_TABLE = Path(__file__).resolve().parents[1] / "costs" / "data" / "h200.json"
 MODEL = QWEN25_1P5B
 
 
-def load_table(path: str | Path | None, block_size: int) -> dict:
+def load_table(path: str | Path | None, block_size: int, allow_nonstationary: bool = False) -> CostTable:
     """The cost table at `path` (default: the shipped H200 table), refused if it is for another model or block size."""
     if path is None:
         if not SHIPPED_TABLE.exists():
             raise InputError(f"the shipped H200 cost table ({SHIPPED_TABLE}) is not there yet: it is written by the "
                              f"GPU calibration (calibrate/). Pass --table FILE to simulate with a cost table you have")
         path = SHIPPED_TABLE
-    table = load_cost_table(path)
+    table = load_cost_table(path, allow_nonstationary=allow_nonstationary)
     check_compatible(table, config_hash(MODEL), block_size)
     return table
 
 
-def check_backend(table: dict, backend: str) -> None:
-    if backend not in table["decode"]:
-        raise InputError(f"cost table {table['table_id']} has no decode costs for backend {backend!r} "
-                         f"(it has {', '.join(table['decode'])})")
-
-
-def unbounded_pool(trace: Trace, max_batch: int, block_size: int) -> int:
-    """Blocks for max_batch copies of the trace's largest request: admission then never waits on the pool."""
-    pool = BlockPool(1, block_size)
-    return max_batch * max(pool.blocks_for(r.prompt_tokens + r.budget) for r in trace.requests)
+def check_backend(table: CostTable, backend: str) -> None:
+    if backend not in table.backends:
+        raise InputError(f"{table.summary()} has no decode costs for backend {backend!r} "
+                         f"(it has {', '.join(table.backends)})")
 
 
 def check_rate(rate: float) -> float:
@@ -103,27 +97,21 @@ def pool_size(trace: Trace, max_batch: int, block_size: int, gib: float | None =
               blocks: int | None = None) -> tuple[int, str]:
     """The pool's blocks and how they were chosen: from GiB, given, or (default) so many it never binds."""
     if gib is not None:
-        if not gib > 0:
-            raise InputError(f"the pool size must be positive, got {gib} GiB")
         return blocks_for_gib(gib, block_size), f"{gib:g} GiB"
     if blocks is not None:
-        if blocks <= 0:
-            raise InputError(f"the pool needs at least one block, got {blocks}")
         return blocks, "as given"
-    return unbounded_pool(trace, max_batch, block_size), f"never binds: {max_batch} x the largest request"
+    return unbounded_pool(trace.requests, max_batch, block_size), f"never binds: {max_batch} x the largest request"
 
 
-def validate(trace: Trace, table: dict, max_batch: int, pool_blocks: int, block_size: int) -> None:
+def check_trace(trace: Trace, table: CostTable, max_batch: int, pool_blocks: int, block_size: int) -> None:
     """Refuse a trace the engine would refuse any request of (too large for the pool or the model, empty,
     a repeated id), naming the first such request; the engine's own scheduler does the checking."""
-    if max_batch <= 0:
-        raise InputError(f"max batch must be a positive number of rows, got {max_batch}")
     largest = max(trace.requests, key=lambda r: r.prompt_tokens + r.budget)
-    need = unbounded_pool(trace, 1, block_size)
+    need = largest_request_blocks(trace.requests, block_size)
     if need > pool_blocks:
         raise InputError(f"the pool is smaller than the largest request: request {largest.request_id} needs {need} "
                          f"blocks of {block_size} tokens ({largest.prompt_tokens} prompt + {largest.budget} budget) "
                          f"and the pool has {pool_blocks}")
-    sched = Scheduler(max_batch, BlockPool(pool_blocks, block_size), table["max_tokens"])
+    sched = Scheduler(max_batch, BlockPool(pool_blocks, block_size), table.max_tokens)
     for req in trace.requests:
         sched.submit(req)

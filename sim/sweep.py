@@ -1,4 +1,4 @@
-"""The parallel sweep: every configuration (backend x max batch x pool) at every arrival rate.
+"""The parallel sweep: every configuration (backend x prefill policy x max batch x pool) at every arrival rate.
 
 Each point is simulated and scored in a worker process, which sends back one summary row; the cost model
 and the base trace are set up once per worker. With automatic rates each configuration first gets a
@@ -15,14 +15,15 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from calibrate.cost_model import CostModel
+from costs.model import CostModel
+from costs.table import CostTable
 from engine.block_pool import blocks_for_gib
-from traces.metrics import capacity_bracket, served_rate
+from engine.scheduler import PrefillPolicy
+from traces.metrics import capacity_bracket, served_rate, summary
 from traces.workload import Trace, poisson_trace
 
 from .inputs import at_rate, closed
-from .model import SimConfig, simulate
-from traces.metrics import summary
+from .simulator import SimConfig, simulate
 
 AUTO_SPAN = (0.3, 2.0)
 AUTO_POINTS = 12
@@ -33,10 +34,12 @@ class Config:
     backend: str
     max_batch: int
     pool_gib: float
+    prefill: str = "padded"  # a PrefillPolicy as text: padded, packed, chunked:N
 
     @property
     def label(self) -> str:
-        return f"{self.backend}, max batch {self.max_batch}, pool {self.pool_gib:g} GiB"
+        policy = "" if self.prefill == "padded" else f", {self.prefill} prefill"
+        return f"{self.backend}{policy}, max batch {self.max_batch}, pool {self.pool_gib:g} GiB"
 
     def pool_blocks(self, block_size: int) -> int:
         return blocks_for_gib(self.pool_gib, block_size)
@@ -73,18 +76,17 @@ class ConfigResult:
 # Set once per worker process by _init.
 _cost: CostModel | None = None
 _workload: Workload | None = None
-_block_size = 64
 _noise_seed: int | None = None
 
 
-def _init(table: dict, strict: bool, workload: Workload, block_size: int, noise_seed: int | None) -> None:
-    global _cost, _workload, _block_size, _noise_seed
-    _cost, _workload, _block_size, _noise_seed = CostModel(table, strict), workload, block_size, noise_seed
+def _init(table: CostTable, strict: bool, workload: Workload, noise_seed: int | None) -> None:
+    global _cost, _workload, _noise_seed
+    _cost, _workload, _noise_seed = CostModel(table, strict), workload, noise_seed
 
 
 def _simulate(config: Config, trace: Trace):
-    cfg = SimConfig(config.backend, config.max_batch, config.pool_blocks(_block_size), _block_size,
-                    noise_seed=_noise_seed)
+    cfg = SimConfig(config.backend, config.max_batch, config.pool_blocks(_cost.table.block_size),
+                    noise_seed=_noise_seed, policy=PrefillPolicy.parse(config.prefill))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = simulate(trace, _cost, cfg)
@@ -119,13 +121,13 @@ def _run_all(pool, fn, args: list[tuple], desc: str, progress: bool) -> list:
     return [f.result() for f in futures]
 
 
-def run_sweep(table: dict, configs: list[Config], rates: list[float] | None, workload: Workload, *,
-              block_size: int = 64, strict: bool = False, noise_seed: int | None = None, jobs: int | None = None,
+def run_sweep(table: CostTable, configs: list[Config], rates: list[float] | None, workload: Workload, *,
+              strict: bool = False, noise_seed: int | None = None, jobs: int | None = None,
               progress: bool = True) -> tuple[list[ConfigResult], list[str]]:
     """Every configuration at every rate (rates=None: automatic per configuration); the results per
     configuration and the distinct cost-model warnings raised on the way."""
     jobs = jobs or os.cpu_count() or 1
-    init = (table, strict, workload, block_size, noise_seed)
+    init = (table, strict, workload, noise_seed)
     seen: dict[str, None] = {}
     pool = ProcessPoolExecutor(jobs, initializer=_init, initargs=init) if jobs > 1 else None
     if pool is None:
@@ -136,7 +138,7 @@ def run_sweep(table: dict, configs: list[Config], rates: list[float] | None, wor
             found = _run_all(pool, _estimate, [(c,) for c in configs], "capacity estimates", progress)
             estimates = [e for e, _ in found]
             seen.update((w, None) for _, caught in found for w in caught)
-        results = [ConfigResult(c, c.pool_blocks(block_size), rates or auto_rates(e), e)
+        results = [ConfigResult(c, c.pool_blocks(table.block_size), rates or auto_rates(e), e)
                    for c, e in zip(configs, estimates)]
         owners = [res for res in results for _ in res.rates]
         points = _run_all(pool, _point, [(res.config, rate) for res in results for rate in res.rates], "sweep",

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calibrate.cost_model import CostModel
+from costs.model import CostModel
+from costs.synthetic import constant_table, linear_table
+from costs.table import save_cost_table
 from engine.recorder import Recorder
+from engine.scheduler import PADDED, PrefillPolicy, decode_shape
 from engine.serve import serve
-from sim.synthetic import constant_table, linear_table
-from traces.cost_table import save_cost_table
 from traces.records import RunRecord, RunWriter
 from traces.workload import Trace
 
@@ -36,17 +37,16 @@ class CostRunner:
 
     def __init__(self, cost: CostModel, clock: VirtualClock, num_blocks: int):
         self.cost, self.clock = cost, clock
-        self.block_size, self.num_blocks = cost.table["block_size"], num_blocks
-        self.max_tokens = cost.table["max_tokens"]
+        self.block_size, self.num_blocks = cost.table.block_size, num_blocks
+        self.max_tokens = cost.table.max_tokens
 
-    def prefill(self, group) -> list[int]:
-        self.clock.t += self.cost.prefill(len(group), max(s.req.prompt_tokens for s in group))
-        return [-1] * len(group)  # no token is computed: -1, as the simulator records
+    def prefill(self, work) -> list[int]:
+        self.clock.t += self.cost.prefill(work.shape)
+        return [-1] * sum(work.completes(i) for i in range(len(work.seqs)))  # no token computed: -1, as simulated
 
     def decode(self, rows, backend: str) -> list[int]:
-        # What serve() records: every row's K/V plus the token it writes (no single-token request is running).
-        kv_tokens, kv_max = sum(s.kv_len for s in rows) + len(rows), max(s.kv_len for s in rows) + 1
-        self.clock.t += float(self.cost.decode(backend, len(rows), kv_tokens, kv_max))
+        s = decode_shape(rows)
+        self.clock.t += float(self.cost.decode(backend, s.rows, s.kv_tokens, s.kv_max))
         return [-1] * len(rows)
 
 
@@ -62,10 +62,11 @@ class RetireCostRecorder(Recorder):
         super().finish(seqs)
 
 
-def serve_virtual(trace: Trace, cost: CostModel, backend: str, max_batch: int, pool_blocks: int) -> RunRecord:
+def serve_virtual(trace: Trace, cost: CostModel, backend: str, max_batch: int, pool_blocks: int,
+                  policy: PrefillPolicy = PADDED) -> RunRecord:
     """engine.serve.serve itself, with step times from `cost` on a virtual clock: what the simulator must match."""
     clock = VirtualClock()
     writer = RunWriter(None, {})
     serve(trace, CostRunner(cost, clock, pool_blocks), RetireCostRecorder(writer, backend, clock, cost.retire_s),
-          max_batch, pool_blocks, clock=clock)
+          max_batch, pool_blocks, policy, clock=clock)
     return writer.record()

@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from calibrate.accuracy import report
-from calibrate.cost_model import CostModel, ExtrapolationWarning, fit
+from calibrate.plan import FULL, H200_SPEEDS, QUICK, Run, check_runs, estimate_s, grid, make_plan, run_plan
 from calibrate.store import PointsFile, points_path
-from calibrate.sweep import FULL, H200_SPEEDS, QUICK, Run, check_runs, estimate_s, grid, make_plan, run_plan
 from calibrate.table import build_table
-from traces.cost_table import check_compatible, load_cost_table, save_cost_table, validate
+from costs.fit import fit
+from costs.model import CostModel, ExtrapolationWarning
+from costs.shapes import PrefillShape
+from costs.table import CostTable, check_compatible, check_table, load_cost_table, save_cost_table
 from traces.errors import InputError
 from traces.model_spec import TINY_QWEN2, config_hash
 
@@ -49,7 +51,11 @@ def fake_measure(run: Run, check_scale: float = 1.0) -> dict:
     """What the engine's step log would hold if the costs were exactly the known ones (see engine/serve.py)."""
     scale = check_scale if run.kind.startswith("check-") else 1.0
     if run.kind.endswith("prefill"):
-        return {"prefill_s": [scale * prefill_cost(run.width, run.padded_len)] * run.reps}
+        s = PrefillShape.padded(run.width, run.padded_len)
+        return {"prefill": [[[s.rows, s.tokens, s.attn, scale * float(prefill_cost(run.width, run.padded_len))]]] *
+                (run.reps + (1 if run.kind.startswith("stationary") else 0))}
+    if run.kind == "stationary-decode":
+        return {"first": [1e-3] * 3, "again": [1e-3] * 3}
     r = run.width
     steps = np.arange(1, run.budget)
     kv_tokens, kv_max = sum(run.prompts) + r * steps, max(run.prompts) + steps
@@ -76,10 +82,10 @@ def table() -> dict:
 def test_fit_reproduces_the_grid_exactly_and_known_costs_between_its_points(table):
     cost = CostModel(table, strict=True)
     for p in table["prefill"]["points"]:
-        assert cost.prefill(p["width"], p["padded_len"]) == pytest.approx(p["median_s"], rel=1e-3)
+        assert cost.prefill(PrefillShape(p["rows"], p["tokens"], p["attn"])) == pytest.approx(p["median_s"], rel=1e-3)
     rng = np.random.default_rng(1)
     w, n = rng.integers(1, 9, 200), rng.integers(16, 257, 200)
-    predicted = np.array([cost.prefill(int(a), int(b)) for a, b in zip(w, n)])
+    predicted = np.array([cost.prefill(PrefillShape.padded(int(a), int(b))) for a, b in zip(w, n)])
     assert np.abs(predicted / prefill_cost(w, n) - 1).max() < 2e-3
     for backend in ("paged", "padded"):
         for rows in (1, 3, 8):
@@ -93,7 +99,7 @@ def test_fit_reproduces_the_grid_exactly_and_known_costs_between_its_points(tabl
 def test_decode_rows_between_measured_ones_interpolate_their_lines(table):
     t = copy.deepcopy(table)
     t["decode"]["paged"]["points"] = [p for p in t["decode"]["paged"]["points"] if p["rows"] in (2, 6)]
-    t["fit"] = fit(t)
+    t["fit"] = fit(t["prefill"]["points"], {b: d["points"] for b, d in t["decode"].items()})
     longest = np.arange(100, 300, 20)
     total = 2 * longest + 100
     np.testing.assert_allclose(CostModel(t).decode("paged", 4, total, longest), decode_cost("paged", 4, total, longest),
@@ -103,9 +109,10 @@ def test_decode_rows_between_measured_ones_interpolate_their_lines(table):
 def test_beyond_the_grid_prefill_follows_the_model_with_a_warning_or_is_refused(table):
     # The fitted form continues past the grid: the known cost at twice the widest group and longest prompt.
     with pytest.warns(ExtrapolationWarning):
-        assert CostModel(table).prefill(16, 512) == pytest.approx(float(prefill_cost(16, 512)), rel=1e-2)
+        assert CostModel(table).prefill(PrefillShape.padded(16, 512)) == \
+            pytest.approx(float(prefill_cost(16, 512)), rel=1e-2)
     with pytest.raises(InputError, match="outside the cost table's measured range"):
-        CostModel(table, strict=True).prefill(16, 512)
+        CostModel(table, strict=True).prefill(PrefillShape.padded(16, 512))
 
 
 # ---- overhead and the accuracy check ---------------------------------------------------------------------------
@@ -148,19 +155,20 @@ def _edit(path: str, value):
     (_edit("prefill.points.0.p10_s", 1.0), r"prefill.points\[0\]. needs p10_s <= median_s"),
     (_edit("decode.paged.points.0.rows", 9), "decode.paged has points with rows .9. above max_batch 8"),
     (_edit("decode.padded.points.2.kv_read", 0), r"decode.padded.points\[2\].kv_read must be a positive integer"),
-    (_edit("version", 2), "cost-table version 2 is not one this reader knows"),
+    (_edit("version", 3), "cost-table version 3 is not one this reader knows"),
 ])
 def test_table_validation_refuses_bad_tables_naming_the_field(table, tmp_path, edit, message):
     path = tmp_path / "t.json"
     table_id = save_cost_table(table, path)
-    assert load_cost_table(path)["table_id"] == table_id
+    assert load_cost_table(path).table_id == table_id
     bad = copy.deepcopy(table)
     edit(bad)
     with pytest.raises(InputError, match=message):
-        validate(bad)
+        check_table(bad)
 
 
 def test_check_compatible_refuses_another_model_or_block_size(table):
+    table = CostTable(table)
     check_compatible(table, config_hash(TINY_QWEN2), 16)
     with pytest.raises(InputError, match="measured on model tiny-qwen2"):
         check_compatible(table, config_hash(dict(TINY_QWEN2, hidden_size=128)), 16)
@@ -176,10 +184,10 @@ def test_full_plan_covers_the_grid_and_fits_in_ten_minutes_on_an_h200():
     assert {(r.width, r.padded_len) for r in runs if r.kind == "prefill"} == {
         (w, n) for w in (1, 2, 4, 8, 16, 32) for n in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)}
     for b in ("paged", "padded"):
-        assert {r.width for r in runs if r.kind == "decode" and r.backend == b} == set(range(1, 33))
+        assert {r.width for r in runs if r.kind == "decode" and r.backend == b} == set(FULL.decode_rows)
         longest = [r for r in runs if r.kind == "decode" and r.backend == b and r.label.endswith(" x 4096")]
         # The longest prompts run the whole budget: decode points reach the largest K/V a request holds.
-        assert len(longest) == 32 and all(r.budget == 256 for r in longest)
+        assert len(longest) == len(FULL.decode_rows) and all(r.budget == 256 for r in longest)
     assert estimate_s(runs, H200_SPEEDS) < 600
     widths, lengths = grid(FULL, 24)
     assert widths == (1, 2, 4, 8, 16, 24) and lengths[-1] == 4096
@@ -219,15 +227,25 @@ def test_points_are_flushed_per_run_and_a_resume_skips_them(tmp_path):
 
 def test_a_resume_on_another_device_is_refused(tmp_path):
     path = points_path(tmp_path / "t.json")
-    PointsFile(path, _identity("NVIDIA H200")).close()
+    store = PointsFile(path, _identity("NVIDIA H200"))
+    store.add("a run", {"prefill": []})
+    store.close()
     with pytest.raises(InputError, match="device 'NVIDIA H200' \\(now 'NVIDIA A10'\\)"):
         PointsFile(path, _identity("NVIDIA A10"))
+
+
+def test_a_start_that_measured_nothing_does_not_block_the_next(tmp_path):
+    path = points_path(tmp_path / "t.json")
+    PointsFile(path, _identity("NVIDIA H200")).close()  # e.g. the engine failed to start: --checkpoint /typo
+    store = PointsFile(path, _identity("NVIDIA A10"))  # the corrected command starts over
+    store.close()
+    assert json.loads(path.read_text().splitlines()[0])["identity"]["device"] == "NVIDIA A10"
 
 
 # ---- imports, the CLI, the Modal path ----------------------------------------------------------------------
 
 def test_the_cost_model_side_imports_no_torch():
-    code = ("import sys, calibrate, calibrate.cost_model, calibrate.table, calibrate.store, calibrate.cli; "
+    code = ("import sys, costs, costs.model, costs.fit, calibrate, calibrate.table, calibrate.store, calibrate.cli; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -285,18 +303,20 @@ def test_tiny_calibration_end_to_end(tmp_path, capsys):
     argv = ["--out", str(out), "--device", device, "--model", "tiny", "--quick", "--backend", "paged"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "plan: 4 prefill shapes" in printed and "accuracy on held-out shapes" in printed
-    table = load_cost_table(out)
+    assert "4 prefill shapes" in printed and "accuracy on held-out shapes" in printed
+    assert "stationarity (first run of a never-run shape / its repeats)" in printed
+    table = load_cost_table(out, allow_nonstationary=True).raw
     assert table["model"]["config_hash"] == config_hash(TINY_QWEN2) and table["calibration"]["plan"] == "quick"
     assert table["max_batch"] == 2 and set(table["decode"]) == {"paged"}
     assert {"torch", "triton", "transformers"} <= set(table["software"])
     cost = CostModel(table)
-    assert cost.prefill(2, 24) > 0 and cost.retire_s >= 0
+    assert cost.prefill(PrefillShape.padded(2, 24)) > 0 and cost.retire_s >= 0
     assert np.all(cost.decode("paged", 2, np.array([40, 60]), np.array([20, 30])) > 0)
     assert set(table["accuracy"]["summary"]) == {"prefill", "decode paged"}
     # Everything is in the points file now: running again measures nothing and writes the same points.
-    assert main(argv) == 0
-    again = load_cost_table(out)
+    assert main(argv) == 2 and "already exists; pass --force" in capsys.readouterr().err
+    assert main(argv + ["--force"]) == 0
+    again = load_cost_table(out, allow_nonstationary=True).raw
     assert again["calibration"]["runs_measured_now"] == 0
     assert again["prefill"]["points"] == table["prefill"]["points"] and again["decode"] == table["decode"]
     assert json.loads(points_path(out).read_text().splitlines()[0])["identity"]["device"] == table["device"]["name"]

@@ -15,8 +15,8 @@ import pytest
 from helpers import constant_table, linear_table, serve_virtual, write_table
 
 import sim.inputs
-from calibrate.cost_model import CostModel
-from engine.recorder import BACKENDS
+from costs.model import CostModel
+from costs.shapes import BACKENDS
 from sim import SimConfig, simulate
 from traces.metrics import occupancy
 from sim.cli import main
@@ -116,7 +116,7 @@ def test_a_request_too_large_for_the_pool_is_rejected_and_the_run_goes_on():
     assert list(rejected["request_id"]) == [1] and "needs 5 blocks" in rejected["reason"].iloc[0]
     # Up-front validation (what the CLI does) refuses the trace instead, naming the request.
     with pytest.raises(InputError, match=r"request 1 needs 5 blocks of 64 tokens .* pool has 3"):
-        sim.inputs.validate(length_trace(triples), constant_table(), 2, 3, 64)
+        sim.inputs.check_trace(length_trace(triples), constant_table(), 2, 3, 64)
 
 
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:

@@ -20,6 +20,7 @@ from traces.cli import main
 from traces.errors import InputError
 from traces.importers import ImportOptions, import_azure, import_table
 from traces.prompts import PROMPT_LENGTHS, prompt_tokens
+from traces import records
 from traces.records import RunWriter, read_run
 from traces.trace_io import read_trace, write_trace
 from traces.workload import closed_mixed, closed_uniform, length_trace, mixed_draw, poisson_trace
@@ -82,8 +83,9 @@ def test_trace_file_round_trips(tmp_path, trace):
     assert back.trace_id == trace.trace_id
 
 
-REQUEST_ROWS = [(i, 0.1 * i, 0.1 * i + 0.02, i, i, 1, 0.1 * i + 0.05, 1.5 + i, 16, 64, 2) for i in range(3)]
-STEP_ROWS = [(0, "prefill", 1, 16, 16, 0, 0, 0, 0.0, 0.01, 0, 1, 0), (1, "decode", 1, 0, 0, 17, 17, 17, 0.01, 0.02, -1, 0, 0)]
+REQUEST_ROWS = [(i, 0.1 * i, 0.1 * i + 0.02, i, i, 1, 0.1 * i + 0.05, 1.5 + i, 16, 64, 2, 0) for i in range(3)]
+STEP_ROWS = [(0, "prefill", 1, 16, 16, 16, 256, 0, 0, 0, 0.0, 0.01, 0, 1, 0, 0),
+             (1, "decode", 1, 0, 0, 0, 0, 17, 17, 17, 0.01, 0.02, -1, 0, 0, 0)]
 TOKEN_ROWS = [(0, 0, 0.01, 17), (0, 1, 0.02, 4)]
 # The line separator inside the reason once split a row in two when read back.
 REJECTED_ROWS = [(9, 0.5, "request 9: needs 99 blocks\u2028the pool has 10")]
@@ -118,17 +120,21 @@ def test_run_killed_midway_keeps_every_complete_row(tmp_path):
     assert _rows(rec.requests) == REQUEST_ROWS
 
 
-def test_cost_table_round_trips(tmp_path):
-    cost_table = pytest.importorskip("traces.cost_table")
-    point = {"median_s": 0.01, "p10_s": 0.009, "p90_s": 0.012, "n": 5}
-    table = {"device": {"name": "test GPU"}, "model": {"name": "m", "config_hash": "abc", "dtype": "float16"},
-             "block_size": 64, "max_batch": 32, "max_tokens": 32768,
-             "prefill": {"points": [{"width": 2, "padded_len": 256, **point}]},
-             "decode": {"paged": {"points": [{"rows": 4, "kv_tokens": 1000, "kv_max": 250, "kv_read": 1000, **point}]}}, "fit": {"kind": "none"}}
-    tid = cost_table.save_cost_table(table, tmp_path / "cost.json")
-    loaded = cost_table.load_cost_table(tmp_path / "cost.json")
-    assert loaded["table_id"] == tid
-    assert {k: v for k, v in loaded.items() if k not in ("schema", "version", "table_id")} == table
+def test_version_1_run_records_still_read(tmp_path):
+    """A record written before version 2: its prefill steps' tokens and work follow from rows x padded_len."""
+    run = tmp_path / "v1"
+    run.mkdir()
+    (run / "meta.json").write_text(json.dumps({"schema": "run-record", "version": 1, "status": "complete"}))
+    head = '# {"schema": "run-record/%s", "version": 1}\n'
+    (run / "requests.csv").write_text(head % "requests" + "request_id,arrival,admitted,admit_step,group_id,group_size,"
+                                      "first_token,finished,prompt_tokens,output_tokens,blocks\n"
+                                      "0,0.0,0.0,0,0,2,0.1,0.5,16,4,1\n")
+    (run / "steps.csv").write_text(head % "steps" + "step,kind,rows,padded_len,prompt_tokens,kv_tokens,kv_max,kv_read,"
+                                   "start,end,group_id,admitted,retired\n0,prefill,2,256,272,0,0,0,0.0,0.1,0,2,0\n"
+                                   "0,decode,2,0,0,274,257,274,0.1,0.11,-1,0,0\n")
+    rec = read_run(run)
+    assert list(rec.steps["tokens"]) == [512, 0] and list(rec.steps["attn"]) == [2 * 256 * 256, 0]
+    assert list(rec.requests["replica"]) == [0] and list(rec.steps.columns) == list(records.STEP_COLUMNS)
 
 
 # --- importers ---------------------------------------------------------------------------------------

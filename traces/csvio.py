@@ -16,6 +16,21 @@ from typing import Iterable, Sequence
 from .errors import InputError
 
 
+def read_text(path: str | Path) -> str:
+    """A whole text file, or an InputError naming it: missing, a directory, unreadable, or not UTF-8."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("file not found", path=path) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, not a file", path=path) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"is not UTF-8 text (byte {e.start})", path=path) from None
+    except OSError as e:
+        raise InputError(f"cannot be read ({e.strerror})", path=path) from None
+
+
 def header_line(schema: str, version: int, meta: dict | None = None) -> str:
     return "# " + json.dumps({"schema": schema, "version": version, **(meta or {})}, sort_keys=True) + "\n"
 

@@ -38,7 +38,6 @@ from typing import Iterable
 
 import numpy as np
 import pandas as pd
-from scipy.stats import theilslopes
 
 from .records import RunRecord
 
@@ -102,7 +101,15 @@ def _trend_rise(arrival: np.ndarray, wait: np.ndarray) -> float:
     if arrival.size > TREND_POINTS:
         keep = np.linspace(0, arrival.size - 1, TREND_POINTS).round().astype(int)
         arrival, wait = arrival[keep], wait[keep]
-    return float(theilslopes(wait, arrival).slope * span)
+    return float(theil_sen_slope(arrival, wait) * span)
+
+
+def theil_sen_slope(x: np.ndarray, y: np.ndarray) -> float:
+    """The median of the slopes between every pair of points with distinct x (scipy.stats.theilslopes' slope)."""
+    dx = x[:, None] - x
+    dy = y[:, None] - y
+    pos = dx > 0
+    return float(np.median(dy[pos] / dx[pos]))
 
 
 def stability(rec: RunRecord, rate: float | None = None, rise_tol_s: float = RISE_TOL_S) -> dict:
@@ -150,8 +157,9 @@ def admission_groups(rec: RunRecord) -> dict:
 
 
 def token_gaps(rec: RunRecord) -> dict:
-    """Inter-token gaps: baseline_p50 (median of per-request baselines), n_spikes, spike_gap_p50, spike_gap_max,
-    and 'spikes' (request_id, index, gap, baseline, time of the token that ended the gap) to line up with prefills.
+    """Inter-token gaps: baseline_p50 (median of per-request baselines), gap_max (the largest gap between any
+    request's consecutive tokens), n_spikes, spike_gap_p50, spike_gap_max, and 'spikes' (request_id, index, gap,
+    baseline, time of the token that ended the gap) to line up with prefills.
     """
     rid, index = rec.tokens["request_id"].to_numpy(), rec.tokens["index"].to_numpy()
     # One integer key sorts (request, index) some 20x faster than a two-column sort at 16M tokens.
@@ -166,7 +174,7 @@ def token_gaps(rec: RunRecord) -> dict:
     spike = gap > SPIKE_FACTOR * baseline
     spikes = pd.DataFrame({"request_id": rid[spike], "index": index[spike], "gap": gap[spike],
                            "baseline": baseline[spike], "time": time[spike]})
-    return {"baseline_p50": _pct(per_request, 50), "n_spikes": int(spike.sum()),
+    return {"baseline_p50": _pct(per_request, 50), "gap_max": _pct(gap, 100), "n_spikes": int(spike.sum()),
             "spike_gap_p50": _pct(spikes["gap"], 50), "spike_gap_max": _pct(spikes["gap"], 100), "spikes": spikes}
 
 

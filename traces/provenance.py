@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata as md
+import os
 import platform
 import subprocess
 import sys
@@ -29,11 +30,19 @@ def versions(packages=PACKAGES) -> dict[str, str | None]:
 
 @lru_cache(maxsize=1)
 def git_commit() -> str | None:
+    """The checkout's commit, with '-dirty' when tracked files differ from it. A copy of the working tree without
+    .git (as on a lent GPU machine) says which commit it is in SERVECAP_GIT_COMMIT."""
+    here = Path(__file__).resolve().parent
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=here).stdout.strip()
+        if commit:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                   text=True, timeout=5, cwd=here).stdout.strip()
+            return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return None
+        pass
+    return os.environ.get("SERVECAP_GIT_COMMIT") or None
 
 
 def now_iso() -> str:

@@ -3,6 +3,10 @@
 A run is a directory: meta.json (how and where it was made), requests.csv, steps.csv, tokens.csv and
 rejected.csv. Rows are appended and flushed as they complete, so a run killed halfway keeps every
 finished row; meta.json says "running" until the run closes it.
+
+Version 2 adds to each prefill step the positions it computed (`tokens`: padding included) and its causal
+attention work (`attn`, costs/shapes.py), and the replica that ran each request and step. Version-1 records
+are still read: their prefill steps were padded groups, whose tokens and work follow from rows x padded_len.
 """
 from __future__ import annotations
 
@@ -17,11 +21,13 @@ from .errors import InputError
 from .provenance import now_iso
 
 SCHEMA = "run-record"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
 REQUEST_COLUMNS = ("request_id", "arrival", "admitted", "admit_step", "group_id", "group_size", "first_token",
-                   "finished", "prompt_tokens", "output_tokens", "blocks")
-STEP_COLUMNS = ("step", "kind", "rows", "padded_len", "prompt_tokens", "kv_tokens", "kv_max", "kv_read",
-                "start", "end", "group_id", "admitted", "retired")
+                   "finished", "prompt_tokens", "output_tokens", "blocks", "replica")
+STEP_COLUMNS = ("step", "kind", "rows", "padded_len", "prompt_tokens", "tokens", "attn", "kv_tokens", "kv_max",
+                "kv_read", "start", "end", "group_id", "admitted", "retired", "replica")
+_ADDED = {"requests": ("replica",), "steps": ("tokens", "attn", "replica")}  # columns version 2 added
 TOKEN_COLUMNS = ("request_id", "index", "time", "token_id")  # token_id -1 where not known (simulated)
 REJECTED_COLUMNS = ("request_id", "arrival", "reason")
 TABLES = {"requests": REQUEST_COLUMNS, "steps": STEP_COLUMNS, "tokens": TOKEN_COLUMNS, "rejected": REJECTED_COLUMNS}
@@ -85,10 +91,12 @@ class RunWriter:
         return RunRecord(dict(self.meta), **frames)
 
 
-def _frame(table: str, rows: list) -> pd.DataFrame:
-    df = pd.DataFrame(rows, columns=list(TABLES[table]))
+def _frame(table: str, rows: list, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+    columns = columns or TABLES[table]
+    df = pd.DataFrame(rows, columns=list(columns))
     for c in _NUMERIC[table]:
-        df[c] = pd.to_numeric(df[c])
+        if c in df:
+            df[c] = pd.to_numeric(df[c])
     return df
 
 
@@ -99,12 +107,25 @@ def read_run(run_dir: str | Path) -> RunRecord:
     if not meta_path.exists():
         raise InputError("not a run record (no meta.json)", path=run_dir)
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if meta.get("schema") != SCHEMA or meta.get("version") != VERSION:
-        raise InputError(f"run-record schema {meta.get('schema')!r} v{meta.get('version')!r} is not {SCHEMA!r} v{VERSION}",
-                         path=meta_path)
+    version = meta.get("version")
+    if meta.get("schema") != SCHEMA or version not in READS:
+        raise InputError(f"run-record schema {meta.get('schema')!r} v{version!r} is not {SCHEMA!r} "
+                         f"v{' or v'.join(map(str, READS))}", path=meta_path)
     frames = {}
     for t, cols in TABLES.items():
         p = run_dir / f"{t}.csv"
-        rows = read_table(p, f"{SCHEMA}/{t}", (VERSION,), cols)[1] if p.exists() else []
-        frames[t] = _frame(t, rows)
+        old = version == 1 and t in _ADDED
+        want = tuple(c for c in cols if c not in _ADDED[t]) if old else cols
+        rows = read_table(p, f"{SCHEMA}/{t}", (version,), want)[1] if p.exists() else []
+        frames[t] = _upgrade(t, _frame(t, rows, want)) if old else _frame(t, rows)
     return RunRecord(meta, **frames)
+
+
+def _upgrade(table: str, df: pd.DataFrame) -> pd.DataFrame:
+    """A version-1 frame with version 2's columns."""
+    df = df.assign(replica=0)
+    if table == "steps":
+        prefill = df["kind"] == "prefill"
+        df = df.assign(tokens=(df["rows"] * df["padded_len"]).where(prefill, 0),
+                       attn=(df["rows"] * df["padded_len"] ** 2).where(prefill, 0))
+    return df[list(TABLES[table])]

@@ -2,7 +2,8 @@
 
 QKV and gate/up projections are fused into one matmul each; RoPE and the K/V store are one kernel;
 residual add and RMSNorm are one kernel. Prefill and decode run the same layer stack and differ only
-in attention: prefill runs dense causal attention over the padded group, decode reads the pool.
+in attention: prefill runs causal attention within each of the step's packed sequences (engine/kernels/
+prefill_attention.py), decode reads the pool.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .kernels import add_rms_norm, rms_norm, rope_cos_sin, rope_kv, silu_mul
+from .kernels.prefill_attention import default_block_m, plan, prefill_attention
 from .weights import LoadedModel
 
 
@@ -85,18 +87,17 @@ class PagedQwen2:
         flat = ids.reshape(-1).to(self.device)
         positions = torch.arange(width, device=self.device).repeat(g)
         last = torch.arange(width - 1, g * width, width, device=self.device)
+        block_m = default_block_m(self.device)
+        p = plan([width] * g, block_m)
+        start, length, bseq, bq = (torch.from_numpy(a).to(self.device) for a in (p.seq_start, p.seq_len, p.block_seq,
+                                                                                  p.block_q))
         return self.forward(flat, positions, torch.full_like(flat, -1), scratch, scratch,
-                            self.prefill_attend(g, width), last)
+                            self.prefill_attend(start, length, bseq, bq, block_m), last)
 
-    def prefill_attend(self, groups: int, width: int) -> Attend:
-        """Dense causal attention over `groups` rows padded to `width` tokens.
-
-        Padding sits after each prompt, so causal attention alone keeps every real token from seeing it and
-        the flash kernel needs no mask; the work is the full groups x width square either way.
-        """
+    def prefill_attend(self, seq_start: torch.Tensor, seq_len: torch.Tensor, block_seq: torch.Tensor,
+                       block_q: torch.Tensor, block_m: int) -> Attend:
+        """Causal attention within each packed sequence (seq_start, seq_len), over the kernel's work list."""
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            def heads(t):
-                return t.view(groups, width, -1, self.head_dim).transpose(1, 2)
-            o = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True, enable_gqa=True)
-            return o.transpose(1, 2).reshape(groups * width, self.hq * self.head_dim)
+            o = prefill_attention(q, k, v, seq_start, seq_len, block_seq, block_q, self.scale, block_m=block_m)
+            return o.view(q.shape[0], self.hq * self.head_dim)
         return attend

@@ -1,0 +1,60 @@
+"""Making a planned run on the engine (the only part of calibration that imports torch, and only when called).
+
+A run is replayed as a closed trace through the engine's own `run`, and its step log is what is kept: per
+repetition, every prefill step's shape and duration; for decode runs, the last repetition's decode steps.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from .plan import Run
+
+
+def identity(cfg) -> dict:
+    """What a measurement depends on, known before the engine starts: a resume must match it exactly, down to
+    the physical GPU.
+
+    Checks the device first (no GPU, or not the --expect-gpu one), so a wrong machine is refused before any work.
+    """
+    from engine.engine import check_device, device_info
+    from traces.model_spec import config_hash
+    from traces.provenance import versions
+
+    device = device_info(check_device(cfg))
+    return {"device": device["name"], "gpu_uuid": device.get("uuid"), "model": cfg.spec["name"],
+            "config_hash": config_hash(cfg.spec), "dtype": cfg.dtype,
+            "weights": f"checkpoint:{Path(cfg.checkpoint).resolve()}" if cfg.checkpoint else f"random(seed={cfg.seed})",
+            "block_size": cfg.block_size, "max_batch": cfg.max_batch, "max_prompt": cfg.max_prompt,
+            "max_budget": cfg.max_budget, **versions(("torch", "triton", "transformers"))}
+
+
+def measure(engine, run: Run) -> dict:
+    """Make `run` on the engine and keep what the points need from its step log.
+
+    Each repetition writes a real run record to a scratch directory: retirement's cost is writing the finished
+    requests' records, and a calibration that kept them in memory would measure a cheaper retirement than a
+    real run pays.
+    """
+    from traces.workload import length_trace
+
+    trace = length_trace([(0.0, p, run.budget) for p in run.prompts], {"kind": "calibration", "label": run.label})
+    prefill, decode = [], []
+    for i in range(run.count):
+        with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
+            rec = engine.run(trace, Path(tmp) / "run", backend=run.backend, policy=run.policy, progress=False)
+        pre, dec = rec.steps[rec.steps.kind == "prefill"], rec.steps[rec.steps.kind == "decode"]
+        if pre.admitted.iloc[0] != run.width or (dec.rows != run.width).any():
+            raise RuntimeError(f"{run.label}: the engine did not admit the run as one group of {run.width} "
+                               f"(admitted {pre.admitted.tolist()}); is its KV pool too small?")
+        if i >= run.warmup:
+            prefill.append([[int(s.rows), int(s.tokens), int(s.attn), float(s.end - s.start)]
+                            for s in pre.itertuples()])
+            decode.append(dec)
+    if run.kind.endswith("prefill"):
+        return {"prefill": prefill}
+    if run.kind == "stationary-decode":
+        return {"first": (decode[0].end - decode[0].start).tolist(), "again": (decode[1].end - decode[1].start).tolist()}
+    steps = decode[-1]
+    return {"kv_tokens": steps.kv_tokens.astype(int).tolist(), "kv_max": steps.kv_max.astype(int).tolist(),
+            "start": steps.start.tolist(), "end": steps.end.tolist()}

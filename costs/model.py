@@ -1,0 +1,153 @@
+"""The cost model: the duration of any step shape, from a cost table's fit.
+
+- Prefill (a PrefillShape: rows, positions computed, causal attention work): a smooth surface from the engine's
+  two regimes. Small steps are bound by a floor (launches, the host's work per step) that grows a little with
+  the rows; large ones by the GPU's work, linear in the positions computed and in the attention work:
+  g = base + per_token * tokens + per_token2 * tokens * span, span = attn / tokens (a padded group's padded
+  length; a whole prompt's own length). The step costs the smooth maximum of the two, (floor^k + g^k)^(1/k).
+  The assumption that carries it to policies the table did not measure: a step's cost depends on its rows, the
+  positions it computes and the attention work among them, and not on how they are split into sequences. A
+  padded group of w prompts padded to n is w rows, w*n positions and w*n^2 work; the same prompts at their true
+  lengths (packed) are w rows, sum(n_i) positions and sum(n_i^2) work; a chunk of c positions of a prompt whose
+  first p positions are already in the pool is one row, c positions and c*(c + 2p) work.
+- Decode (rows, K/V tokens, longest row): the step a uniform batch would take at the longest row's length, less
+  what the shorter rows save: t = uniform(rows, kv_max) - per_token * (rows * kv_max - kv_tokens). The uniform
+  cost is interpolated piecewise-linearly in the length through measured knots, per measured row count; row
+  counts between measured ones interpolate their neighbours.
+- Overhead: the extra cost of a decode step per row it retires (their records are written then).
+- Spread: the log-normal sigma of step times around the median, for the simulator's optional noise.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from functools import lru_cache
+
+import numpy as np
+
+from traces.errors import InputError
+
+from .shapes import PrefillShape
+from .table import PREFILL_PARAMS, CostTable
+
+
+class ExtrapolationWarning(UserWarning):
+    pass
+
+
+def prefill_time(params, rows, tokens, span):
+    """The fitted prefill surface (numbers or numpy arrays); params in PREFILL_PARAMS order."""
+    floor_s, floor_per_row_s, base_s, per_token_s, per_token2_s, k = params
+    gpu = base_s + per_token_s * tokens + per_token2_s * tokens * span
+    floor = floor_s + floor_per_row_s * rows
+    top = np.maximum(floor, gpu)  # scaled by the larger term so that no power overflows
+    return top * ((floor / top) ** k + (gpu / top) ** k) ** (1 / k)
+
+
+def interp(knots: list[list[float]], length):
+    """Piecewise-linear in the length through the knots, extended along the end segments."""
+    x = np.array([k[0] for k in knots], float)
+    y = np.array([k[1] for k in knots], float)
+    if len(x) == 1:
+        return np.full_like(np.asarray(length, float), y[0])
+    length = np.asarray(length, float)
+    lo = y[0] + (length - x[0]) * (y[1] - y[0]) / (x[1] - x[0])
+    hi = y[-1] + (length - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2])
+    return np.where(length < x[0], lo, np.where(length > x[-1], hi, np.interp(length, x, y)))
+
+
+def prefill_ranges(table: CostTable) -> dict[str, list[float]]:
+    """The measured range of rows, tokens and span, read from either table version's fit."""
+    p = table.fit["prefill"]
+    if "widths" in p:  # version 1: padded groups, width x padded length
+        (w0, w1), (n0, n1) = p["widths"], p["lengths"]
+        return {"rows": [w0, w1], "tokens": [w0 * n0, w1 * n1], "span": [n0, n1]}
+    return {k: p[k] for k in ("rows", "tokens", "span")}
+
+
+class CostModel:
+    """Step durations in seconds from a checked cost table's fit."""
+
+    def __init__(self, table: CostTable | dict, strict: bool = False):
+        if isinstance(table, dict):  # a table's JSON object (synthetic, or edited in memory): identified by its
+            from .table import as_cost_table, table_id  # content and checked, here
+            table = as_cost_table({**table, "table_id": table_id(table)})
+        self.table = table
+        self.strict = strict
+        p = table.fit["prefill"]
+        self._prefill_params = tuple(p[k] for k in PREFILL_PARAMS)
+        self._ranges = prefill_ranges(table)
+        self.prefill_sigma = p["sigma"]
+        self._decode = table.fit["decode"]
+        self.decode_sigma = {b: d["sigma"] for b, d in self._decode.items()}
+        self.retire_s = table.retire_s
+        self.backends = tuple(self._decode)
+        self._warned: set[str] = set()
+        self._prefill = lru_cache(maxsize=65536)(self._prefill_cost)
+
+    def _outside(self, what: str) -> None:
+        if self.strict:
+            raise InputError(f"{what} is outside the cost table's measured range (strict mode)")
+        key = what.split(" ")[0]
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"{what} is outside the cost table's measured range; extrapolating "
+                          f"(the fitted model's own form)", ExtrapolationWarning, stacklevel=4)
+
+    def prefill(self, shape: PrefillShape) -> float:
+        """One prefill step of this shape."""
+        return self._prefill(shape.rows, shape.tokens, shape.attn)
+
+    def _prefill_cost(self, rows: int, tokens: int, attn: int) -> float:
+        span = attn / tokens
+        r = self._ranges
+        if rows > r["rows"][1] or tokens > r["tokens"][1] or span > r["span"][1]:
+            self._outside(f"prefill of {rows} rows x {tokens} tokens (span {span:.0f})")
+        return float(prefill_time(self._prefill_params, rows, tokens, span))
+
+    def decode(self, backend: str, rows: int, kv_tokens, kv_max):
+        """One decode step of `rows` rows holding `kv_tokens` K/V tokens in all, `kv_max` in the longest
+        (numbers, or arrays of them for a stretch of steps)."""
+        d = self._decode.get(backend)
+        if d is None:
+            raise InputError(f"the cost table has no decode costs for backend {backend!r} "
+                             f"(it has {', '.join(self.backends)})")
+        r = d["rows"]
+        if rows > r[-1] or rows < r[0]:
+            self._outside(f"decode rows {rows}")
+        kv_tokens, kv_max = np.asarray(kv_tokens, float), np.asarray(kv_max, float)
+        top = max(k[-1][0] for k in d["knots"])
+        if np.max(kv_max) > 1.05 * top:
+            self._outside(f"decode K/V of {int(np.max(kv_max))} tokens in the longest row")
+
+        short = rows * kv_max - kv_tokens  # tokens the shorter rows lack next to a uniform batch at the longest
+
+        def at(i: int):
+            return interp(d["knots"][i], kv_max) - d["per_token_s"][i] * short
+        if len(r) == 1:
+            return at(0)
+        # Between two measured row counts, weigh their two predictions.
+        i = int(np.clip(np.searchsorted(r, rows), 1, len(r) - 1))
+        w = (rows - r[i - 1]) / (r[i] - r[i - 1])
+        return at(i - 1) * (1 - w) + at(i) * w
+
+    def check_positive(self, path=None) -> None:
+        """Refuse a table whose fitted steps are not positive, finite durations over its own range."""
+        t = self.table
+        lengths = np.unique(np.geomspace(1, t.max_tokens, 24).round())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExtrapolationWarning)
+            for b in self.backends:
+                for rows in range(1, t.max_batch + 1):
+                    for kv_tokens in (lengths + rows - 1, rows * lengths):  # one long row and short ones; uniform
+                        d = np.asarray(self.decode(b, rows, kv_tokens, lengths))
+                        if not np.all(np.isfinite(d) & (d > 0)):
+                            bad = int(lengths[np.argmin(np.where(np.isfinite(d), d, -np.inf))])
+                            raise InputError(f"its fitted {b} decode step is not a positive duration at {rows} rows "
+                                             f"with a longest row of {bad} tokens: the fit is broken", path=path)
+            for rows in (1, t.max_batch):
+                for n in (1, t.max_tokens):
+                    d = self._prefill_cost(rows, rows * n, rows * n * n)
+                    if not (math.isfinite(d) and d > 0):
+                        raise InputError(f"its fitted prefill of {rows} x {n} tokens is not a positive duration",
+                                         path=path)

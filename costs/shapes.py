@@ -1,0 +1,61 @@
+"""Step shapes: the few numbers that set what one engine step costs, computed in one place.
+
+A decode step is priced by its rows, the K/V tokens they hold and the longest row; a prefill step by its
+rows, the token positions it computes and the causal attention work among them. The scheduler builds these
+shapes, the engine records them, the cost model prices them and calibration measures them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+BACKENDS = ("paged", "padded")
+
+
+def kv_read(backend: str, rows: int, kv_tokens, kv_max):
+    """K/V tokens a decode step's attention reads: true lengths (paged) or every row at the widest (padded).
+
+    Numbers or numpy arrays (a stretch of steps)."""
+    return kv_tokens if backend == "paged" else rows * kv_max
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """One decode step: `rows` rows holding `kv_tokens` K/V tokens in all and `kv_max` in the longest, each
+    counting the token the row writes in this step (it attends to itself)."""
+
+    rows: int
+    kv_tokens: int
+    kv_max: int
+
+    def after(self, steps: int) -> "DecodeShape":
+        """The shape `steps` steps later: every row has written one more token a step."""
+        return DecodeShape(self.rows, self.kv_tokens + self.rows * steps, self.kv_max + steps)
+
+
+@dataclass(frozen=True)
+class PrefillShape:
+    """One prefill step: `rows` sequences computing `tokens` positions in all, with `attn` the causal attention
+    work: the sum over sequences of n * (n + 2p) for n positions computed after p already in the pool (n^2 for
+    a whole prompt: every position attends to itself and the ones before it, about n^2 / 2 pairs, counted
+    twice so that a whole prompt's work is the square of its length)."""
+
+    rows: int
+    tokens: int
+    attn: int
+
+    @property
+    def span(self) -> float:
+        """Attention work per computed position: a whole prompt's own length; a padded group's padded length."""
+        return self.attn / self.tokens
+
+    @classmethod
+    def of(cls, computed: Sequence[int], prefix: Sequence[int] | None = None) -> "PrefillShape":
+        """The shape of sequences computing `computed[i]` positions after `prefix[i]` already in the pool."""
+        prefix = prefix or [0] * len(computed)
+        return cls(len(computed), int(sum(computed)), int(sum(n * (n + 2 * p) for n, p in zip(computed, prefix))))
+
+    @classmethod
+    def padded(cls, width: int, padded_len: int) -> "PrefillShape":
+        """`width` prompts padded to `padded_len`: every row computes the whole padded length."""
+        return cls(width, width * padded_len, width * padded_len * padded_len)

@@ -1,0 +1,191 @@
+"""The simulator: the engine's own step loop (engine/step_loop.py) in a SimPy process, with step durations from
+a cost model instead of a GPU.
+
+The scheduler, block pool, recorder and loop are the engine's own, so admission, grouping, the prefill policy
+and retirement are the engine's decisions; only how long a step takes is modelled, by SimTimer.
+
+Fast-forward. Between two points where the scheduler has something to decide (a row finishing, a chunk step
+due, an arrival that could be admitted), the decode rows cannot change, so SimTimer prices the whole stretch of
+decode steps at once with numpy and the loop's clock jumps to its end in one SimPy timeout. When the next arrival
+would be admitted, the stretch stops at the first step that ends at or after it, where the engine would admit
+it. The arithmetic is the one-step arithmetic done in order (the times are a cumulative sum that starts from the
+stretch's start), so a fast-forwarded run is identical, bit for bit, to one stepped one step at a time.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import simpy
+
+from costs.model import CostModel
+from costs.shapes import DecodeShape
+from engine.block_pool import BlockPool, unbounded_pool
+from engine.recorder import Recorder
+from engine.scheduler import PADDED, PrefillPolicy, PrefillWork, Scheduler, Seq
+from engine.step_loop import StepLoop, TraceArrivals
+from traces.errors import InputError
+from traces.records import RunRecord, RunWriter
+from traces.workload import Trace
+
+# What a run keeps: "summary" the requests and prefill steps (all the metrics need), "steps" every step,
+# "tokens" every step and every token's time.
+DETAILS = ("summary", "steps", "tokens")
+
+
+class DerivedCostWarning(UserWarning):
+    pass
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    backend: str = "paged"
+    max_batch: int = 32
+    pool_blocks: int | None = None  # None: enough that the pool never binds (engine.block_pool.unbounded_pool)
+    detail: str = "summary"
+    fast_forward: bool = True
+    noise_seed: int | None = None  # None: deterministic step times; else seeded log-normal noise
+    policy: PrefillPolicy = field(default=PADDED)
+
+    def __post_init__(self):
+        if self.detail not in DETAILS:
+            raise ValueError(f"detail must be one of {DETAILS}, got {self.detail!r}")
+
+
+@dataclass
+class SimResult:
+    record: RunRecord
+    pool_blocks: int
+    steps: int  # prefill and decode steps simulated
+    passes: int  # engine-loop passes, one SimPy timeout each; fewer than steps thanks to fast-forward
+    wall_s: float
+
+    @property
+    def events(self) -> int:
+        """Requests plus steps: the work a run simulates, whatever its detail level or fast-forward."""
+        return len(self.record.requests) + len(self.record.rejected) + self.steps
+
+
+class _Noise:
+    """Log-normal step-time factors by step number, drawn in fixed chunks, so a fast-forwarded stretch and
+    single steps get the same factor for the same step."""
+
+    CHUNK = 4096
+
+    def __init__(self, seed: int, stream: int, sigma: float):
+        self._rng = np.random.default_rng([seed, stream])
+        self._sigma = sigma
+        self._buf = np.empty(0)
+        self._base = 0  # step number of _buf[0]
+
+    def factors(self, start: int, k: int) -> np.ndarray:
+        while start + k > self._base + len(self._buf):
+            keep = self._buf[max(0, start - self._base):]
+            self._base += len(self._buf) - len(keep)
+            self._buf = np.concatenate((keep, self._rng.lognormal(0.0, self._sigma, self.CHUNK)))
+        return self._buf[start - self._base:start - self._base + k]
+
+
+class SimTimer:
+    """Step durations from the cost model on an exact clock of its own (SimPy's may round a sum differently)."""
+
+    def __init__(self, cost: CostModel, backend: str, fast_forward: bool = True, noise_seed: int | None = None):
+        self.cost, self.backend, self.fast_forward = cost, backend, fast_forward
+        self.t = 0.0
+        self.prefills = self.decodes = 0
+        self.noise = None
+        if noise_seed is not None:
+            self.noise = (_Noise(noise_seed, 0, cost.prefill_sigma), _Noise(noise_seed, 1, cost.decode_sigma[backend]))
+
+    def now(self) -> float:
+        return self.t
+
+    def wait_until(self, t: float) -> None:
+        if t > self.t:
+            self.t = t
+
+    def prefill(self, work: PrefillWork, start: float) -> tuple[None, float]:
+        d = self.cost.prefill(work.shape)
+        if self.noise:
+            d *= float(self.noise[0].factors(self.prefills, 1)[0])
+        self.prefills += 1
+        self.t = start + d
+        return None, self.t
+
+    def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int, stop: float):
+        k = limit if self.fast_forward else 1
+        j = np.arange(k)
+        n = shape.rows
+        d = self.cost.decode(self.backend, n, shape.kv_tokens + n * j, shape.kv_max + j)
+        if self.noise:
+            d = d * self.noise[1].factors(self.decodes, k)
+        ends = np.cumsum(np.concatenate(([start], np.broadcast_to(d, (k,)))))[1:]  # start + d0 + d1 + ..., in order
+        if stop <= ends[-1]:
+            ends = ends[:int(np.searchsorted(ends, stop, side="left")) + 1]
+        self.decodes += len(ends)
+        ends = ends.tolist()
+        self.t = ends[-1]
+        return None, ends
+
+    def retired(self, n: int) -> None:
+        self.t = self.t + self.cost.retire_s * n  # writing each finished row's records costs the engine this
+
+
+def check_policy(cost: CostModel, policy: PrefillPolicy, strict: bool) -> None:
+    """A table that never measured the policy's step shapes prices them with the derived model (costs/model.py):
+    said once as a warning, or refused in strict mode."""
+    if policy.name in cost.table.policies:
+        return
+    what = (f"cost table {cost.table.table_id} has no measured {policy.name} prefill steps; pricing them with the "
+            f"model fitted to its {', '.join(cost.table.policies)} steps (same rows, positions and attention work)")
+    if strict:
+        raise InputError(what + " is refused in strict mode")
+    warnings.warn(what, DerivedCostWarning, stacklevel=3)
+
+
+def simulate(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
+             on_finish: Callable[[int], None] | None = None) -> SimResult:
+    """Run `trace` through the engine's scheduler and step loop on simulated time; the record has the engine's
+    schema.
+
+    Requests the scheduler refuses are recorded as rejected and the run goes on (as on the engine); check a
+    trace up front with sim.inputs.check_trace to refuse it instead. `on_finish(n)` is called as rows retire.
+    """
+    table = cost.table
+    if cfg.backend not in table.backends:
+        raise InputError(f"{table.summary()} has no decode costs for backend {cfg.backend!r} "
+                         f"(it has {', '.join(table.backends)})")
+    check_policy(cost, cfg.policy, cost.strict)
+    if not trace.requests:
+        raise InputError("the trace has no requests")
+    t0 = time.perf_counter()
+    pool_blocks = cfg.pool_blocks or unbounded_pool(trace.requests, cfg.max_batch, table.block_size)
+    # The engine's run metadata, with the cost table standing in for the device it was measured on.
+    run_meta = {"kind": "sim", "backend": cfg.backend, "prefill": str(cfg.policy), "trace_id": trace.trace_id,
+                "trace": trace.meta, "max_batch": cfg.max_batch, "pool_blocks": pool_blocks,
+                "block_size": table.block_size, "max_tokens": table.max_tokens, "model": table.model,
+                "device": table.device, "table_id": table.table_id,
+                "sim": {"detail": cfg.detail, "fast_forward": cfg.fast_forward, "noise_seed": cfg.noise_seed,
+                        "strict": cost.strict}}
+    tables = ("requests", "steps", "rejected") + (("tokens",) if cfg.detail == "tokens" else ())
+    writer = RunWriter(None, run_meta, tables)
+    recorder = Recorder(writer, cfg.backend, tokens=cfg.detail == "tokens", decode_steps=cfg.detail != "summary")
+    sched = Scheduler(cfg.max_batch, BlockPool(pool_blocks, table.block_size), table.max_tokens, cfg.policy)
+    timer = SimTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed)
+    loop = StepLoop(sched, recorder, timer, TraceArrivals(trace.requests), on_finish)
+    env = simpy.Environment()
+    env.process(_process(env, loop, timer))
+    env.run()
+    steps = timer.prefills + timer.decodes
+    writer.close(sim_steps=steps, sim_passes=loop.passes)
+    return SimResult(writer.record(), pool_blocks, steps, loop.passes, time.perf_counter() - t0)
+
+
+def _process(env: simpy.Environment, loop: StepLoop, timer: SimTimer):
+    """The loop as a SimPy process: each time it yields, simulated time moves to it."""
+    for t in loop.run():
+        yield env.timeout(max(0.0, t - env.now))
+        timer.wait_until(t)

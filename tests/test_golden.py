@@ -1,0 +1,71 @@
+"""The simulator's records, bit for bit, against those the first version made on the same inputs.
+
+tests/data/sim_golden.json holds digests of the requests, steps and token times that version 1 of the simulator
+(before the one step loop, the costs package and the speed work) wrote for these five runs on the first shipped
+H200 table (tests/data/h200-v1-59e02847ee9daee8.json, a version-1 table: it also shows old tables still read).
+Any change to a decision or an addition order shows here as a different digest.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costs.model import CostModel
+from costs.table import StationarityWarning, load_cost_table
+from engine.block_pool import blocks_for_gib
+from sim.simulator import SimConfig, simulate
+from traces.workload import closed_mixed, length_trace, poisson_trace
+
+DATA = Path(__file__).resolve().parent / "data"
+REQUESTS = ("request_id", "arrival", "admitted", "admit_step", "group_id", "group_size", "first_token", "finished",
+            "prompt_tokens", "output_tokens", "blocks")
+STEPS = ("step", "kind", "rows", "padded_len", "prompt_tokens", "kv_tokens", "kv_max", "kv_read", "start", "end",
+         "group_id", "admitted", "retired")
+
+
+def _arbitrary() -> list[tuple[float, int, int]]:
+    rng = np.random.default_rng(7)
+    return [(float(a), int(p), int(b)) for a, p, b in zip(np.cumsum(rng.exponential(1 / 25, 300)),
+                                                          rng.integers(1, 4097, 300), rng.integers(1, 257, 300))]
+
+
+CASES = {
+    "paged32-rate30": (lambda: poisson_trace(30, 400, 0), dict(backend="paged", max_batch=32)),
+    "padded16-0.5gib-rate20-seed1": (lambda: poisson_trace(20, 400, 1),
+                                     dict(backend="padded", max_batch=16, pool_blocks=blocks_for_gib(0.5))),
+    "paged32-1gib-rate60-noise3": (lambda: poisson_trace(60, 400, 2),
+                                   dict(backend="paged", max_batch=32, pool_blocks=blocks_for_gib(1), noise_seed=3)),
+    "closed-mixed-64-through-8": (lambda: closed_mixed(64, 0), dict(backend="paged", max_batch=8)),
+    "arbitrary-lengths-rate25": (lambda: length_trace(_arbitrary()), dict(backend="paged", max_batch=32)),
+}
+
+
+def _digest(df, cols) -> str:
+    h = hashlib.sha256()
+    for row in df[list(cols)].itertuples(index=False, name=None):
+        h.update(repr(tuple(float(x) if not isinstance(x, str) else x for x in row)).encode())
+    return h.hexdigest()[:20]
+
+
+@pytest.fixture(scope="module")
+def cost() -> CostModel:
+    with pytest.warns(StationarityWarning, match="no stationarity check"):
+        return CostModel(load_cost_table(DATA / "h200-v1-59e02847ee9daee8.json"))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_records_are_bit_identical_to_the_first_simulator(cost, name):
+    want = json.loads((DATA / "sim_golden.json").read_text())[name]
+    make, cfg = CASES[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # extrapolation notices of the old table
+        rec = simulate(make(), cost, SimConfig(detail="tokens", **cfg)).record
+    got = {"requests": _digest(rec.requests, REQUESTS), "steps": _digest(rec.steps, STEPS),
+           "tokens": _digest(rec.tokens, ("request_id", "index", "time")), "n_steps": len(rec.steps),
+           "finished_last": float(rec.requests.finished.max())}
+    assert got == want

@@ -1,0 +1,103 @@
+"""`python -m validate plan|real|report`: grade the simulator against the real engine, blind.
+
+plan (CPU) chooses the points from the simulator's sweeps of a frozen cost table and writes each point's prediction
+into plan.json; real (GPU) runs them on the engine and writes one run record per point and repeat under real/;
+report (CPU) puts the plan's predictions beside the measured runs and writes report.md, points.csv and a figure.
+Nothing already written is replaced unless --force says so; a problem is one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from traces.cli import count_arg, seed_arg
+from traces.errors import InputError
+
+GROUPS = ("public", "policies")
+
+
+def _shard(text: str) -> tuple[int, int]:
+    i, _, n = text.partition("/")
+    if not (i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not I/N with 1 <= I <= N")
+    return int(i) - 1, int(n)
+
+
+def _skip(text: str) -> tuple[str, ...]:
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [n for n in names if n not in GROUPS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown group(s) {bad}; choose from {', '.join(GROUPS)}")
+    return names
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m validate", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = top.add_subparsers(dest="step", required=True, metavar="STEP")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--out", type=Path, default=Path("results/validation"), help="directory (default %(default)s)")
+
+    pred = sub.add_parser("predict", help="predict what each prefill policy buys, before the engine has it (CPU)")
+    pred.add_argument("--out", type=Path, default=Path("results/predictions"), help="directory (default %(default)s)")
+    pred.add_argument("--table", type=Path, help="the cost table to predict from (default: the shipped H200 table)")
+    pred.add_argument("--azure", type=Path, metavar="CSV", help="the Azure LLM inference trace (conversation) CSV")
+    pred.add_argument("--n", type=count_arg, default=400, help="requests per arrival point (default %(default)s)")
+    pred.add_argument("--seed", type=seed_arg, default=0, help="workload seed (default %(default)s)")
+    pred.add_argument("--force", action="store_true", help="replace existing predictions")
+
+    plan = sub.add_parser("plan", parents=[common], help="choose the points and write their predictions (CPU)")
+    plan.add_argument("--table", type=Path, help="the frozen cost table (default: the shipped H200 table)")
+    plan.add_argument("--n", type=count_arg, default=400, help="requests per arrival point (default %(default)s)")
+    plan.add_argument("--seed", type=seed_arg, default=0, help="workload seed (default %(default)s)")
+    plan.add_argument("--azure", type=Path, metavar="CSV", help="the Azure LLM inference trace (conversation) CSV")
+    plan.add_argument("--sharegpt", type=Path, metavar="CSV", help="the ShareGPT lengths CSV (sarathi-serve's)")
+    plan.add_argument("--skip", type=_skip, default=(), metavar="GROUP,...",
+                      help=f"leave out point groups ({', '.join(GROUPS)}); the plan records what it left out")
+    plan.add_argument("--sag", type=Path, metavar="JSON", help="sag candidates to run (results/sag/candidates.json)")
+    plan.add_argument("--force", action="store_true", help="replace an existing plan")
+
+    real = sub.add_parser("real", parents=[common], help="run the plan's points on the engine (GPU; resumes)")
+    real.add_argument("--expect-gpu", metavar="NAME", help="refuse any other device, e.g. 'NVIDIA H200'")
+    real.add_argument("--only", metavar="ID1,ID2", type=lambda t: [x for x in t.split(",") if x],
+                      help="run only these points")
+    real.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
+                      help="run the I-th of N shares of the plan's engines (one process per GPU)")
+
+    report = sub.add_parser("report", parents=[common], help="predicted beside measured (CPU)")
+    report.add_argument("--table", type=Path, help="the plan's cost table (default: the shipped H200 table)")
+    report.add_argument("--force", action="store_true", help="replace an existing report")
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *_, **__: print(f"validate: warning: {message}", file=sys.stderr)
+        try:
+            if args.step == "predict":
+                from .predict import make_predictions
+                doc = make_predictions(args.table, args.out, azure=args.azure, n=args.n, seed=args.seed,
+                                       force=args.force)
+                print(f"wrote {args.out / 'predictions.json'} and predictions.md: {len(doc['points'])} points")
+            elif args.step == "plan":
+                from .plan import make_plan
+                points = make_plan(args.table, args.out, n=args.n, seed=args.seed, azure=args.azure,
+                                   sharegpt=args.sharegpt, skip=args.skip, sag=args.sag, force=args.force)
+                print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
+                for p in points:
+                    print(f"  {p.id:40s} {p.role:10s} {p.backend} {p.prefill} rows {p.max_batch} "
+                          f"pool {p.pool_gib or 'engine'} x{p.repeats}" + (f" after {p.warmup} warm-up" if p.warmup else "")
+                          + (" (fresh engine)" if p.fresh else ""))
+            elif args.step == "real":
+                from .real import run_real
+                run_real(args.out, args.expect_gpu, args.only, args.shard)
+            else:
+                from .report import write_report
+                print(f"wrote {write_report(args.out, args.table, force=args.force)}")
+        except InputError as e:
+            print(f"validate: error: {e}", file=sys.stderr)
+            return 2
+    return 0

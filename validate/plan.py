@@ -1,0 +1,177 @@
+"""The validation plan: which real runs grade the simulator, chosen from the simulator's own sweeps of a frozen
+cost table, with every point's prediction written down before any of them runs.
+
+The protocol (README, "Validation is blind"): the table's id and creation time go into the plan; the predictions
+are made here, from that table, before the engine runs a single point; the report refuses real runs made before
+the table existed or planned against another table. A plan is never overwritten unless asked (--force), and a
+group of points is never left out without the plan saying so.
+
+Points: the seeded curve (below, near and past capacity), a small pool, closed controls; public traces with
+arbitrary lengths (an Azure conversation window at three rates and a ShareGPT-lengths Poisson trace at two), each
+on the first pass of a freshly started engine; each prefill policy besides padded (a closed control, three rates,
+the Azure window); and the sag candidates of a sag search, when given.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from costs.model import CostModel
+from engine.scheduler import PrefillPolicy
+from sim import inputs
+from sim.simulator import SimConfig, simulate
+from sim.sweep import Config, Workload, run_sweep
+from traces.csvio import atomic_write_text
+from traces.errors import InputError
+from traces.importers import ImportOptions, import_azure
+from traces.metrics import closed_run, summary, token_gaps
+from traces.provenance import provenance
+from traces.trace_io import write_trace
+from traces.workload import Trace
+
+from .points import Point, build_trace
+
+POLICIES = ("packed", "chunked:512")
+ENGINE_START_S = 40.0  # for the time estimate only
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.2g}")
+
+
+def capacity(table, config: Config, workload: Workload) -> float:
+    """The simulator's highest stable rate for `config`, from a fine sweep around its saturated estimate."""
+    res, _ = run_sweep(table, [config], None, workload, progress=False, jobs=1)
+    rough = res[0].bracket[0] or res[0].estimate
+    fine, _ = run_sweep(table, [config], list(np.round(np.geomspace(0.5 * rough, 2.5 * rough, 24), 2)), workload,
+                        progress=False, jobs=1)
+    lo, _ = fine[0].bracket
+    return lo or fine[0].rates[0]
+
+
+def predict(table, p: Point, trace: Trace) -> dict:
+    """The simulator's summary of point p (a pool that never binds stands for the engine's own large pool)."""
+    from engine.block_pool import blocks_for_gib
+
+    pool = blocks_for_gib(p.pool_gib, table.block_size) if p.pool_gib else None
+    cfg = SimConfig(p.backend, p.max_batch, pool, detail="tokens" if p.tokens else "steps",
+                    policy=PrefillPolicy.parse(p.prefill))
+    rec = simulate(trace, CostModel(table), cfg).record
+    rate = trace.meta.get("rate") or trace.offered_rate
+    s = summary(rec, rate)
+    if rate is None:
+        s.update(closed_run(rec))
+    if p.tokens:
+        g = token_gaps(rec)
+        s.update(largest_gap_s=float(g["spike_gap_max"]) if g["n_spikes"] else float(g["baseline_p50"]))
+    return {k: (None if isinstance(v, float) and v != v else v) for k, v in s.items()}
+
+
+def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0, azure: Path | None = None,
+              sharegpt: Path | None = None, skip: tuple[str, ...] = (), sag: Path | None = None,
+              force: bool = False) -> list[Point]:
+    """Points chosen the way a user would: from the simulator's own sweep of the table."""
+    out = Path(out)
+    if (out / "plan.json").exists() and not force:
+        raise InputError("already holds a validation plan; its real runs were graded against it. Choose another "
+                         "--out, or pass --force to replace it", path=out / "plan.json")
+    for group, path in (("public", azure), ("public", sharegpt)):
+        if group not in skip and path is None:
+            raise InputError("the public-trace points need --azure PATH and --sharegpt PATH (the Azure conversation "
+                             "trace and the ShareGPT lengths CSV); pass --skip public to plan without them, which "
+                             "the plan records")
+        if path is not None and not Path(path).is_file():
+            raise InputError("not found", path=path)
+    table = inputs.load_table(table_path, 64)
+    workload = Workload(n, seed)
+    cap = capacity(table, Config("paged", 32, 64.0), workload)
+    small_cap = capacity(table, Config("paged", 32, 0.5), workload)
+
+    def poisson(rate: float) -> dict:
+        return {"kind": "poisson", "rate": rate, "n": n, "seed": seed}
+
+    points = [Point(f"rate-{_round(f * cap):g}", role, poisson(_round(f * cap)), repeats=2 if role == "near" else 1)
+              for f, role in ((0.5, "below"), (0.8, "below"), (1.0, "near"), (1.3, "past"), (2.0, "past"))]
+    points.append(Point(f"small-pool-rate-{_round(1.5 * small_cap):g}", "small-pool", poisson(_round(1.5 * small_cap)),
+                        pool_gib=0.5))
+    closed = {"closed-p256-32": ({"kind": "closed-uniform", "prompt": "p256", "n": 32, "budget": 256}, 32),
+              "closed-mixed-32": ({"kind": "closed-mixed", "n": 32, "seed": seed}, 32),
+              "closed-mixed-64-through-8": ({"kind": "closed-mixed", "n": 64, "seed": seed}, 8)}
+    points += [Point(i, "closed", t, max_batch=b, warmup=2, repeats=3, tokens=True) for i, (t, b) in closed.items()]
+    traces_dir = out / "traces"
+    window = None
+    if "public" not in skip:
+        window = _azure_window(azure, n)
+        wcap = capacity(table, Config("paged", 32, 64.0), Workload(base=window))
+        for f, role in ((0.6, "below"), (1.0, "near"), (1.5, "past")):
+            points.append(_scaled(window, f * wcap, f"azure-conv-{role}", traces_dir, "public"))
+        from traces.importers import import_lengths  # TODO(merge): top-level once traces has it
+        lengths, _ = import_lengths(sharegpt, "num_prefill_tokens", "num_decode_tokens", rate=1.0, n=n, seed=seed)
+        scap = capacity(table, Config("paged", 32, 64.0), Workload(base=lengths))
+        for f, role in ((0.7, "below"), (1.3, "past")):
+            points.append(_scaled(lengths, f * scap, f"sharegpt-{role}", traces_dir, "public"))
+    if "policies" not in skip:
+        for policy in POLICIES:
+            tag = policy.replace(":", "")
+            pcap = capacity(table, Config("paged", 32, 64.0, policy), workload)
+            points.append(Point(f"{tag}-closed-mixed-32", "policy", closed["closed-mixed-32"][0], warmup=2, repeats=3,
+                                tokens=True, prefill=policy))
+            points += [Point(f"{tag}-rate-{_round(f * pcap):g}", "policy", poisson(_round(f * pcap)), prefill=policy)
+                       for f in (0.6, 1.0, 1.6)]
+            if window is not None:
+                p = _scaled(window, wcap, f"{tag}-azure-conv-near", traces_dir, "policy")
+                p.prefill, p.fresh = policy, False
+                points.append(p)
+    if sag is not None:
+        points += _sag_points(sag)
+    predictions = {p.id: predict(table, p, build_trace(p.trace, out)) for p in points}
+    estimate = _estimate_s(points, predictions)
+    plan = {"table": {"id": table.table_id, "created_at": table.created_at, "device": table.device_name,
+                      "gpu_uuid": table.gpu_uuid, "path": str(table.path)},
+            "planned_at": time.time(), "capacity_sim": cap, "small_pool_capacity_sim": small_cap, "n": n, "seed": seed,
+            "skipped": list(skip), "estimated_gpu_s": estimate,
+            "points": [asdict(p) for p in points], "predictions": predictions, **provenance()}
+    atomic_write_text(out / "plan.json", json.dumps(plan, indent=1, default=float) + "\n")
+    return points
+
+
+def _estimate_s(points: list[Point], predictions: dict) -> float:
+    """GPU seconds the plan's real runs take, by the simulator's own wall times, plus an engine start per fresh
+    point (a closed control's wall time is its whole run)."""
+    runs = sum((p.warmup + p.repeats) * (predictions[p.id]["wall_time_s"] or 0) for p in points)
+    return runs + ENGINE_START_S * max(1, sum(p.fresh for p in points))
+
+
+def _azure_window(azure: Path, n: int) -> Trace:
+    """The first n requests of the Azure conversation trace (its own time; the points scale it)."""
+    full, _ = import_azure(azure, ImportOptions())
+    span = full.requests[n - 1].arrival + 1e-3
+    window, _ = import_azure(azure, ImportOptions(window=(0.0, span)))
+    return window
+
+
+def _scaled(base: Trace, rate: float, name: str, traces_dir: Path, role: str) -> Point:
+    rate = _round(rate)
+    trace = inputs.at_rate(base, rate)
+    path = traces_dir / f"{name}.csv"
+    write_trace(trace, path)
+    return Point(f"{name}-{rate:g}", role, {"kind": "file", "path": str(path.relative_to(traces_dir.parent))},
+                 fresh=role == "public")
+
+
+def _sag_points(path: Path) -> list[Point]:
+    """The sag search's candidates (results/sag/candidates.json): each a configuration and its rates."""
+    try:
+        cands = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"cannot read the sag candidates ({e})", path=path) from None
+    points = []
+    for c in cands:
+        for rate in c["rates"]:
+            points.append(Point(f"sag-{c['name']}-rate-{rate:g}", "sag", {**c["trace"], "rate": rate},
+                                max_batch=c["max_batch"], pool_gib=c.get("pool_gib"), prefill=c.get("prefill", "padded")))
+    return points

@@ -1,0 +1,98 @@
+"""Predictions of what a prefill policy buys, made by the simulator from a cost table before the engine has the
+policy: the forecast that real runs grade later (validate/report.py).
+
+For each policy (padded, and the ones to predict) at the same seeded workload: the closed mixed 32-row run (wall
+time, first-token time, the largest gap between an incumbent's consecutive tokens), arrival runs at three rates
+around that policy's own simulated capacity (served rate, queue wait p50, TTFT p50/p95, largest gap), and the Azure
+conversation window at the policy's capacity for it. The table need not have measured the policy's step shapes:
+the cost model prices them from the shapes it did measure (costs/model.py states the assumption), and the file
+says so. The points (traces and rates) are fixed here, so the validation plan runs exactly these.
+"""
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+from costs.model import CostModel
+from engine.scheduler import PrefillPolicy
+from sim import inputs
+from sim.simulator import SimConfig, simulate
+from sim.sweep import Config, Workload
+from traces.csvio import atomic_write_text
+from traces.errors import InputError
+from traces.metrics import closed_run, summary, token_gaps
+from traces.provenance import provenance
+
+from .plan import _azure_window, _round, _scaled, capacity
+from .points import Point, build_trace
+
+POLICIES = ("padded", "packed", "chunked:512")
+KEYS = ("served_rate", "queue_wait_p50", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s", "gap_max")
+
+
+def predict_point(table, p: Point, root: Path) -> dict:
+    """The simulator's figures for point p, every token's time kept (the incumbents' largest gap needs them)."""
+    trace = build_trace(p.trace, root)
+    cfg = SimConfig(p.backend, p.max_batch, None, detail="tokens", policy=PrefillPolicy.parse(p.prefill))
+    rec = simulate(trace, CostModel(table), cfg).record
+    rate = trace.meta.get("rate") or trace.offered_rate
+    s = summary(rec, rate)
+    if rate is None:
+        s.update(closed_run(rec))
+    s["gap_max"] = token_gaps(rec)["gap_max"]
+    return {k: s[k] for k in KEYS + (("stable",) if rate is not None else ())}
+
+
+def make_predictions(table_path: Path | None, out: Path, *, azure: Path | None, n: int = 400, seed: int = 0,
+                     policies: tuple[str, ...] = POLICIES, force: bool = False) -> dict:
+    out = Path(out)
+    if (out / "predictions.json").exists() and not force:
+        raise InputError("already holds predictions; they are a record of what was predicted when. Choose another "
+                         "--out, or pass --force", path=out / "predictions.json")
+    if azure is None or not Path(azure).is_file():
+        raise InputError("the predictions include the Azure conversation window: give its CSV with --azure PATH")
+    table = inputs.load_table(table_path, 64)
+    workload = Workload(n, seed)
+    window = _azure_window(azure, n)
+    points = []
+    derived = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for policy in policies:
+            tag = policy.replace(":", "")
+            cap = capacity(table, Config("paged", 32, 64.0, policy), workload)
+            wcap = capacity(table, Config("paged", 32, 64.0, policy), Workload(base=window))
+            points.append(Point(f"{tag}-closed-mixed-32", "policy", {"kind": "closed-mixed", "n": 32, "seed": seed},
+                                warmup=2, repeats=3, tokens=True, prefill=policy))
+            points += [Point(f"{tag}-rate-{_round(f * cap):g}", "policy",
+                             {"kind": "poisson", "rate": _round(f * cap), "n": n, "seed": seed}, tokens=True,
+                             prefill=policy) for f in (0.6, 1.0, 1.6)]
+            p = _scaled(window, wcap, f"{tag}-azure-conv", out / "traces", "policy")
+            p.prefill, p.tokens = policy, True
+            points.append(p)
+        predictions = {p.id: predict_point(table, p, out) for p in points}
+    derived = sorted({str(w.message) for w in caught if "no measured" in str(w.message)})
+    doc = {"table": {"id": table.table_id, "created_at": table.created_at, "device": table.device_name,
+                     "gpu_uuid": table.gpu_uuid, "policies_measured": list(table.policies)},
+           "predicted_at": time.time(), "derived_cost_notes": derived, "n": n, "seed": seed,
+           "points": [asdict(p) for p in points], "predictions": predictions, **provenance()}
+    atomic_write_text(out / "predictions.json", json.dumps(doc, indent=1, default=float) + "\n")
+    atomic_write_text(out / "predictions.md", markdown(doc))
+    return doc
+
+
+def markdown(doc: dict) -> str:
+    t = doc["table"]
+    lines = [f"# Prefill policies: predictions from cost table {t['id']} ({t['device']})", "",
+             f"Made by `python -m validate predict` at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(doc['predicted_at']))} "
+             f"(commit {doc.get('git_commit')}), before the engine ran any policy but "
+             f"{', '.join(t['policies_measured'])}. " + " ".join(doc["derived_cost_notes"]), "",
+             "| point | served req/s | queue p50 s | TTFT p50 s | TTFT p95 s | TPOT p50 s | wall s | largest gap s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for pid, v in doc["predictions"].items():
+        cells = [("-" if v[k] is None or v[k] != v[k] else f"{v[k]:.4g}") for k in KEYS]
+        lines.append(f"| {pid} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

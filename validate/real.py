@@ -1,0 +1,73 @@
+"""The real runs of a validation plan, on the GPU engine.
+
+Points are run in plan order; a point marked `fresh` starts a new engine and runs first on it, so that its trace
+is the first thing that engine ever serves. Points with complete records are kept, not re-run; an interrupted
+point is run again from its start. `--shard i/n` runs every n-th engine's worth of points (one process per GPU).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from traces.errors import InputError
+
+from .points import Point, build_trace, is_complete, load_plan, run_dir
+
+
+def engine_batches(points: list[Point]) -> list[list[Point]]:
+    """Points grouped by the engine that runs them: each fresh point opens a new engine; the rest share one."""
+    batches: list[list[Point]] = []
+    for p in points:
+        if p.fresh or not batches:
+            batches.append([p])
+        else:
+            batches[-1].append(p)
+    fresh = [b for b in batches if b[0].fresh]
+    rest = [p for b in batches for p in (b[1:] if b[0].fresh else b)]
+    # Spread the shared points over the fresh engines (each after its own first pass), so no engine starts twice.
+    for i, p in enumerate(rest):
+        (fresh[i % len(fresh)] if fresh else batches[0]).append(p)
+    return fresh or batches
+
+
+def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = None,
+             shard: tuple[int, int] = (0, 1)) -> None:
+    """Every point (and repeat) of this shard on the engine."""
+    from engine.block_pool import blocks_for_gib
+    from engine.engine import Engine, EngineConfig  # the GPU side only
+    from tqdm import tqdm
+
+    plan, points = load_plan(out)
+    if only:
+        unknown = sorted(set(only) - {p.id for p in points})
+        if unknown:
+            raise InputError(f"the plan has no point(s) {', '.join(unknown)}", path=Path(out) / "plan.json")
+        points = [p for p in points if p.id in only]
+    i, n = shard
+    batches = [b for j, b in enumerate(engine_batches(points)) if j % n == i]
+    todo = [[(p, k) for p in b for k in range(1, p.repeats + 1) if not is_complete(run_dir(out, p, k))] for b in batches]
+    todo = [t for t in todo if t]
+    if not todo:
+        print("every point of this shard already has its real records")
+        return
+    bar = tqdm(total=sum(map(len, todo)), desc=f"real runs (shard {i + 1}/{n})", unit="run")
+    for runs in todo:
+        engine = Engine(EngineConfig(expect_gpu=expect_gpu, max_batch=max(p.max_batch for p, _ in runs)))
+        for p, k in runs:
+            trace = build_trace(p.trace, out)
+            pool = blocks_for_gib(p.pool_gib, engine.cfg.block_size, engine.kv_bytes_per_token) if p.pool_gib else None
+            if k == 1:
+                for _ in range(p.warmup):
+                    engine.run(trace, None, p.backend, tokens=False, pool_blocks=pool, max_batch=p.max_batch,
+                               policy=p.prefill, progress=False)
+            d = run_dir(out, p, k)
+            if d.exists():  # an interrupted run: start the point again
+                for f in d.iterdir():
+                    f.unlink()
+            engine.run(trace, d, p.backend, tokens=p.tokens, pool_blocks=pool, max_batch=p.max_batch,
+                       policy=p.prefill, progress=False,
+                       extra_meta={"validation_point": p.id, "repeat": k, "warmup_runs": p.warmup,
+                                   "plan_table_id": plan["table"]["id"], "fresh_engine": p.fresh and k == 1})
+            bar.update()
+        engine.close()
+    bar.close()
