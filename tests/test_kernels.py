@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from engine.kernels import (add_rms_norm, default_num_splits, paged_attention, paged_attention_workspace,
-                            rms_norm, rope_cos_sin, rope_kv)
+from engine.kernels import (add_rms_norm, default_block_m, default_num_splits, max_programs, paged_attention,
+                            paged_attention_workspace, plan, prefill_attention, rms_norm, rope_cos_sin, rope_kv)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -307,3 +308,206 @@ def test_silu_mul_matches_reference(rows, inter):
     want = gate * torch.sigmoid(gate) * up
     device = "cuda" if torch.cuda.is_available() else "cpu"  # compiled Triton needs GPU tensors
     torch.testing.assert_close(silu_mul(gate_up.to(device)).double().cpu(), want, rtol=1e-5, atol=1e-6)
+
+
+# ---- prefill attention ---------------------------------------------------------------------------------------
+
+def pack_sequences(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                   gen: torch.Generator, *, gap: int = 0, tail: int = 0, row_pad: int = 0):
+    """Packed q, k, v of sequences of these lengths, `gap` NaN rows after each and `tail` more at the end.
+
+    k and v are column slices of wider [rows, (Hkv * D + row_pad)] buffers, so their rows are strided when
+    row_pad > 0, as v is when it is sliced from the fused QKV output. Returns (q, k, v, seq_start).
+    """
+    starts = [sum(lens[:i]) + i * gap for i in range(len(lens))]
+    rows = sum(lens) + len(lens) * gap + tail
+    q = torch.full((rows, num_q_heads, head_dim), float("nan"), dtype=dtype)
+    k, v = (torch.full((rows, num_kv_heads * head_dim + row_pad), float("nan"), dtype=dtype) for _ in range(2))
+    for start, n in zip(starts, lens):
+        q[start:start + n] = torch.randn(n, num_q_heads, head_dim, generator=gen).to(dtype)
+        k[start:start + n] = torch.randn(n, num_kv_heads * head_dim + row_pad, generator=gen).to(dtype)
+        v[start:start + n] = torch.randn(n, num_kv_heads * head_dim + row_pad, generator=gen).to(dtype)
+    k, v = (t.to(DEVICE)[:, :num_kv_heads * head_dim].view(rows, num_kv_heads, head_dim) for t in (k, v))
+    return q.to(DEVICE), k, v, torch.tensor(starts, dtype=torch.int32)
+
+
+def causal_reference(q, k, v, starts, lens, scale) -> torch.Tensor:
+    """float64 softmax(q k^T * scale + causal mask) v per sequence, query head h reading kv head h // group."""
+    out = torch.full(q.shape, float("nan"), dtype=torch.float64)
+    group = q.shape[1] // k.shape[1]
+    for start, n in zip(starts.tolist(), lens):
+        qs, ks, vs = (t[start:start + n].double().cpu() for t in (q, k, v))
+        ks, vs = ks.repeat_interleave(group, 1), vs.repeat_interleave(group, 1)
+        scores = torch.einsum("qhd,khd->hqk", qs, ks) * scale
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        out[start:start + n] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vs)
+    return out
+
+
+def run_prefill(q, k, v, seq_start, lens, block_seq, block_q, scale, block_m=None):
+    """One call into a NaN-poisoned out; int32 index tensors moved to the device."""
+    out = torch.full_like(q, float("nan"))
+    index = [torch.as_tensor(a, dtype=torch.int32).to(DEVICE) for a in (seq_start, lens, block_seq, block_q)]
+    got = prefill_attention(q, k, v, *index, scale, out=out, block_m=block_m)
+    assert got.data_ptr() == out.data_ptr()
+    return out
+
+
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim,tiles", [(4, 2, 16, 1), (3, 3, 32, 1), (12, 2, 16, 2)])
+def test_prefill_attention_matches_reference(num_q_heads, num_kv_heads, head_dim, tiles):
+    """Ragged sequences, empty ones, NaN between and after them, strided k and v, idle programs past the work.
+
+    tiles = 2 doubles the query tile, so the diagonal spans two key tiles (the GPU's default ratio) and the
+    queries at its start see none of the second one.
+    """
+    gen = torch.Generator().manual_seed(num_q_heads * 100 + head_dim)
+    block_m = default_block_m(DEVICE) * tiles
+    lens = [1, 5, 0, block_m, block_m + 1, 40, 0]
+    q, k, v, starts = pack_sequences(lens, num_q_heads, num_kv_heads, head_dim, torch.float32, gen,
+                                     gap=3, tail=9, row_pad=8)
+    assert k.stride(0) == v.stride(0) == num_kv_heads * head_dim + 8
+    work = plan(lens, block_m, max_programs(sum(lens), len(lens), block_m) + 2)
+    assert (work.block_seq[-2:] == -1).all()
+    scale = head_dim ** -0.5
+    got = run_prefill(q, k, v, starts, lens, work.block_seq, work.block_q, scale, block_m).double().cpu()
+    want = causal_reference(q, k, v, starts, lens, scale)
+    covered = ~want.isnan()
+    # Every row of a sequence was written and no other: the NaN gaps and tail still hold the poison.
+    assert torch.equal(~got.isnan(), covered)
+    torch.testing.assert_close(got[covered], want[covered], rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_attention_skips_idle_and_stale_programs():
+    """-1 programs, tiles of an empty sequence and tiles past a sequence's end (a stale work list) do nothing."""
+    gen = torch.Generator().manual_seed(5)
+    block_m = default_block_m(DEVICE)
+    lens = [block_m + 3, 0, 7]
+    q, k, v, starts = pack_sequences(lens, 4, 2, 16, torch.float32, gen, tail=block_m)
+    block_seq = [-1, 0, 1, 2, 0, -1, 2, 1]
+    block_q = [0, block_m, 0, 0, 0, 5, block_m, block_m]
+    got = run_prefill(q, k, v, starts, lens, block_seq, block_q, 0.25).double().cpu()
+    want = causal_reference(q, k, v, starts, lens, 0.25)
+    covered = ~want.isnan()
+    assert torch.equal(~got.isnan(), covered)
+    torch.testing.assert_close(got[covered], want[covered], rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_attention_alone_equals_packed():
+    """A sequence's output does not depend on its neighbours or its place in the packed arrays."""
+    gen = torch.Generator().manual_seed(6)
+    block_m = default_block_m(DEVICE)
+    lens = [9, 2 * block_m + 5, 3]
+    q, k, v, starts = pack_sequences(lens, 4, 2, 16, torch.float32, gen)
+    work = plan(lens, block_m)
+    packed = run_prefill(q, k, v, starts, lens, work.block_seq, work.block_q, 0.25)
+    rows = slice(int(starts[1]), int(starts[1]) + lens[1])
+    alone_work = plan(lens[1:2], block_m)
+    alone = run_prefill(q[rows].contiguous(), k[rows], v[rows], alone_work.seq_start, alone_work.seq_len,
+                        alone_work.block_seq, alone_work.block_q, 0.25)
+    assert torch.equal(alone, packed[rows])
+
+
+def test_prefill_plan():
+    work = plan([3, 0, 20, 8], block_m=8)
+    assert work.seq_start.tolist() == [0, 3, 3, 23] and work.seq_len.tolist() == [3, 0, 20, 8]
+    assert all(a.dtype == np.int32 for a in (work.seq_start, work.seq_len, work.block_seq, work.block_q))
+    # Each tile once; the ones deepest into their sequence (most keys to read) first.
+    assert list(zip(work.block_seq.tolist(), work.block_q.tolist())) == [(2, 16), (2, 8), (0, 0), (2, 0), (3, 0)]
+    padded = plan([3, 0, 20, 8], block_m=8, num_programs=7)
+    assert padded.block_seq.tolist()[5:] == [-1, -1] and padded.block_q.tolist()[5:] == [-1, -1]
+    assert plan([3, 0, 20, 8], block_m=8, num_programs=5).block_seq.tolist() == work.block_seq.tolist()
+    with pytest.raises(ValueError):
+        plan([3, 0, 20, 8], block_m=8, num_programs=4)
+    with pytest.raises(ValueError):
+        plan([3, -1], block_m=8)
+    empty = plan([], block_m=8, num_programs=2)
+    assert empty.seq_len.size == 0 and empty.block_seq.tolist() == [-1, -1]
+
+
+@pytest.mark.parametrize("block_m", [1, 3, 4])
+def test_prefill_max_programs_is_the_worst_split(block_m):
+    """The bound equals the most tiles over every split of T tokens into at most S sequences."""
+    def splits(tokens: int, seqs: int):
+        if seqs == 1:
+            yield [tokens]
+            return
+        for first in range(tokens + 1):
+            for rest in splits(tokens - first, seqs - 1):
+                yield [first] + rest
+    for tokens in range(11):
+        for seqs in range(1, 5):
+            worst = max(len(plan(lens, block_m).block_seq) for lens in splits(tokens, seqs))
+            assert max_programs(tokens, seqs, block_m) == worst, (tokens, seqs)
+
+
+def sdpa_reference(q, k, v, starts, lens, scale) -> torch.Tensor:
+    """torch SDPA per sequence in float32 (causal, GQA); rows outside every sequence are NaN."""
+    out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device)
+    for start, n in zip(starts, lens):
+        if n:
+            qs, ks, vs = (t[start:start + n].float().transpose(0, 1)[None] for t in (q, k, v))
+            o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
+                                                                 enable_gqa=True)
+            out[start:start + n] = o[0].transpose(0, 1)
+    return out
+
+
+def fused_qkv(tokens: int, gen: torch.Generator):
+    """q (contiguous) and k, v (column slices of the fused projection's output) at the model's shapes, fp16."""
+    qkv = torch.randn(tokens, 16 * 128, generator=gen).half().to(DEVICE)
+    q = qkv[:, :12 * 128].reshape(tokens, 12, 128).contiguous()
+    k = qkv[:, 12 * 128:14 * 128].view(tokens, 2, 128)
+    v = qkv[:, 14 * 128:].view(tokens, 2, 128)
+    return q, k, v
+
+
+@pytest.mark.gpu
+def test_prefill_attention_fp16_gpu():
+    gen = torch.Generator().manual_seed(14)
+    lens = [1, 127, 128, 129, 0, 1000, 4096, 2500]
+    tokens = sum(lens) + 77  # a token bucket's padding after the real tokens
+    q, k, v = fused_qkv(tokens, gen)
+    block_m = default_block_m(DEVICE)
+    work = plan(lens, block_m, max_programs(tokens, len(lens) + 2, block_m))
+    out = run_prefill(q, k, v, work.seq_start, lens, work.block_seq, work.block_q, 128 ** -0.5)
+    want = sdpa_reference(q, k, v, work.seq_start.tolist(), lens, 128 ** -0.5)
+    assert out[sum(lens):].isnan().all(), "wrote into the padding"
+    torch.testing.assert_close(out[:sum(lens)].float(), want[:sum(lens)], rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.gpu
+def test_prefill_attention_replays_in_cuda_graph():
+    """Captured once for a token bucket and a sequence count with an idle work list, replayed for two splits."""
+    gen = torch.Generator().manual_seed(15)
+    tokens, max_seqs, block_m = 2048, 6, default_block_m(DEVICE)
+    num_programs = max_programs(tokens, max_seqs, block_m)
+    q, k, v = fused_qkv(tokens, gen)
+    seq_start, seq_len = (torch.zeros(max_seqs, dtype=torch.int32, device=DEVICE) for _ in range(2))
+    block_seq, block_q = (torch.full((num_programs,), -1, dtype=torch.int32, device=DEVICE) for _ in range(2))
+    out = torch.empty_like(q)
+
+    def call():
+        prefill_attention(q, k, v, seq_start, seq_len, block_seq, block_q, 128 ** -0.5, out=out)
+    call()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+
+    # Many short sequences use every program; a long one and a gap of padding use few.
+    for lens in ([1, 129, 129, 129, 129, 1531], [2000, 0, 7]):
+        work = plan(lens, block_m, num_programs)
+        if lens[0] == 1:
+            assert (work.block_seq >= 0).all()
+        for buf, arr in ((seq_start, work.seq_start), (seq_len, work.seq_len), (block_seq, work.block_seq),
+                         (block_q, work.block_q)):
+            buf[:len(arr)].copy_(torch.from_numpy(arr))
+        new_q, new_k, new_v = fused_qkv(tokens, gen)
+        q.copy_(new_q)
+        k.copy_(new_k)
+        v.copy_(new_v)
+        out.fill_(float("nan"))
+        graph.replay()
+        want = sdpa_reference(q, k, v, work.seq_start.tolist(), lens, 128 ** -0.5)
+        assert torch.equal(out.isnan(), want.isnan()), "wrote outside the sequences or missed a row"
+        covered = ~want.isnan()
+        torch.testing.assert_close(out.float()[covered], want[covered], rtol=2e-3, atol=2e-3)
