@@ -1,10 +1,15 @@
-"""Decode-attention micro-benchmark on a CUDA GPU: `python -m engine.kernels.bench [--warps N] [--stages N]`.
+"""Attention micro-benchmarks on a CUDA GPU: `python -m engine.kernels.bench [--only decode|prefill] [--warps N] ...`.
 
-Qwen2.5-1.5B shapes (12 q heads over 2 kv heads, head_dim 128, 64-token blocks, fp16), random KV in shuffled
-blocks. Each call is captured in a CUDA graph and timed by triton's do_bench (median, L2 flushed before each rep,
-as a decode step finds it: the layers between two reads of one layer's KV evict it). Reference: torch's flash SDPA
-on the same KV laid out densely, with each kv head's query group as G query rows of one head (the same math as
-GQA decode, without copying KV per query head).
+Qwen2.5-1.5B shapes (12 q heads over 2 kv heads, head_dim 128, fp16). Each call is captured in a CUDA graph and
+timed by triton's do_bench (median, L2 flushed before each rep).
+
+Decode: random KV in shuffled 64-token blocks (the flush is as a decode step finds it: the layers between two
+reads of one layer's KV evict it). Reference: torch's flash SDPA on the same KV laid out densely, with each kv
+head's query group as G query rows of one head (the same math as GQA decode, without copying KV per query head).
+--warps and --stages tune the decode kernel.
+
+Prefill: groups of equal-length sequences, packed for the prefill kernel; the reference is torch's flash SDPA
+(causal, GQA) on the same memory viewed as [groups, heads, length, D], as the model's padded prefill calls it.
 """
 from __future__ import annotations
 
@@ -18,10 +23,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 pa = importlib.import_module(".paged_attention", __package__)  # the package's `paged_attention` is the function
+pfa = importlib.import_module(".prefill_attention", __package__)  # likewise
 
 HQ, HKV, D, BLOCK = 12, 2, 128, 64
 BATCHES, CONTEXTS = (1, 8, 32), (256, 1024, 4096)
 SPLITS = (1, 2, 4, 8, 16, 32, 64)
+PREFILL_CASES = ((1, 16), (1, 256), (1, 4096), (8, 2048), (32, 1024), (32, 4096))  # (groups, length)
 
 
 def time_us(fn: Callable[[], object]) -> float:
@@ -74,13 +81,8 @@ def bench_case(batch: int, ctx: int, gen: torch.Generator) -> dict:
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warps", type=int, default=pa.NUM_WARPS)
-    parser.add_argument("--stages", type=int, default=pa.NUM_STAGES)
-    args = parser.parse_args()
-    pa.NUM_WARPS, pa.NUM_STAGES = args.warps, args.stages  # the wrapper reads them per call: a tuning knob only
-
+def decode_section(warps: int, stages: int) -> None:
+    pa.NUM_WARPS, pa.NUM_STAGES = warps, stages  # the wrapper reads them per call: a tuning knob only
     peak = copy_gbps()
     print(f"{torch.cuda.get_device_name()}: device-to-device copy {peak:.0f} GB/s; "
           f"paged kernel num_warps={pa.NUM_WARPS} num_stages={pa.NUM_STAGES}")
@@ -98,6 +100,60 @@ def main() -> None:
               f"{100 * r['gbps'] / peak:>5.0f}% {r['sdpa']:>8.1f} {r['paged'] / r['sdpa']:>7.2f} "
               f"{r['best_us']:>9.1f} ({r['best_splits']:>2}) {r['mixed_paged']:>15.1f} {r['mixed_padded']:>10.1f} "
               f"{r['err']:>9.1e}")
+
+
+def bench_prefill(groups: int, length: int, gen: torch.Generator) -> dict:
+    tokens = groups * length
+    q = torch.randn(tokens, HQ, D, generator=gen, device="cuda", dtype=torch.half)
+    k, v = (torch.randn(tokens, HKV, D, generator=gen, device="cuda", dtype=torch.half) for _ in range(2))
+    work = pfa.plan([length] * groups, pfa.default_block_m("cuda"))
+    index = [torch.from_numpy(a).cuda() for a in (work.seq_start, work.seq_len, work.block_seq, work.block_q)]
+    out = torch.empty_like(q)
+    scale = D ** -0.5
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t.view(groups, length, -1, D).transpose(1, 2)
+
+    def flash() -> torch.Tensor:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True, scale=scale,
+                                                  enable_gqa=True)
+
+    row = dict(groups=groups, length=length,
+               ours=time_us(lambda: pfa.prefill_attention(q, k, v, *index, scale, out=out)) / 1e3,
+               flash=time_us(flash) / 1e3)
+    row["err"] = (out.float() - flash().transpose(1, 2).reshape_as(out).float()).abs().max().item()
+    flops = groups * 2 * length ** 2 * D * HQ  # causal: half of QK^T's and PV's 2 * L^2 * D FLOPs each, per head
+    row["ours_tflops"], row["flash_tflops"] = (flops / (row[key] * 1e-3) / 1e12 for key in ("ours", "flash"))
+    return row
+
+
+def prefill_section() -> None:
+    print(f"prefill kernel BLOCK_M={pfa.GPU_BLOCK_M} BLOCK_N={pfa.GPU_BLOCK_N} num_warps={pfa.GPU_NUM_WARPS} "
+          f"num_stages={pfa.GPU_NUM_STAGES}")
+    gen = torch.Generator("cuda").manual_seed(0)
+    rows = []
+    for groups, length in PREFILL_CASES:
+        rows.append(bench_prefill(groups, length, gen))
+        print(".", end="", flush=True)
+    print()
+    print(f"{'groups':>6} {'len':>5} {'ours ms':>8} {'TFLOP/s':>8} {'flash ms':>9} {'TFLOP/s':>8} "
+          f"{'ours/flash':>10} {'max|err|':>9}")
+    for r in rows:
+        print(f"{r['groups']:>6} {r['length']:>5} {r['ours']:>8.3f} {r['ours_tflops']:>8.0f} {r['flash']:>9.3f} "
+              f"{r['flash_tflops']:>8.0f} {r['ours'] / r['flash']:>10.2f} {r['err']:>9.1e}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("decode", "prefill"))
+    parser.add_argument("--warps", type=int, default=pa.NUM_WARPS)
+    parser.add_argument("--stages", type=int, default=pa.NUM_STAGES)
+    args = parser.parse_args()
+    if args.only != "prefill":
+        decode_section(args.warps, args.stages)
+    if args.only != "decode":
+        prefill_section()
 
 
 if __name__ == "__main__":
