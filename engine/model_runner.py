@@ -203,7 +203,7 @@ class ModelRunner:
         ids, pos, slots, start, length, bseq, bq, last = pi.host_views
         p = plan([bucket], self.block_m, len(bseq))
         ids[:], pos[:], slots[:] = 0, 0, -1
-        pos[:bucket] = np.arange(bucket)
+        pos[:bucket] = np.arange(bucket) % self.max_tokens  # a bucket may be longer than the model's positions
         start[:] = 0
         length[:] = 0
         length[0] = bucket
@@ -251,8 +251,7 @@ class ModelRunner:
         lengths = list(work.computed)
         if bucket > total:  # the bucket's padding attends within itself, so no unset memory enters a product
             i = len(lengths)
-            start[i], length[i] = total, bucket - total
-            pos[total:bucket] = np.arange(bucket - total)
+            start[i], length[i] = total, bucket - total  # its tokens: id 0 at position 0
             lengths.append(bucket - total)
         p = plan(lengths, self.block_m, len(bseq))
         bseq[:], bq[:] = p.block_seq, p.block_q

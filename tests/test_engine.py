@@ -81,3 +81,23 @@ def test_a_pool_that_cannot_hold_the_largest_request_is_refused_at_start():
 def test_another_gpu_than_the_named_one_is_refused_before_any_work():
     with pytest.raises(InputError, match="not the expected 'NVIDIA H200'"):
         Engine(EngineConfig(expect_gpu="NVIDIA H200", **CPU), log=lambda *a: None)
+
+
+def test_a_prefill_bucket_longer_than_the_models_positions_stays_inside_them(monkeypatch):
+    """Steps round up to a token bucket, whose padding is computed too: its positions must still index the RoPE
+    table (max prompt 32 + budget 5 = 37 positions; a 21-token prompt runs in a 64-token bucket)."""
+    import engine.qwen2 as qwen2
+
+    seen = []
+    real = qwen2.rope_kv
+
+    def rope_kv(qkv, positions, *args, **kwargs):
+        seen.append(int(positions.max()))
+        return real(qkv, positions, *args, **kwargs)
+
+    monkeypatch.setattr(qwen2, "rope_kv", rope_kv)
+    small = Engine(EngineConfig(max_batch=2, max_prompt=32, max_budget=5, **{**CPU, "block_size": 64}),
+                   log=lambda *a: None)
+    assert small.runner.bucket(21) == 64
+    small.run(length_trace([(0.0, 21, 2)]), None, "paged", progress=False)
+    assert seen and max(seen) < 37
