@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from .csvio import atomic_write_text
+from .csvio import atomic_write_text, read_text
 from .errors import InputError
 
 SCHEMA = "cost-table"
@@ -95,7 +95,7 @@ def load_cost_table(path: str | Path) -> dict:
     if not path.exists():
         raise InputError("cost table not found", path=path)
     try:
-        table = json.loads(path.read_text())
+        table = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise InputError(f"not valid JSON ({e})", path=path) from None
     return validate(table, path)

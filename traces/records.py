@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .csvio import AppendWriter, atomic_write_text, read_table
+from .csvio import AppendWriter, atomic_write_text, read_table, read_text
 from .errors import InputError
 from .provenance import now_iso
 
@@ -98,13 +98,18 @@ def read_run(run_dir: str | Path) -> RunRecord:
     meta_path = run_dir / "meta.json"
     if not meta_path.exists():
         raise InputError("not a run record (no meta.json)", path=run_dir)
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(read_text(meta_path))
+    except json.JSONDecodeError as e:
+        raise InputError(f"is not valid JSON ({e})", path=meta_path) from None
+    if not isinstance(meta, dict):
+        raise InputError("is not a JSON object", path=meta_path)
     if meta.get("schema") != SCHEMA or meta.get("version") != VERSION:
         raise InputError(f"run-record schema {meta.get('schema')!r} v{meta.get('version')!r} is not {SCHEMA!r} v{VERSION}",
                          path=meta_path)
     frames = {}
     for t, cols in TABLES.items():
         p = run_dir / f"{t}.csv"
-        rows = read_table(p, f"{SCHEMA}/{t}", (VERSION,), cols)[1] if p.exists() else []
+        rows = read_table(p, f"{SCHEMA}/{t}", (VERSION,), cols, appended=True)[1] if p.exists() else []
         frames[t] = _frame(t, rows)
     return RunRecord(meta, **frames)
