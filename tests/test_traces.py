@@ -6,28 +6,35 @@ hand-written files, values pinned once).
 from __future__ import annotations
 
 import csv
+import errno
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from traces.cli import main
+from traces.cost_table import load_cost_table
+from traces.csvio import atomic_write_text
 from traces.errors import InputError
-from traces.importers import ImportOptions, import_azure, import_table
+from traces.importers import ImportOptions, import_azure, import_lengths, import_table, time_unit_warning
 from traces.prompts import PROMPT_LENGTHS, prompt_tokens
 from traces import records
 from traces.records import RunWriter, read_run
 from traces.trace_io import read_trace, write_trace
-from traces.workload import closed_mixed, closed_uniform, length_trace, mixed_draw, poisson_trace
+from traces.workload import closed_mixed, closed_uniform, length_trace, mixed_draw, poisson_arrivals, poisson_trace
 
 REPO = Path(__file__).resolve().parents[1]
 AZURE = Path("/work/shared/data/traces/AzureLLMInferenceTrace_conv.csv")
 needs_azure = pytest.mark.skipif(not AZURE.exists(), reason=f"{AZURE} is not on this machine")
+SHAREGPT = REPO.parent / "shared" / "data" / "traces" / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
+needs_sharegpt = pytest.mark.skipif(not SHAREGPT.exists(), reason=f"{SHAREGPT} is not on this machine")
 
 
 # --- seeded workloads --------------------------------------------------------------------------------
@@ -173,7 +180,8 @@ def test_azure_import_keeps_and_clips_what_an_independent_count_says(azure_rows)
     assert trace.meta["source"]["file"] == AZURE.name
     assert trace.meta["source"]["sha256"] == hashlib.sha256(AZURE.read_bytes()).hexdigest()
     assert trace.meta["report"]["kept"] == len(kept)
-    assert trace.meta["options"] == {"max_prompt": 4096, "max_budget": 256, "window": None, "compress": 1.0}
+    assert trace.meta["options"] == {"max_prompt": 4096, "max_budget": 256, "window": None, "compress": 1.0,
+                                     "time_unit": "s"}
 
 
 @needs_azure
@@ -241,8 +249,12 @@ def test_a_repeated_request_id_is_left_to_the_engine_to_refuse(tmp_path):
     (TRACE_HEADER + "request_id,arrival_s,prompt_tokens,prompt\n0,0.5,16,p16\n", 2, "budget"),  # missing column
     ('# {"schema": "request-trace", "version": 2}\n' + TRACE_COLUMNS + "0,0.5,16,64,p16\n", 1, None),
     ('# {"schema": "run-record/requests", "version": 1}\n' + TRACE_COLUMNS + "0,0.5,16,64,p16\n", 1, None),
+    ("# [1]\n" + TRACE_COLUMNS + "0,0.5,16,64,p16\n", 1, None),  # these three once raised other exceptions
+    ("# " + "[" * 100_000 + "\n" + TRACE_COLUMNS, 1, None),
+    ('# {"schema": "request-trace", "version": 1, "meta": 5}\n' + TRACE_COLUMNS + "0,0.5,16,64,p16\n", 1, None),
 ], ids=["unsorted", "negative-arrival", "non-integer", "non-positive", "nan-arrival", "nan-length",
-        "prompt-mismatch", "missing-column", "unknown-version", "wrong-schema"])
+        "prompt-mismatch", "missing-column", "unknown-version", "wrong-schema", "header-not-object", "header-too-deep",
+        "meta-not-object"])
 def test_bad_trace_files_are_refused_where_they_are_bad(tmp_path, text, line, column):
     p = tmp_path / "bad.csv"
     p.write_text(text)
@@ -259,6 +271,7 @@ def test_bad_trace_files_are_refused_where_they_are_bad(tmp_path, text, line, co
     ("a.csv", "ts,in,out\n1.0,5,nan\n", 2, "out"),
     ("a.csv", "ts,in,out\n1.0,,6\n", 2, "in"),
     ("a.csv", "ts,in,out\nNaN,5,6\n", 2, "ts"),
+    ("a.csv", "ts,in,out\n1e9999999,5,6\n", 2, "ts"),  # once an uncaught decimal.Overflow
     ("a.csv", "ts,in,out\n2023-11-16 18:15:46.1,5,6\nsoon,5,6\n", 3, "ts"),
     ("a.csv", "ts,in,out\n2023-11-16 18:15:47,5,6\n2023-11-16 18:15:46.9999999,5,6\n", 3, "ts"),  # out of order
     ("a.csv", "ts,in,out\n1.0,5,6\n2023-11-16 18:15:46,5,6\n", 3, "ts"),  # seconds, then a datetime
@@ -266,7 +279,8 @@ def test_bad_trace_files_are_refused_where_they_are_bad(tmp_path, text, line, co
     ("a.jsonl", '{"ts": 1, "in": 5, "out": 6}\n\n{"ts": 2, "out": 6}\n', 3, "in"),
     ("a.jsonl", '{"ts": 1, "in": 5, "out": null}\n', 1, "out"),
     ("a.jsonl", '{"ts": 1, "in": 5, "out": 6}\n{"ts": 2,\n', 2, None),
-], ids=["missing-column", "non-integer", "zero", "negative", "nan-length", "empty", "nan-time", "unparseable-time",
+], ids=["missing-column", "non-integer", "zero", "negative", "nan-length", "empty", "nan-time", "huge-time",
+        "unparseable-time",
         "out-of-order", "mixed-times", "short-row", "jsonl-missing", "jsonl-null", "jsonl-broken"])
 def test_bad_import_files_are_refused_where_they_are_bad(tmp_path, name, text, line, column):
     p = tmp_path / name
@@ -327,7 +341,8 @@ def test_closed_and_show(tmp_path, capsys):
     out = tmp_path / "c.csv"
     assert main(["closed", "--prompt", "p256", "--n", "3", "--budget", "64", "--out", str(out)]) == 0
     assert [(r.arrival, r.prompt_tokens, r.budget, r.prompt) for r in read_trace(out).requests] == [(0.0, 256, 64, "p256")] * 3
-    assert main(["closed", "--mixed", "--n", "3", "--budget", "64", "--out", str(out)]) == 2  # budget is the draw's
+    # --force, so that the refusal is the budget's (the draw's), not the existing file's.
+    assert main(["closed", "--mixed", "--n", "3", "--budget", "64", "--out", str(out), "--force"]) == 2
     assert main(["show", str(out)]) == 0
     shown = capsys.readouterr().out
     assert read_trace(out).trace_id in shown and "closed-uniform" in shown
@@ -347,3 +362,307 @@ def test_import_command_prints_the_report_and_records_it(tmp_path, capsys):
     assert trace.meta["options"]["window"] == [0.0, 3.0]
     assert trace.meta["source"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
     assert json.loads(out.read_text().splitlines()[0][2:])["trace_id"] == trace.trace_id
+
+
+# --- whole files and appended files ------------------------------------------------------------------
+
+def test_a_trace_file_without_a_final_newline_keeps_its_last_request(tmp_path):
+    # A trace file is written whole, so a missing final newline is not a torn write (only run records are appended).
+    p = tmp_path / "t.csv"
+    p.write_text(TRACE_HEADER + TRACE_COLUMNS + "0,0.5,16,64,p16\n1,0.75,256,128,p256")
+    assert [(r.request_id, r.arrival, r.prompt_tokens, r.budget, r.prompt) for r in read_trace(p).requests] == [
+        (0, 0.5, 16, 64, "p16"), (1, 0.75, 256, 128, "p256")]
+
+
+@pytest.mark.parametrize("last", ["1,0.75,256", '1,0.75,256,128,"p256'], ids=["short", "open-quote"])
+def test_a_malformed_last_row_without_a_newline_is_refused_naming_its_line(tmp_path, last):
+    p = tmp_path / "t.csv"
+    p.write_text(TRACE_HEADER + TRACE_COLUMNS + "0,0.5,16,64,p16\n" + last)
+    with pytest.raises(InputError) as err:
+        read_trace(p)
+    _assert_names(err, p, 4, None)
+
+
+def _bad_utf8(tmp_path: Path) -> tuple[Path, bytes]:
+    p = tmp_path / "latin1.csv"
+    data = (TRACE_HEADER + TRACE_COLUMNS + "0,0.5,16,64,p16\n").encode() + b"1,0.6,16,64,caf\xe9\n"
+    p.write_bytes(data)
+    return p, data
+
+
+def test_a_trace_that_is_not_utf8_is_refused_naming_the_file_line_and_byte(tmp_path):
+    p, data = _bad_utf8(tmp_path)
+    with pytest.raises(InputError, match="not UTF-8") as err:
+        read_trace(p)
+    _assert_names(err, p, 4, None)
+    assert "byte %d" % data.index(b"\xe9") in str(err.value)
+
+
+def test_a_run_record_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
+    w = RunWriter(tmp_path / "run", {"kind": "engine"})
+    w.add_many("requests", REQUEST_ROWS)
+    w.close()
+    with open(tmp_path / "run" / "rejected.csv", "ab") as f:
+        f.write(b"9,0.5,caf\xe9\n")
+    with pytest.raises(InputError, match="not UTF-8") as err:
+        read_run(tmp_path / "run")
+    _assert_names(err, tmp_path / "run" / "rejected.csv", 3, None)
+
+
+def test_a_cost_table_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
+    p = tmp_path / "cost.json"
+    p.write_bytes(b'{"schema": "cost-table", "device": "caf\xe9"}\n')
+    with pytest.raises(InputError, match="not UTF-8") as err:
+        load_cost_table(p)
+    assert str(p) in str(err.value)
+
+
+@pytest.mark.parametrize("read", [read_trace, load_cost_table, lambda p: import_table(p, "ts", "in", "out"),
+                                  lambda p: import_lengths(p, "in", "out", 1.0, 10)],
+                         ids=["trace", "cost-table", "import", "import-lengths"])
+def test_a_directory_for_a_file_is_an_input_error(tmp_path, read):
+    d = tmp_path / "d.csv"
+    d.mkdir()
+    with pytest.raises(InputError, match="is a directory") as err:
+        read(d)
+    assert str(d) in str(err.value)
+
+
+@pytest.mark.parametrize("make", [lambda tmp_path: _bad_utf8(tmp_path)[0], lambda tmp_path: tmp_path],
+                         ids=["not-utf8", "directory"])
+def test_show_on_unreadable_input_prints_one_line_and_exits_2(tmp_path, capsys, make):
+    p = make(tmp_path)
+    assert main(["show", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and str(p) in err
+    assert "not UTF-8" in err or "is a directory" in err
+
+
+def _fail_replace(src, dst):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _fail_write(self, text, encoding=None):
+    with open(self, "w", encoding=encoding) as f:
+        f.write(text[:10])  # half of it made it to disk
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("target, patch", [("os.replace", _fail_replace), ("pathlib.Path.write_text", _fail_write)],
+                         ids=["replace-fails", "disk-full"])
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_one(tmp_path, monkeypatch, target, patch):
+    p = tmp_path / "t.csv"
+    p.write_text("recorded before\n")
+    monkeypatch.setattr(target, patch)
+    with pytest.raises(OSError, match="No space"):
+        write_trace(poisson_trace(1.0, 5, 0), p)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["t.csv"] and p.read_text() == "recorded before\n"
+
+
+def test_an_atomic_write_onto_a_directory_leaves_no_temporary_file(tmp_path):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(OSError):
+        atomic_write_text(tmp_path / "d", "text\n")
+    assert os.listdir(tmp_path) == ["d"] and os.listdir(tmp_path / "d") == []
+
+
+# --- never overwriting without --force -----------------------------------------------------------------
+
+AZURE_LIKE = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6800000,10,5\n2023-11-16 18:15:47.1,20,6\n"
+
+
+@pytest.mark.parametrize("command", [
+    ["import", "{src}", "--timestamp", "TIMESTAMP", "--input", "ContextTokens", "--output", "GeneratedTokens"],
+    ["import-azure", "{src}"],
+    ["import-lengths", "{src}", "--input", "ContextTokens", "--output", "GeneratedTokens", "--rate", "1"],
+], ids=["import", "import-azure", "import-lengths"])
+@pytest.mark.parametrize("spelling", ["same", "dot", "symlink"])
+@pytest.mark.parametrize("force", [[], ["--force"]], ids=["", "force"])
+def test_an_import_never_writes_over_its_own_source(tmp_path, capsys, command, spelling, force):
+    src = tmp_path / "src.csv"
+    src.write_text(AZURE_LIKE)
+    out = {"same": src, "dot": tmp_path / "." / "src.csv", "symlink": tmp_path / "link.csv"}[spelling]
+    if spelling == "symlink":
+        out.symlink_to(src)
+    assert main([a.format(src=src) for a in command] + ["--out", str(out)] + force) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "being imported" in err and str(out) in err
+    assert src.read_text() == AZURE_LIKE
+
+
+@pytest.mark.parametrize("command", [
+    ["poisson", "--rate", "2", "--n", "5"],
+    ["closed", "--prompt", "p16", "--n", "2"],
+    ["import", "{src}", "--timestamp", "TIMESTAMP", "--input", "ContextTokens", "--output", "GeneratedTokens"],
+    ["import-azure", "{src}"],
+    ["import-lengths", "{src}", "--input", "ContextTokens", "--output", "GeneratedTokens", "--rate", "1"],
+], ids=["poisson", "closed", "import", "import-azure", "import-lengths"])
+def test_trace_commands_refuse_to_overwrite_a_file_without_force(tmp_path, capsys, command):
+    src, out = tmp_path / "src.csv", tmp_path / "t.csv"
+    src.write_text(AZURE_LIKE)
+    out.write_text("a trace someone recorded\n")
+    argv = [a.format(src=src) for a in command] + ["--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--force" in err and str(out) in err
+    assert out.read_text() == "a trace someone recorded\n"
+    assert main(argv + ["--force"]) == 0
+    assert len(read_trace(out)) >= 2
+
+
+# --- time units ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("unit, scale", [("s", 1), ("ms", 1e3), ("us", 1e6)])
+def test_numeric_timestamps_are_read_in_the_unit_given(tmp_path, capsys, unit, scale):
+    src, out = tmp_path / "src.csv", tmp_path / "t.csv"
+    src.write_text("t,p,o\n" + "".join(f"{(100 + s) * scale:g},5,6\n" for s in (0, 0.5, 2)))
+    assert main(["import", str(src), "--timestamp", "t", "--input", "p", "--output", "o", "--time-unit", unit,
+                 "--window", "0:1", "--out", str(out)]) == 0  # the window is in seconds whatever the unit
+    trace = read_trace(out)
+    assert [r.arrival for r in trace.requests] == [0.0, 0.5]
+    assert trace.meta["options"]["time_unit"] == unit
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_iso_datetimes_ignore_the_time_unit(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("ts,in,out\n2023-11-16 18:15:46.5,5,6\n2023-11-16 18:15:48,5,6\n")
+    trace, _ = import_table(p, "ts", "in", "out", ImportOptions(time_unit="ms"))
+    assert [r.arrival for r in trace.requests] == [0.0, 1.5]
+    assert time_unit_warning(trace) is None
+
+
+def test_a_bad_time_unit_is_refused():
+    with pytest.raises(InputError, match="time unit"):
+        ImportOptions(time_unit="min")
+
+
+def _numeric_trace(tmp_path: Path, times: list[float], unit: str, compress: float = 1.0):
+    p = tmp_path / "t.csv"
+    p.write_text("t,in,out\n" + "".join(f"{t!r},5,6\n" for t in times))
+    return import_table(p, "t", "in", "out", ImportOptions(time_unit=unit, compress=compress))[0]
+
+
+@pytest.mark.parametrize("times, unit, expect", [
+    ([5000.0 * i for i in range(100)], "s", "--time-unit ms"),  # 0.2 req/s in milliseconds, read as seconds
+    ([5000.0 * i for i in range(100)], "ms", None),
+    ([5e6 * i for i in range(100)], "ms", "--time-unit us"),
+    ([5e9 * i for i in range(100)], "us", "check the unit"),  # nothing finer to suggest
+    ([0.5 * i for i in range(100)], "us", "--time-unit ms"),  # 2 req/s in seconds, read as microseconds
+    ([0.5 * i for i in range(100)], "s", None),
+    ([1e-6 * i for i in range(100)], "s", "check the unit"),  # nothing coarser to suggest
+    ([86400.0 * 3 * i for i in range(3)], "s", "--time-unit ms"),
+    ([3600.0 * i for i in range(3)], "s", None),  # slow, but over hours: a plausible sparse trace
+], ids=["ms-as-s", "ms", "us-as-ms", "slow-us", "s-as-us", "s", "fast-s", "days-apart", "hours-apart"])
+def test_the_time_unit_warning_names_the_unit_that_would_fit(tmp_path, times, unit, expect):
+    warning = time_unit_warning(_numeric_trace(tmp_path, times, unit))
+    if expect is None:
+        assert warning is None
+    else:
+        assert warning.startswith("warning: ") and "\n" not in warning and expect in warning, warning
+
+
+def test_the_time_unit_warning_judges_the_files_rate_not_the_compressed_one(tmp_path):
+    assert time_unit_warning(_numeric_trace(tmp_path, [0.1 * i for i in range(100)], "s", compress=1e5)) is None
+
+
+def test_the_import_command_prints_the_time_unit_warning_and_still_writes(tmp_path, capsys):
+    src, out = tmp_path / "src.csv", tmp_path / "t.csv"
+    src.write_text("t,p,o\n" + "".join(f"{5000 * i},5,6\n" for i in range(100)))
+    assert main(["import", str(src), "--timestamp", "t", "--input", "p", "--output", "o", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and err.count("\n") == 1 and "--time-unit ms" in err
+    assert len(read_trace(out)) == 100
+
+
+# --- lengths without arrival times (ShareGPT) ----------------------------------------------------------
+
+LENGTH_ROWS = [(10, 300), (5000, 5), (20, 30), (4096, 256), (9000, 1), (7, 257)]
+POOL = [(p, o) for p, o in LENGTH_ROWS if p <= 4096]
+
+
+def _lengths_csv(tmp_path: Path) -> Path:
+    p = tmp_path / "lengths.csv"
+    p.write_text("num_prefill_tokens,num_decode_tokens,pd_ratio\n" + "".join(f"{a},{b},{a / b}\n" for a, b in LENGTH_ROWS))
+    return p
+
+
+def _draw(pool_size: int, n: int, seed: int) -> list[int]:
+    # The documented draw, written out: raw PCG64 words of stream 3, modulo the pool's size.
+    return [int(w % pool_size) for w in np.random.PCG64(np.random.SeedSequence([seed, 3])).random_raw(n)]
+
+
+def test_lengths_are_drawn_from_the_capped_rows_with_poisson_arrivals(tmp_path):
+    src = _lengths_csv(tmp_path)
+    trace, report = import_lengths(src, "num_prefill_tokens", "num_decode_tokens", rate=2.0, n=50, seed=3)
+    drawn = [POOL[i] for i in _draw(len(POOL), 50, 3)]
+    assert [(r.request_id, r.prompt_tokens, r.budget, r.prompt) for r in trace.requests] == [
+        (i, p, min(o, 256), "") for i, (p, o) in enumerate(drawn)]
+    assert [r.arrival for r in trace.requests] == poisson_arrivals(2.0, 50, 3)
+    # Pinned once: the draw must not change across NumPy versions.
+    assert [r.prompt_tokens for r in trace.requests[:8]] == [7, 4096, 4096, 4096, 7, 4096, 4096, 20]
+    clipped = sum(o > 256 for _, o in drawn)
+    assert (report.rows_read, report.dropped_prompt, report.pool, report.drawn, report.clipped_budget) == (
+        6, 2, 4, 50, clipped)
+    assert report.offered_rate == trace.offered_rate and report.span_s == trace.span
+    assert trace.meta["kind"] == "lengths"
+    assert trace.meta["source"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
+    assert trace.meta["options"] == {"max_prompt": 4096, "max_budget": 256, "rate": 2.0, "n": 50, "seed": 3}
+    assert trace.meta["report"]["clipped_budget"] == clipped
+
+
+def test_lengths_draw_is_uniform_and_the_same_requests_at_every_rate(tmp_path):
+    src = _lengths_csv(tmp_path)
+    slow, _ = import_lengths(src, "num_prefill_tokens", "num_decode_tokens", rate=1.0, n=4000, seed=5)
+    fast, _ = import_lengths(src, "num_prefill_tokens", "num_decode_tokens", rate=4.0, n=4000, seed=5)
+    assert [(r.prompt_tokens, r.budget) for r in slow.requests] == [(r.prompt_tokens, r.budget) for r in fast.requests]
+    for s, f in zip(slow.requests, fast.requests):
+        assert f.arrival == pytest.approx(s.arrival / 4, abs=1e-6)
+    counts = Counter(r.prompt_tokens for r in slow.requests)
+    assert set(counts) == {p for p, _ in POOL} and all(abs(c - 1000) < 150 for c in counts.values()), counts
+
+
+def test_import_lengths_command_gives_byte_identical_files_and_prints_the_report(tmp_path, capsys):
+    src = _lengths_csv(tmp_path)
+    outs = [tmp_path / "a.csv", tmp_path / "b" / "a.csv"]
+    for out in outs:
+        assert main(["import-lengths", str(src), "--input", "num_prefill_tokens", "--output", "num_decode_tokens",
+                     "--rate", "2", "--n", "30", "--seed", "4", "--max-budget", "100", "--out", str(out)]) == 0
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    printed = capsys.readouterr().out
+    assert "rows drawn from            4" in printed and "requests drawn             30" in printed
+    trace = read_trace(outs[0])
+    assert len(trace) == 30 and max(r.budget for r in trace.requests) == 100
+    assert trace.meta["options"]["max_budget"] == 100
+
+
+@pytest.mark.parametrize("text, kwargs, match", [
+    ("in,out\n5,6\n7,x\n", {}, "line 3, column 'out'"),
+    ("in,out\n", {}, "no requests"),
+    ("in,out\n5000,6\n", {}, "over the cap"),
+    ("in,out\n5,6\n", {"rate": 0.0}, "rate"),
+    ("in,out\n5,6\n", {"n": 0}, "n must be"),
+    ("in,out\n5,6\n", {"seed": -1}, "seed must be"),
+], ids=["bad-value", "no-rows", "all-over-cap", "zero-rate", "zero-n", "negative-seed"])
+def test_bad_lengths_input_is_refused(tmp_path, text, kwargs, match):
+    p = tmp_path / "l.csv"
+    p.write_text(text)
+    with pytest.raises(InputError, match=match):
+        import_lengths(p, "in", "out", **{"rate": 1.0, "n": 10, **kwargs})
+
+
+@needs_sharegpt
+def test_sharegpt_lengths_import_draws_only_rows_within_the_caps(tmp_path):
+    with open(SHAREGPT, newline="") as f:
+        rows = [(int(r["num_prefill_tokens"]), int(r["num_decode_tokens"])) for r in csv.DictReader(f)]
+    pool = [(p, o) for p, o in rows if p <= 4096]
+    assert len(rows) == 30731  # SOURCES.md's row count
+    trace, report = import_lengths(SHAREGPT, "num_prefill_tokens", "num_decode_tokens", rate=5.0, n=2000, seed=0)
+    assert (report.rows_read, report.dropped_prompt, report.pool, len(trace)) == (
+        len(rows), len(rows) - len(pool), len(pool), 2000)
+    drawn = [pool[i] for i in _draw(len(pool), 2000, 0)]
+    assert [(r.prompt_tokens, r.budget) for r in trace.requests] == [(p, min(o, 256)) for p, o in drawn]
+    assert report.offered_rate == pytest.approx(5.0, rel=0.1)
+    again, _ = import_lengths(SHAREGPT, "num_prefill_tokens", "num_decode_tokens", rate=5.0, n=2000, seed=0)
+    assert write_trace(again, tmp_path / "b.csv").read_bytes() == write_trace(trace, tmp_path / "a.csv").read_bytes()

@@ -4,13 +4,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from .errors import InputError
-from .importers import FORMATS, MAX_BUDGET, MAX_PROMPT, ImportOptions, import_azure, import_table
+from .importers import (FORMATS, MAX_BUDGET, MAX_PROMPT, TIME_UNITS, ImportOptions, import_azure, import_lengths,
+                        import_table, time_unit_warning)
 from .prompts import PROMPT_NAMES
 from .trace_io import read_trace, write_trace
 from .workload import DEFAULT_BUDGET, DEFAULT_N, Trace, closed_mixed, closed_uniform, poisson_trace
@@ -69,6 +72,25 @@ def workload_from_args(args: argparse.Namespace) -> Trace:
     return closed_uniform(args.closed_uniform, args.n, args.budget)
 
 
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse to write a trace over an existing file without --force, and over the file being imported at all."""
+    out = Path(args.out)
+    source = getattr(args, "path", None)  # the importers' input file
+    if source is not None and _same_file(Path(source), out):
+        raise InputError("is the file being imported; write the trace to another file", path=out)
+    if out.is_dir():
+        raise InputError("is a directory, not a trace file", path=out)
+    if out.exists() and not args.force:
+        raise InputError("already exists; pass --force to overwrite it", path=out)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)  # the same file by any name: a symlink, a hard link, ./x or ../d/x
+    except OSError:  # one of them does not exist (yet)
+        return a.resolve() == b.resolve()
+
+
 def _write(trace: Trace, out: str) -> None:
     write_trace(trace, out)
     print(f"wrote {out}: trace {trace.trace_id}, {len(trace)} requests")
@@ -89,8 +111,8 @@ def _closed(args: argparse.Namespace) -> None:
     _write(trace, args.out)
 
 
-def _options(args: argparse.Namespace) -> ImportOptions:
-    return ImportOptions(args.max_prompt, args.max_budget, args.window, args.compress)
+def _options(args: argparse.Namespace, time_unit: str = "s") -> ImportOptions:
+    return ImportOptions(args.max_prompt, args.max_budget, args.window, args.compress, time_unit)
 
 
 def _import_azure(args: argparse.Namespace) -> None:
@@ -100,7 +122,18 @@ def _import_azure(args: argparse.Namespace) -> None:
 
 
 def _import(args: argparse.Namespace) -> None:
-    trace, report = import_table(args.path, args.timestamp, args.input, args.output, _options(args), args.format)
+    trace, report = import_table(args.path, args.timestamp, args.input, args.output,
+                                 _options(args, args.time_unit), args.format)
+    print(report)
+    warning = time_unit_warning(trace)
+    if warning:
+        print(warning, file=sys.stderr)
+    _write(trace, args.out)
+
+
+def _import_lengths(args: argparse.Namespace) -> None:
+    trace, report = import_lengths(args.path, args.input, args.output, args.rate, args.n, args.seed,
+                                   args.max_prompt, args.max_budget, args.format)
     print(report)
     _write(trace, args.out)
 
@@ -131,6 +164,7 @@ def parser() -> argparse.ArgumentParser:
 
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("--out", required=True, metavar="FILE", help="trace file to write")
+    out.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
 
     s = sub.add_parser("poisson", parents=[out], help="the seeded Poisson arrival trace (rate, n, seed)")
     s.add_argument("--rate", type=rate_arg, required=True, help="arrivals per second")
@@ -152,22 +186,36 @@ def parser() -> argparse.ArgumentParser:
                       help=f"drop requests with longer prompts (default {MAX_PROMPT})")
     caps.add_argument("--max-budget", type=int, default=MAX_BUDGET,
                       help=f"clip longer outputs to this budget (default {MAX_BUDGET})")
-    caps.add_argument("--window", type=_window, metavar="START:END",
-                      help="keep requests from START to END seconds after the file's first timestamp")
-    caps.add_argument("--compress", type=float, default=1.0, metavar="F",
-                      help="divide arrival times by F, offering the same requests at F times the rate")
+    timed = argparse.ArgumentParser(add_help=False, parents=[caps])  # files with arrival times
+    timed.add_argument("--window", type=_window, metavar="START:END",
+                       help="keep requests from START to END seconds after the file's first timestamp")
+    timed.add_argument("--compress", type=float, default=1.0, metavar="F",
+                       help="divide arrival times by F, offering the same requests at F times the rate")
 
-    s = sub.add_parser("import-azure", parents=[caps], help="import the Azure LLM inference trace 2023 CSV")
+    s = sub.add_parser("import-azure", parents=[timed], help="import the Azure LLM inference trace 2023 CSV")
     s.add_argument("path", help="AzureLLMInferenceTrace_conv.csv or _code.csv")
     s.set_defaults(func=_import_azure)
 
-    s = sub.add_parser("import", parents=[caps], help="import a CSV or JSONL trace, naming its columns")
+    s = sub.add_parser("import", parents=[timed], help="import a CSV or JSONL trace, naming its columns")
     s.add_argument("path", help="a .csv, or a .jsonl with one JSON object per line")
-    s.add_argument("--timestamp", required=True, metavar="COL", help="arrival time: seconds or ISO datetimes")
+    s.add_argument("--timestamp", required=True, metavar="COL", help="arrival time: numbers or ISO datetimes")
+    s.add_argument("--time-unit", choices=TIME_UNITS, default="s",
+                   help="the unit of numeric timestamps (default s); ISO datetimes are read as they are")
     s.add_argument("--input", required=True, metavar="COL", help="prompt tokens")
     s.add_argument("--output", required=True, metavar="COL", help="output tokens")
     s.add_argument("--format", choices=FORMATS, help="file format (default: from the suffix, .jsonl or .csv)")
     s.set_defaults(func=_import)
+
+    s = sub.add_parser("import-lengths", parents=[caps],
+                       help="resample a file of prompt and output lengths (e.g. ShareGPT's) with Poisson arrivals")
+    s.add_argument("path", help="a .csv, or a .jsonl with one JSON object per line")
+    s.add_argument("--input", required=True, metavar="COL", help="prompt tokens")
+    s.add_argument("--output", required=True, metavar="COL", help="output tokens")
+    s.add_argument("--rate", type=rate_arg, required=True, help="arrivals per second")
+    s.add_argument("--n", type=count_arg, default=DEFAULT_N, help=f"requests to draw (default {DEFAULT_N})")
+    s.add_argument("--seed", type=seed_arg, default=0, help="seed of the row draw and the arrival gaps (default 0)")
+    s.add_argument("--format", choices=FORMATS, help="file format (default: from the suffix, .jsonl or .csv)")
+    s.set_defaults(func=_import_lengths)
 
     s = sub.add_parser("show", help="summarise a trace file")
     s.add_argument("file")
@@ -178,6 +226,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        if hasattr(args, "out"):  # every command that writes a trace
+            _check_out(args)
         args.func(args)
     except (InputError, OSError) as e:  # the user's input or filesystem: one line, no traceback
         print(f"error: {e}", file=sys.stderr)

@@ -16,21 +16,6 @@ from typing import Iterable, Sequence
 from .errors import InputError
 
 
-def read_text(path: str | Path) -> str:
-    """A whole text file, or an InputError naming it: missing, a directory, unreadable, or not UTF-8."""
-    path = Path(path)
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("file not found", path=path) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, not a file", path=path) from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"is not UTF-8 text (byte {e.start})", path=path) from None
-    except OSError as e:
-        raise InputError(f"cannot be read ({e.strerror})", path=path) from None
-
-
 def header_line(schema: str, version: int, meta: dict | None = None) -> str:
     return "# " + json.dumps({"schema": schema, "version": version, **(meta or {})}, sort_keys=True) + "\n"
 
@@ -40,8 +25,10 @@ def parse_header(line: str, path: Path, schema: str, versions: Sequence[int]) ->
         raise InputError(f"missing the '# {{\"schema\": \"{schema}\", ...}}' header line", path=path, row=1)
     try:
         meta = json.loads(line[2:])
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: brackets nested thousands deep
         raise InputError(f"header line is not valid JSON ({e})", path=path, row=1) from None
+    if not isinstance(meta, dict):
+        raise InputError("header line is not a JSON object", path=path, row=1)
     if meta.get("schema") != schema:
         raise InputError(f"is a {meta.get('schema')!r} file, expected {schema!r}", path=path, row=1)
     if meta.get("version") not in versions:
@@ -52,12 +39,16 @@ def parse_header(line: str, path: Path, schema: str, versions: Sequence[int]) ->
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write a whole file so that a reader never sees half of it."""
+    """Write a whole file so that a reader never sees half of it, and leave no temporary file if that fails."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a vanished directory, a directory in the way, or Ctrl-C
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_table(path: Path, schema: str, version: int, columns: Sequence[str], rows: Iterable[Sequence],
@@ -71,7 +62,10 @@ def write_table(path: Path, schema: str, version: int, columns: Sequence[str], r
 
 
 class AppendWriter:
-    """Appends rows to a CSV and flushes each one, so a killed process keeps every completed row."""
+    """Appends rows to a CSV and flushes each one, so a killed process keeps every completed row.
+
+    Read such a file with read_table(..., appended=True), which drops a last row cut off mid-write.
+    """
 
     def __init__(self, path: Path, schema: str, version: int, columns: Sequence[str]):
         self.path = Path(path)
@@ -96,31 +90,66 @@ class AppendWriter:
         self._f.close()
 
 
-def read_table(path: Path, schema: str, versions: Sequence[int], columns: Sequence[str]) -> tuple[dict, list[list[str]]]:
-    """Header metadata and the data rows as strings. A final line cut off mid-write is dropped."""
+def read_bytes(path: Path) -> bytes:
+    """A whole file's bytes, or an InputError saying why they cannot be read."""
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise InputError("file not found", path=path) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, not a file", path=path) from None
+    except OSError as e:
+        raise InputError(f"cannot read the file ({e.strerror or e})", path=path) from None
+
+
+def decode_text(data: bytes, path: Path, encoding: str = "utf-8") -> str:
+    """`data` as text, or an InputError naming the line and byte offset of the first byte that is not UTF-8."""
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise InputError(f"is not UTF-8 text (byte {e.start})", path=path, row=line) from None
+
+
+def read_text(path: Path) -> str:
+    """A whole UTF-8 text file, or an InputError: missing, a directory, unreadable or not UTF-8."""
+    return decode_text(read_bytes(path), path)
+
+
+def read_table(path: Path, schema: str, versions: Sequence[int], columns: Sequence[str], *,
+               appended: bool = False) -> tuple[dict, list[list[str]]]:
+    """Header metadata and the data rows as strings; a malformed row is refused with its line.
+
+    `appended` is for files written row by row (AppendWriter): a last line without its newline there is a
+    row cut off when the writing process died, and is dropped. Every other file is written whole
+    (atomic_write_text), so its last line is a row like any other, with or without a newline.
+    """
     path = Path(path)
-    if not path.exists():
-        raise InputError("file not found", path=path)
-    text = path.read_text(encoding="utf-8")
-    if text and not text.endswith("\n"):
+    text = read_text(path)
+    if appended and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]  # the process died mid-row: keep only whole rows
     # Split on newlines only: str.splitlines also breaks at \u2028, \x1c and the like, which may sit inside a field.
     lines = io.StringIO(text).readlines()
     if not lines:
         raise InputError("file is empty", path=path)
     meta = parse_header(lines[0], path, schema, versions)
-    rows = list(csv.reader(lines[1:]))
-    if not rows:
-        raise InputError("no column header line", path=path, row=2)
-    missing = [c for c in columns if c not in rows[0]]
-    if missing:
-        raise InputError(f"missing columns {missing}; found {rows[0]}", path=path, row=2)
-    idx = [rows[0].index(c) for c in columns]
-    out = []
-    for i, r in enumerate(rows[1:], start=3):
-        if len(r) != len(rows[0]):
-            raise InputError(f"has {len(r)} fields, the header has {len(rows[0])}", path=path, row=i)
-        out.append([r[j] for j in idx])
+    reader = csv.reader(lines[1:], strict=True)  # reader.line_num + 1 is the file's line: the header is line 1
+    try:
+        header = next(reader, None)
+        if header is None:
+            raise InputError("no column header line", path=path, row=2)
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise InputError(f"missing columns {missing}; found {header}", path=path, row=2)
+        idx = [header.index(c) for c in columns]
+        out = []
+        for r in reader:
+            if len(r) != len(header):
+                raise InputError(f"has {len(r)} fields, the header has {len(header)}", path=path,
+                                 row=reader.line_num + 1)
+            out.append([r[j] for j in idx])
+    except csv.Error as e:
+        raise InputError(f"is not valid CSV ({e})", path=path, row=reader.line_num + 1) from None
     return meta, out
 
 

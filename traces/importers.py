@@ -3,6 +3,7 @@
 Each row is kept or removed by an explicit option (the time window, the prompt cap) and counted in the
 report; a malformed row is refused with its file, line and column, never skipped. The report, the
 options and the source file's hash go into the trace's metadata, so a trace file says where it came from.
+A file of lengths alone (no arrival times) is resampled and given seeded Poisson arrivals (import_lengths).
 """
 from __future__ import annotations
 
@@ -18,14 +19,20 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Iterator
 
-from .csvio import parse_int
+from .csvio import decode_text, parse_int, read_bytes
 from .errors import InputError
-from .workload import Trace, length_trace
+from .workload import Trace, length_trace, poisson_arrivals, row_draw
 
 MAX_PROMPT = 4096
 MAX_BUDGET = 256
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 FORMATS = ("csv", "jsonl")
+# The units numeric timestamps may be in, coarsest first, each with the power of ten from it to nanoseconds.
+TIME_UNITS = {"s": 9, "ms": 6, "us": 3}
+_UNIT_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds"}
+# Offered rates no serving trace has: an import that seems to offer one most likely read its timestamps in the
+# wrong unit (milliseconds read as seconds give a trace a thousand times too slow).
+SLOWEST_RATE, LONG_SPAN_S, FASTEST_RATE = 0.01, 86400.0, 100_000.0
 # Fractional seconds are split off before datetime parses the rest, which would cut them to microseconds.
 _FRACTION = re.compile(r"(?<=\d\d:\d\d:\d\d)[.,](\d+)")
 
@@ -36,12 +43,13 @@ class ImportOptions:
     max_budget: int = MAX_BUDGET  # longer outputs are clipped to this budget
     window: tuple[float, float] | None = None  # keep [start, end) seconds after the file's first timestamp
     compress: float = 1.0  # arrival times are divided by this: 2 offers the same requests at twice the rate
+    time_unit: str = "s"  # the unit of numeric timestamps (s, ms or us); ISO datetimes carry their own
 
     def __post_init__(self):
         for name in ("max_prompt", "max_budget"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"{name} must be a whole number >= 1, got {value!r}")
+            _whole(name, getattr(self, name), 1)
+        if self.time_unit not in TIME_UNITS:
+            raise InputError(f"the time unit must be one of {', '.join(TIME_UNITS)}, got {self.time_unit!r}")
         if not (math.isfinite(self.compress) and self.compress > 0):
             raise InputError(f"the time-compression factor must be a positive number, got {self.compress!r}")
         if self.window is not None:
@@ -72,6 +80,33 @@ class ImportReport:
         ])
 
 
+@dataclass(frozen=True)
+class LengthsReport:
+    rows_read: int
+    dropped_prompt: int  # rows with prompts over max_prompt, never drawn
+    pool: int  # rows left to draw from
+    drawn: int  # requests in the trace
+    clipped_budget: int  # drawn requests whose output was cut to max_budget
+    span_s: float  # first to last arrival
+    offered_rate: float | None  # requests per second over that span
+
+    def __str__(self) -> str:
+        rate = "n/a" if self.offered_rate is None else f"{self.offered_rate:.3f} req/s"
+        return "\n".join([
+            f"rows read                  {self.rows_read}",
+            f"dropped by the prompt cap  {self.dropped_prompt}",
+            f"rows drawn from            {self.pool}",
+            f"requests drawn             {self.drawn}",
+            f"budgets clipped to the cap {self.clipped_budget}",
+            f"offered rate               {rate} over {self.span_s:.1f} s",
+        ])
+
+
+def _whole(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+
+
 def import_azure(path: str | Path, options: ImportOptions = ImportOptions()) -> tuple[Trace, ImportReport]:
     """The Azure LLM inference trace 2023 (conversation or code CSV: TIMESTAMP, ContextTokens, GeneratedTokens)."""
     return import_table(path, *AZURE_COLUMNS, options=options, fmt="csv", kind="azure-llm-2023")
@@ -80,30 +115,19 @@ def import_azure(path: str | Path, options: ImportOptions = ImportOptions()) -> 
 def import_table(path: str | Path, timestamp: str, prompt: str, output: str, options: ImportOptions = ImportOptions(),
                  fmt: str | None = None, kind: str = "import") -> tuple[Trace, ImportReport]:
     """A CSV or JSONL file (by its suffix unless `fmt` says) whose named columns hold each request's arrival
-    time (seconds, or ISO datetimes), prompt tokens and output tokens; returns the trace and its cap report."""
+    time (numbers in options.time_unit, or ISO datetimes), prompt tokens and output tokens; returns the trace
+    and its cap report."""
     path = Path(path)
-    fmt = fmt or ("jsonl" if path.suffix.lower() in (".jsonl", ".ndjson") else "csv")
-    if fmt not in FORMATS:
-        raise InputError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}", path=path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise InputError(f"cannot read the file ({e.strerror})", path=path) from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise InputError(f"is not UTF-8 text (byte {e.start})", path=path) from None
-
-    rows = (_csv_rows if fmt == "csv" else _jsonl_rows)(text, path, (timestamp, prompt, output))
+    fmt, data, rows = _read_rows(path, fmt, (timestamp, prompt, output))
     read = outside = dropped = clipped = 0
     kept: list[tuple[int, int, int]] = []  # (timestamp ns, prompt tokens, budget)
     first = last = first_kind = None
     for line, (t, p, o) in rows:
         read += 1
-        ns, t_kind = _timestamp_ns(_text(t, path, line, timestamp), path, line, timestamp)
+        ns, t_kind = _timestamp_ns(_text(t, path, line, timestamp), path, line, timestamp, options.time_unit)
         if first is None:
             first, first_kind = ns, t_kind
-        elif t_kind != first_kind:  # neither seconds and datetimes, nor naive and zoned times, compare
+        elif t_kind != first_kind:  # neither numbers and datetimes, nor naive and zoned times, compare
             raise InputError(f"{t!r} is a {t_kind} timestamp, the file's first is a {first_kind} one",
                              path=path, row=line, column=timestamp)
         if last is not None and ns < last:
@@ -132,11 +156,90 @@ def import_table(path: str | Path, timestamp: str, prompt: str, output: str, opt
     trace.meta = {
         "kind": kind,
         "source": {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(), "format": fmt,
-                   "columns": {"timestamp": timestamp, "prompt": prompt, "output": output}},
+                   "columns": {"timestamp": timestamp, "prompt": prompt, "output": output}, "timestamps": first_kind},
         "options": asdict(options),
         "report": asdict(report),
     }
     return trace, report
+
+
+def time_unit_warning(trace: Trace) -> str | None:
+    """A one-line "warning: ..." when an imported trace's offered rate is implausible for the unit its numeric
+    timestamps were read in: under SLOWEST_RATE req/s over more than LONG_SPAN_S, or over FASTEST_RATE req/s.
+    It names the unit that would fit. None when the rate is plausible or the timestamps were datetimes."""
+    source, options = trace.meta.get("source", {}), trace.meta.get("options", {})
+    if source.get("timestamps") != "numeric" or trace.offered_rate is None:
+        return None
+    # The file's own rate is judged: --compress changes the rate on purpose.
+    rate, span = trace.offered_rate / options["compress"], trace.span * options["compress"]
+    units = list(TIME_UNITS)
+    unit = units.index(options["time_unit"])
+    if rate < SLOWEST_RATE and span > LONG_SPAN_S:  # e.g. milliseconds read as seconds: try the next finer unit
+        seen, other = f"{rate:.3g} req/s over {span / 86400:.1f} days", unit + 1
+    elif rate > FASTEST_RATE:  # e.g. seconds read as milliseconds: try the next coarser unit
+        seen, other = f"{rate:.3g} req/s", unit - 1
+    else:
+        return None
+    hint = (f"if they are {_UNIT_NAMES[units[other]]}, import with --time-unit {units[other]}"
+            if 0 <= other < len(units) else "check the unit of the timestamp column")
+    return f"warning: the trace offers {seen} with its timestamps read as {_UNIT_NAMES[units[unit]]}; {hint}"
+
+
+def import_lengths(path: str | Path, prompt: str, output: str, rate: float, n: int, seed: int = 0,
+                   max_prompt: int = MAX_PROMPT, max_budget: int = MAX_BUDGET,
+                   fmt: str | None = None) -> tuple[Trace, LengthsReport]:
+    """A file of request lengths without arrival times (e.g. ShareGPT's prompt and output token counts) as a
+    trace of n requests at `rate` per second; returns the trace and its report.
+
+    Rows with prompts over max_prompt are dropped; n rows are drawn from the rest uniformly with replacement
+    (workload.row_draw), their outputs clipped to max_budget, and given the Poisson arrivals of
+    workload.poisson_arrivals(rate, n, seed). Both come from raw PCG64 words (the same under every NumPy
+    version) on separate streams, so the same (n, seed) holds the same requests at every rate.
+    """
+    path = Path(path)
+    for name, value, minimum in (("max_prompt", max_prompt, 1), ("max_budget", max_budget, 1), ("n", n, 1),
+                                 ("seed", seed, 0)):
+        _whole(name, value, minimum)
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise InputError(f"the arrival rate must be a positive number of requests per second, got {rate!r}")
+    fmt, data, rows = _read_rows(path, fmt, (prompt, output))
+    read = dropped = 0
+    pool: list[tuple[int, int]] = []
+    for line, (p, o) in rows:
+        read += 1
+        n_prompt = parse_int(_text(p, path, line, prompt), path, line, prompt, 1)
+        n_output = parse_int(_text(o, path, line, output), path, line, output, 1)
+        if n_prompt > max_prompt:
+            dropped += 1
+        else:
+            pool.append((n_prompt, n_output))
+    if not read:
+        raise InputError("holds no requests", path=path)
+    if not pool:
+        raise InputError(f"no requests left: every prompt in it is over the cap of {max_prompt} tokens", path=path)
+
+    drawn = [pool[i] for i in row_draw(len(pool), n, seed)]
+    trace = length_trace([(a, p, min(o, max_budget)) for a, (p, o) in zip(poisson_arrivals(rate, n, seed), drawn)])
+    report = LengthsReport(read, dropped, len(pool), n, sum(o > max_budget for _, o in drawn), trace.span,
+                           trace.offered_rate)
+    trace.meta = {
+        "kind": "lengths",
+        "source": {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(), "format": fmt,
+                   "columns": {"prompt": prompt, "output": output}},
+        "options": {"max_prompt": max_prompt, "max_budget": max_budget, "rate": rate, "n": n, "seed": seed},
+        "report": asdict(report),
+    }
+    return trace, report
+
+
+def _read_rows(path: Path, fmt: str | None, columns: tuple[str, ...]) -> tuple[str, bytes, Iterator[tuple[int, list]]]:
+    """The format (from the suffix unless `fmt` says), the file's bytes (for its hash) and its rows' named values."""
+    fmt = fmt or ("jsonl" if path.suffix.lower() in (".jsonl", ".ndjson") else "csv")
+    if fmt not in FORMATS:
+        raise InputError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}", path=path)
+    data = read_bytes(path)
+    text = decode_text(data, path, "utf-8-sig")  # a spreadsheet's byte-order mark is not part of the first column
+    return fmt, data, (_csv_rows if fmt == "csv" else _jsonl_rows)(text, path, columns)
 
 
 def _csv_rows(text: str, path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, list[str]]]:
@@ -187,23 +290,24 @@ def _text(value, path: Path, line: int, column: str) -> str:
     return value
 
 
-def _timestamp_ns(value: str, path: Path, line: int, column: str) -> tuple[int, str]:
+def _timestamp_ns(value: str, path: Path, line: int, column: str, unit: str) -> tuple[int, str]:
     """The time in integer nanoseconds (exact, unlike float seconds since 1970), and what kind of timestamp
-    it is: 'seconds', 'naive' or 'zoned' (an ISO datetime without or with a UTC offset)."""
+    it is: 'numeric' (a number in `unit`), 'naive' or 'zoned' (an ISO datetime without or with a UTC offset)."""
     value = value.strip()
     try:
-        seconds = Decimal(value)
+        number = Decimal(value)
     except InvalidOperation:
-        seconds = None
-    if seconds is not None:
-        if not seconds.is_finite():
+        number = None
+    if number is not None:
+        # Past 1e20 (three trillion years in seconds) is no time, and 1e999999 would take minutes to convert.
+        if not number.is_finite() or number.adjusted() > 20:
             raise InputError(f"{value!r} is not a time", path=path, row=line, column=column)
-        return int(seconds.scaleb(9).to_integral_value()), "seconds"
+        return int(number.scaleb(TIME_UNITS[unit]).to_integral_value()), "numeric"
     frac = _FRACTION.search(value)
     try:
         dt = datetime.fromisoformat(value if frac is None else value[:frac.start()] + value[frac.end():])
     except ValueError:
-        raise InputError(f"{value!r} is neither seconds nor an ISO datetime", path=path, row=line,
+        raise InputError(f"{value!r} is neither a number nor an ISO datetime", path=path, row=line,
                          column=column) from None
     epoch = datetime(1970, 1, 1, tzinfo=timezone.utc if dt.tzinfo else None)
     ns = (dt - epoch) // timedelta(microseconds=1) * 1000 + (int(frac.group(1)[:9].ljust(9, "0")) if frac else 0)

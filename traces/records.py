@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .csvio import AppendWriter, atomic_write_text, read_table
+from .csvio import AppendWriter, atomic_write_text, read_table, read_text
 from .errors import InputError
 from .provenance import now_iso
 
@@ -106,7 +106,12 @@ def read_run(run_dir: str | Path) -> RunRecord:
     meta_path = run_dir / "meta.json"
     if not meta_path.exists():
         raise InputError("not a run record (no meta.json)", path=run_dir)
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(read_text(meta_path))
+    except json.JSONDecodeError as e:
+        raise InputError(f"is not valid JSON ({e})", path=meta_path) from None
+    if not isinstance(meta, dict):
+        raise InputError("is not a JSON object", path=meta_path)
     version = meta.get("version")
     if meta.get("schema") != SCHEMA or version not in READS:
         raise InputError(f"run-record schema {meta.get('schema')!r} v{version!r} is not {SCHEMA!r} "
@@ -116,7 +121,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
         p = run_dir / f"{t}.csv"
         old = version == 1 and t in _ADDED
         want = tuple(c for c in cols if c not in _ADDED[t]) if old else cols
-        rows = read_table(p, f"{SCHEMA}/{t}", (version,), want)[1] if p.exists() else []
+        rows = read_table(p, f"{SCHEMA}/{t}", (version,), want, appended=True)[1] if p.exists() else []
         frames[t] = _upgrade(t, _frame(t, rows, want)) if old else _frame(t, rows)
     return RunRecord(meta, **frames)
 

@@ -46,6 +46,9 @@ def read_trace(path: str | Path) -> Trace:
             raise InputError(f"prompt {prompt!r} does not have {req.prompt_tokens} tokens (the named prompts are "
                              f"{PROMPT_LENGTHS})", path=path, row=line, column="prompt")
         reqs.append(req)
+    meta = header.get("meta", {})
+    if not isinstance(meta, dict):
+        raise InputError("the header's 'meta' is not a JSON object", path=path, row=1)
     # A repeated request id is left to the engine and the simulator, which refuse the second one at submit
     # and serve the rest. The trace id is recomputed from the rows, so a hand-edited file gets the id of what it now holds.
-    return Trace(reqs, header.get("meta", {}))
+    return Trace(reqs, meta)

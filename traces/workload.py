@@ -82,6 +82,17 @@ def poisson_arrivals(rate: float, n: int, seed: int) -> list[float]:
     return [round(float(t), ARRIVAL_DECIMALS) for t in times]
 
 
+def row_draw(rows: int, n: int, seed: int) -> list[int]:
+    """n indices drawn uniformly with replacement from range(rows): a seeded resample of a file's rows.
+
+    Its own stream, apart from the mixed draw's and the arrival gaps', so (n, seed) picks the same rows at every rate.
+    """
+    if rows < 1:
+        raise ValueError(f"there must be at least one row to draw from, got {rows}")
+    # Reducing 64-bit words modulo `rows` favours some rows by at most rows / 2**64: no sample can show it.
+    return [int(i) for i in _raw(seed, 3, n) % np.uint64(rows)]
+
+
 def _requests(draw: list[tuple[str, int]], arrivals: list[float]) -> list[Request]:
     return [Request(i, a, PROMPT_LENGTHS[p], b, p) for i, ((p, b), a) in enumerate(zip(draw, arrivals))]
 
