@@ -107,8 +107,12 @@ class ModelRunner:
         graph_top = max([t for t in self.buckets if t <= GRAPH_TOKENS], default=0) if use_graphs else 0
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.max_seqs = b + 1  # the step's sequences, and the bucket's padding as one more
+        # Static inputs: one set for the graphs' buckets, one for the eager ones (each at its largest bucket), so no
+        # step allocates pinned or device memory of a size it has not seen.
         self._prefill_in = PrefillInputs(graph_top, self.max_seqs, self._programs(graph_top), dev, pinned) \
             if graph_top else None
+        top = self.buckets[-1]
+        self._eager_in = PrefillInputs(top, self.max_seqs, self._programs(top), dev, pinned) if top > graph_top else None
         self.prefill_tokens = torch.zeros(self.max_seqs, dtype=torch.int64, device=dev)
         if use_graphs:
             self._capture(backends, graph_top)
@@ -229,10 +233,7 @@ class ModelRunner:
         total = sum(work.computed)
         bucket = self.bucket(total)
         graph = self.prefill_graphs.get(bucket)
-        if graph is not None:
-            pi = self._prefill_in
-        else:  # an eager bucket: inputs of its own size
-            pi = PrefillInputs(bucket, self.max_seqs, self._programs(bucket), m.device, m.device.type == "cuda")
+        pi = self._prefill_in if graph is not None else self._eager_in
         ids, pos, slots, start, length, bseq, bq, last = pi.host_views
         ids[:bucket], pos[:bucket], slots[:bucket] = 0, 0, -1
         start[:], length[:], last[:] = 0, 0, 0
@@ -253,11 +254,12 @@ class ModelRunner:
             i = len(lengths)
             start[i], length[i] = total, bucket - total  # its tokens: id 0 at position 0
             lengths.append(bucket - total)
-        p = plan(lengths, self.block_m, len(bseq))
-        bseq[:], bq[:] = p.block_seq, p.block_q
+        programs = self._programs(bucket)
+        p = plan(lengths, self.block_m, programs)
+        bseq[:programs], bq[:programs] = p.block_seq, p.block_q
         pi.dev.copy_(pi.host, non_blocking=True)
         if graph is not None:
             graph.replay()
         else:
-            self._prefill_forward(bucket, pi.for_bucket(bucket, self._programs(bucket)))
+            self._prefill_forward(bucket, pi.for_bucket(bucket, programs))
         return self.prefill_tokens[:len(completes)].tolist()

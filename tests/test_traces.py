@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from traces.cli import main
-from traces.cost_table import load_cost_table
+from costs.table import load_cost_table
 from traces.csvio import atomic_write_text
 from traces.errors import InputError
 from traces.importers import ImportOptions, import_azure, import_lengths, import_table, time_unit_warning

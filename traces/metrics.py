@@ -109,7 +109,7 @@ def theil_sen_slope(x: np.ndarray, y: np.ndarray) -> float:
     dx = x[:, None] - x
     dy = y[:, None] - y
     pos = dx > 0
-    return float(np.median(dy[pos] / dx[pos]))
+    return float(np.median(dy[pos] / dx[pos])) if pos.any() else math.nan
 
 
 def stability(rec: RunRecord, rate: float | None = None, rise_tol_s: float = RISE_TOL_S) -> dict:

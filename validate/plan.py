@@ -27,7 +27,7 @@ from sim.simulator import SimConfig, simulate
 from sim.sweep import Config, Workload, run_sweep
 from traces.csvio import atomic_write_text
 from traces.errors import InputError
-from traces.importers import ImportOptions, import_azure
+from traces.importers import ImportOptions, import_azure, import_lengths
 from traces.metrics import closed_run, summary, token_gaps
 from traces.provenance import provenance
 from traces.trace_io import write_trace
@@ -109,7 +109,6 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
         wcap = capacity(table, Config("paged", 32, 64.0), Workload(base=window))
         for f, role in ((0.6, "below"), (1.0, "near"), (1.5, "past")):
             points.append(_scaled(window, f * wcap, f"azure-conv-{role}", traces_dir, "public"))
-        from traces.importers import import_lengths  # TODO(merge): top-level once traces has it
         lengths, _ = import_lengths(sharegpt, "num_prefill_tokens", "num_decode_tokens", rate=1.0, n=n, seed=seed)
         scap = capacity(table, Config("paged", 32, 64.0), Workload(base=lengths))
         for f, role in ((0.7, "below"), (1.3, "past")):
