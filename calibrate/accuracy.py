@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 from costs.model import CostModel
-from costs.shapes import PrefillShape
 
 from .plan import Run
 from .points import prefill_steps, usable_steps
@@ -26,9 +25,10 @@ def check(cost: CostModel, runs: list[Run], samples: dict[str, dict]) -> dict:
         if run.kind == "check-prefill":
             policy = run.policy.partition(":")[0]
             kind = "prefill" if policy == "padded" else f"prefill {policy}"
-            for (rows, tokens, attn), dur in prefill_steps(s).items():  # a chunked prompt's chunks: one point each
-                measured, predicted = float(np.median(dur)), cost.prefill(PrefillShape(rows, tokens, attn))
-                points.append({"kind": kind, "run": run.label, "prompts": list(run.prompts), "shape": [rows, tokens, attn],
+            for shape, dur in prefill_steps(run, s).items():  # a chunked prompt's chunks: one point each
+                measured, predicted = float(np.median(dur)), cost.prefill(shape)
+                points.append({"kind": kind, "run": run.label, "prompts": list(run.prompts),
+                               "shape": [shape.rows, shape.tokens, shape.attn],
                                "measured_s": measured, "predicted_s": predicted, "error": predicted / measured - 1})
             continue
         kv_tokens, kv_max, dur = usable_steps(s)

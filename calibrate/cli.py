@@ -53,6 +53,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--refresh", type=Path, metavar="TABLE",
                    help="instead of a whole calibration, re-measure a few of TABLE's shapes on this GPU and write TABLE "
                         "rescaled to it (about a minute): for a GPU instance other than the one that made TABLE")
+    p.add_argument("--refit", type=Path, metavar="TABLE",
+                   help="no GPU: rebuild TABLE from its measured runs (TABLE.points.jsonl, or --points) with this "
+                        "version's cost model, into --out")
+    p.add_argument("--points", type=Path, metavar="FILE", help="with --refit: the points file of TABLE")
     p.add_argument("--force", action="store_true", help="replace an existing --out table")
     p.add_argument("--expect-gpu", metavar="NAME",
                    help="refuse to run unless the GPU is this one (e.g. 'NVIDIA H200'; 'A10' does not match 'A10G')")
@@ -71,6 +75,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.refit is not None:
+        if args.out is None or (args.out.exists() and not args.force):
+            raise InputError("--refit needs --out NEW.json (a new file, or --force)")
+        from .refit import refit
+        print(f"refitted {args.refit} into {args.out}: cost table {refit(args.refit, args.out, args.points, argv)}")
+        return 0
     from engine.engine import Engine, EngineConfig  # torch: only once the options are known to be good
 
     from .measure import identity, measure

@@ -12,7 +12,10 @@ from collections import defaultdict
 
 import numpy as np
 
-from costs.shapes import kv_read
+from costs.shapes import PrefillShape, kv_read
+from engine.block_pool import BlockPool
+from engine.scheduler import PrefillPolicy, Scheduler
+from traces.workload import Request
 
 from .plan import Run
 
@@ -26,20 +29,42 @@ def stats(durations) -> dict:
     return {"median_s": float(med), "p10_s": float(p10), "p90_s": float(p90), "n": int(d.size)}
 
 
-def prefill_steps(sample: dict) -> dict[tuple[int, int, int], list[float]]:
-    """Every prefill step of a run's repetitions, by shape (rows, tokens, attn): its durations."""
-    by_shape: dict[tuple[int, int, int], list[float]] = defaultdict(list)
+def step_shapes(run: Run) -> list[PrefillShape]:
+    """The prefill steps the engine's scheduler makes of a closed run, in order (several for a chunked prompt):
+    the same scheduler code replayed here, so a measured duration gets its exact step."""
+    sched = Scheduler(run.width, BlockPool(unbounded_pool_blocks(run), 64), None, PrefillPolicy.parse(run.policy))
+    for i, n in enumerate(run.prompts):
+        sched.submit(Request(i, 0.0, n, run.budget))
+    sched.admit(0.0, 0)
+    shapes = []
+    while (work := sched.prefill_work()) is not None:
+        shapes.append(work.shape)
+        sched.prefilled(work, 0.0)
+    return shapes
+
+
+def unbounded_pool_blocks(run: Run) -> int:
+    return sum(-(-(n + run.budget) // 64) for n in run.prompts)
+
+
+def prefill_steps(run: Run, sample: dict) -> dict[PrefillShape, list[float]]:
+    """Every prefill step of a run's repetitions, by shape: its durations."""
+    shapes = step_shapes(run)
+    by_shape: dict[PrefillShape, list[float]] = defaultdict(list)
     for rep in sample["prefill"]:
-        for rows, tokens, attn, dur in rep:
-            by_shape[rows, tokens, attn].append(dur)
+        if [(s.rows, s.tokens, s.attn) for s in shapes] != [tuple(x[:3]) for x in rep]:
+            raise ValueError(f"{run.label}: the measured steps {[x[:3] for x in rep]} are not the scheduler's "
+                             f"{[(s.rows, s.tokens, s.attn) for s in shapes]}")
+        for shape, step in zip(shapes, rep):
+            by_shape[shape].append(step[3])
     return by_shape
 
 
 def prefill_points(run: Run, sample: dict) -> list[dict]:
     """One point per distinct step shape of the run (a chunked prompt's chunks are several)."""
     policy = run.policy.partition(":")[0]
-    return [{"policy": policy, "rows": r, "tokens": t, "attn": a, **stats(d), "run": run.label}
-            for (r, t, a), d in prefill_steps(sample).items()]
+    return [{"policy": policy, "rows": s.rows, "tokens": s.tokens, "attn": s.attn, "computed": list(s.computed),
+             "prefix": list(s.prefix), **stats(d), "run": run.label} for s, d in prefill_steps(run, sample).items()]
 
 
 def first_over_again(run: Run, sample: dict) -> float:

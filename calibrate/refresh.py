@@ -16,7 +16,6 @@ import numpy as np
 
 from costs.fit import fit
 from costs.model import CostModel, ExtrapolationWarning
-from costs.shapes import PrefillShape
 from costs.table import CostTable, load_cost_table, save_cost_table
 
 from .plan import Run
@@ -41,8 +40,8 @@ def ratios(cost: CostModel, runs: list[Run], samples: list[dict]) -> dict[str, l
         warnings.simplefilter("ignore", ExtrapolationWarning)
         for run, s in zip(runs, samples):
             if run.kind == "prefill":
-                for (r, t, a), d in prefill_steps(s).items():
-                    out.setdefault("prefill", []).append(float(np.median(d)) / cost.prefill(PrefillShape(r, t, a)))
+                for shape, d in prefill_steps(run, s).items():
+                    out.setdefault("prefill", []).append(float(np.median(d)) / cost.prefill(shape))
             else:
                 kv_tokens, kv_max, dur = usable_steps(s)
                 pred = cost.decode(run.backend, run.width, kv_tokens, kv_max)
@@ -57,7 +56,7 @@ def rescaled(raw: dict, factor: dict[str, float]) -> dict:
     prefill = [scale(p, factor["prefill"]) for p in CostTable(raw).prefill_points()]  # keyed by shape
     decode = {b: {"points": [scale(p, factor[f"decode {b}"]) for p in d["points"]]} for b, d in raw["decode"].items()}
     return {**raw, "version": 2, "prefill": {"points": prefill}, "decode": decode,
-            "fit": fit(prefill, {b: d["points"] for b, d in decode.items()})}
+            "fit": fit(prefill, {b: d["points"] for b, d in decode.items()}, raw.get("engine"))}
 
 
 def refresh(source: Path, out: Path, cfg, argv: list[str]) -> int:

@@ -20,7 +20,8 @@ def points_path(table_path: str | Path) -> Path:
 
 
 class PointsFile:
-    def __init__(self, path: str | Path, identity: dict):
+    def __init__(self, path: str | Path, identity: dict | None):
+        """identity None: read the runs whatever setup made them (a refit), never to add to them."""
         self.path = Path(path)
         self.identity = identity
         self.samples: dict[str, dict] = {}
@@ -49,7 +50,7 @@ class PointsFile:
         if head.get("version") != VERSION:
             raise InputError(f"points-file version {head.get('version')!r} is not {VERSION}", path=self.path)
         theirs = head.get("identity", {})
-        diff = [f"{k} {theirs.get(k)!r} (now {v!r})" for k, v in self.identity.items() if theirs.get(k) != v]
+        diff = [f"{k} {theirs.get(k)!r} (now {v!r})" for k, v in (self.identity or {}).items() if theirs.get(k) != v]
         if diff:
             raise InputError(f"holds points measured with another setup: {'; '.join(diff)}. Resume on the same "
                              f"setup, or choose another --out (or delete this file) to start over", path=self.path)

@@ -74,7 +74,7 @@ def build_table(plan: Plan, runs: list[Run], samples: dict[str, dict], engine_me
         "notes": list(NOTES),
         "prefill": {"points": prefill},
         "decode": {b: {"points": pts} for b, pts in decode.items()},
-        "fit": fit(prefill, decode),
+        "fit": fit(prefill, decode, engine_meta.get("engine")),
         "stationarity": stationarity([r for r in runs if r.kind.startswith("stationary-")], samples),
     }
     with warnings.catch_warnings():

@@ -12,7 +12,8 @@ from scipy.optimize import least_squares, lsq_linear
 
 from traces.errors import InputError
 
-from .model import interp, prefill_time
+from .model import PrefillRounding, interp, prefill_time
+from .shapes import PrefillShape
 from .table import PREFILL_PARAMS
 
 Z90 = 1.2815515655446004  # the 90th percentile of a standard normal
@@ -23,11 +24,20 @@ def sigma(points: list[dict]) -> float:
     return float(np.median([math.log(p["p90_s"] / p["p10_s"]) / (2 * Z90) for p in points]))
 
 
-def fit_prefill(points: list[dict]) -> dict:
-    """The smooth-max surface over prefill points keyed by shape (rows, tokens, attn)."""
+def point_shape(p: dict) -> PrefillShape:
+    """A prefill point's step: its sequences when it lists them, else a padded group (rows x tokens / rows)."""
+    if "computed" in p:
+        return PrefillShape.of(p["computed"], p.get("prefix"))
+    return PrefillShape.padded(p["rows"], p["tokens"] // p["rows"])
+
+
+def fit_prefill(points: list[dict], engine: dict | None = None) -> dict:
+    """The smooth-max surface over prefill points (costs/model.py), with the engine's rounding when known."""
+    rounding = PrefillRounding(engine)
+    feats = [rounding.features(point_shape(p)) for p in points]
     rows = np.array([p["rows"] for p in points], float)
-    tokens = np.array([p["tokens"] for p in points], float)
-    span = np.array([p["attn"] / p["tokens"] for p in points], float)
+    tokens = np.array([f[0] for f in feats], float)
+    span = np.array([f[1] for f in feats], float)
     y = np.array([p["median_s"] for p in points], float)
     big = np.argmax(tokens)
     # Start from the floor at the smallest shape and the throughput of the largest; positive through exp().
@@ -36,9 +46,10 @@ def fit_prefill(points: list[dict]) -> dict:
     sharpness = ([-np.inf] * 5 + [0.0], [np.inf] * 5 + [np.log(50.0)])  # between a plain sum and a hard max
     res = least_squares(lambda x: np.log(prefill_time(np.exp(x), rows, tokens, span)) - np.log(y), x0,
                         bounds=sharpness, loss="soft_l1", f_scale=0.05)
+    real = [point_shape(p) for p in points]
     return {"method": "smooth-max", **dict(zip(PREFILL_PARAMS, np.exp(res.x).tolist())),
-            "rows": [int(rows.min()), int(rows.max())], "tokens": [int(tokens.min()), int(tokens.max())],
-            "span": [float(span.min()), float(span.max())], "sigma": sigma(points)}
+            "rows": [int(rows.min()), int(rows.max())], "tokens": [min(s.tokens for s in real), max(s.tokens for s in real)],
+            "span": [min(s.span for s in real), max(s.span for s in real)], "sigma": sigma(points)}
 
 
 def fit_decode(points: list[dict]) -> dict:
@@ -65,6 +76,8 @@ def fit_decode(points: list[dict]) -> dict:
     return {"rows": rows, "knots": knots, "per_token_s": per_token, "sigma": sigma(points)}
 
 
-def fit(prefill_points: list[dict], decode_points: dict[str, list[dict]]) -> dict:
-    """The `fit` section for a table's measured points (prefill keyed by shape; decode per backend)."""
-    return {"prefill": fit_prefill(prefill_points), "decode": {b: fit_decode(p) for b, p in decode_points.items()}}
+def fit(prefill_points: list[dict], decode_points: dict[str, list[dict]], engine: dict | None = None) -> dict:
+    """The `fit` section for a table's measured points (prefill keyed by shape; decode per backend); `engine` is
+    the table's engine section (its prefill rounding)."""
+    return {"prefill": fit_prefill(prefill_points, engine),
+            "decode": {b: fit_decode(p) for b, p in decode_points.items()}}

@@ -1,15 +1,18 @@
 """The cost model: the duration of any step shape, from a cost table's fit.
 
-- Prefill (a PrefillShape: rows, positions computed, causal attention work): a smooth surface from the engine's
-  two regimes. Small steps are bound by a floor (launches, the host's work per step) that grows a little with
-  the rows; large ones by the GPU's work, linear in the positions computed and in the attention work:
-  g = base + per_token * tokens + per_token2 * tokens * span, span = attn / tokens (a padded group's padded
-  length; a whole prompt's own length). The step costs the smooth maximum of the two, (floor^k + g^k)^(1/k).
-  The assumption that carries it to policies the table did not measure: a step's cost depends on its rows, the
-  positions it computes and the attention work among them, and not on how they are split into sequences. A
-  padded group of w prompts padded to n is w rows, w*n positions and w*n^2 work; the same prompts at their true
-  lengths (packed) are w rows, sum(n_i) positions and sum(n_i^2) work; a chunk of c positions of a prompt whose
-  first p positions are already in the pool is one row, c positions and c*(c + 2p) work.
+- Prefill (a PrefillShape: each sequence's positions computed, after its prefix in the pool): a smooth surface
+  from the engine's two regimes. Small steps are bound by a floor (the host's work per step, graph launch) that
+  grows a little with the rows; large ones by the GPU's work, linear in the positions computed and in the
+  attention work: g = base + per_token * tokens + per_token2 * attention. The step costs the smooth maximum of
+  the two, (floor^k + g^k)^(1/k). Where the table records how the engine rounds a step (its token buckets and
+  the prefill kernel's query tile), tokens is the bucket the step runs at, and attention is counted as the
+  kernel does it: whole query tiles, each over the prefix and the keys up to the tile's end, plus the bucket's
+  padding attending within itself. Older tables price the step's own tokens and causal work.
+  The assumption that carries the model to policies a table did not measure: a step's cost depends on its rows,
+  the positions it computes and the attention work among them, not on how the rows came to be. A padded group
+  of w prompts padded to n is w sequences of n positions; the same prompts at their true lengths (packed) are
+  w sequences of n_i; a chunk of c positions of a prompt whose first p are in the pool is one sequence of c
+  positions after a prefix of p (attention c * (c + 2p)).
 - Decode (rows, K/V tokens, longest row): the step a uniform batch would take at the longest row's length, less
   what the shorter rows save: t = uniform(rows, kv_max) - per_token * (rows * kv_max - kv_tokens). The uniform
   cost is interpolated piecewise-linearly in the length through measured knots, per measured row count; row
@@ -42,6 +45,37 @@ def prefill_time(params, rows, tokens, span):
     floor = floor_s + floor_per_row_s * rows
     top = np.maximum(floor, gpu)  # scaled by the larger term so that no power overflows
     return top * ((floor / top) ** k + (gpu / top) ** k) ** (1 / k)
+
+
+def tile_work(n: int, prefix: int, block_m: int) -> int:
+    """Attention work of n query positions after `prefix` as the prefill kernel does it: ceil(n / block_m) query
+    tiles of block_m rows, tile j over the prefix and the keys up to its end (counted twice, as PrefillShape.attn)."""
+    t = -(-n // block_m)
+    return 2 * block_m * (t * prefix + block_m * t * (t - 1) // 2 + n)
+
+
+class PrefillRounding:
+    """How an engine runs a prefill step: the token buckets it rounds a step up to, and its query tile."""
+
+    def __init__(self, engine: dict | None):
+        engine = engine or {}
+        self.buckets = np.asarray(engine.get("prefill_buckets") or [], dtype=np.int64)
+        self.block_m = engine.get("prefill_block_m")
+
+    @property
+    def known(self) -> bool:
+        return self.buckets.size > 0 and bool(self.block_m)
+
+    def features(self, shape: PrefillShape) -> tuple[int, float]:
+        """(tokens, attention work per token) the fitted surface takes for this step."""
+        if not self.known:  # a table from before the engine recorded its rounding: the step's own work
+            return shape.tokens, shape.attn / shape.tokens
+        tokens = shape.tokens
+        i = int(np.searchsorted(self.buckets, tokens))
+        bucket = int(self.buckets[i]) if i < self.buckets.size else tokens
+        work = sum(tile_work(n, p, self.block_m) for n, p in zip(shape.computed, shape.prefix))
+        work += tile_work(bucket - tokens, 0, self.block_m) if bucket > tokens else 0
+        return bucket, work / bucket
 
 
 def interp(knots: list[list[float]], length):
@@ -77,6 +111,7 @@ class CostModel:
         p = table.fit["prefill"]
         self._prefill_params = tuple(p[k] for k in PREFILL_PARAMS)
         self._ranges = prefill_ranges(table)
+        self.rounding = PrefillRounding(table.raw.get("engine"))
         self.prefill_sigma = p["sigma"]
         self._decode = table.fit["decode"]
         self.decode_sigma = {b: d["sigma"] for b, d in self._decode.items()}
@@ -96,14 +131,14 @@ class CostModel:
 
     def prefill(self, shape: PrefillShape) -> float:
         """One prefill step of this shape."""
-        return self._prefill(shape.rows, shape.tokens, shape.attn)
+        return self._prefill(shape)
 
-    def _prefill_cost(self, rows: int, tokens: int, attn: int) -> float:
-        span = attn / tokens
+    def _prefill_cost(self, shape: PrefillShape) -> float:
+        rows, tokens, span = shape.rows, shape.tokens, shape.span
         r = self._ranges
         if rows > r["rows"][1] or tokens > r["tokens"][1] or span > r["span"][1]:
             self._outside(f"prefill of {rows} rows x {tokens} tokens (span {span:.0f})")
-        return float(prefill_time(self._prefill_params, rows, tokens, span))
+        return float(prefill_time(self._prefill_params, rows, *self.rounding.features(shape)))
 
     def decode(self, backend: str, rows: int, kv_tokens, kv_max):
         """One decode step of `rows` rows holding `kv_tokens` K/V tokens in all, `kv_max` in the longest
@@ -147,7 +182,7 @@ class CostModel:
                                              f"with a longest row of {bad} tokens: the fit is broken", path=path)
             for rows in (1, t.max_batch):
                 for n in (1, t.max_tokens):
-                    d = self._prefill_cost(rows, rows * n, rows * n * n)
+                    d = self._prefill_cost(PrefillShape.padded(rows, n))
                     if not (math.isfinite(d) and d > 0):
                         raise InputError(f"its fitted prefill of {rows} x {n} tokens is not a positive duration",
                                          path=path)

@@ -35,14 +35,27 @@ class DecodeShape:
 
 @dataclass(frozen=True)
 class PrefillShape:
-    """One prefill step: `rows` sequences computing `tokens` positions in all, with `attn` the causal attention
-    work: the sum over sequences of n * (n + 2p) for n positions computed after p already in the pool (n^2 for
-    a whole prompt: every position attends to itself and the ones before it, about n^2 / 2 pairs, counted
-    twice so that a whole prompt's work is the square of its length)."""
+    """One prefill step: sequence i computes `computed[i]` positions after `prefix[i]` already in the pool (a
+    padded group's rows compute the whole padded length; a chunk follows the prompt's earlier chunks).
 
-    rows: int
-    tokens: int
-    attn: int
+    rows, tokens and attn are what the records keep: attn is the causal attention work, the sum over sequences of
+    n * (n + 2p) (each position attends to the prefix and to itself and the positions before it, about n^2 / 2
+    pairs, counted twice so that a whole prompt's work is the square of its length)."""
+
+    computed: tuple[int, ...]
+    prefix: tuple[int, ...]
+
+    @property
+    def rows(self) -> int:
+        return len(self.computed)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.computed)
+
+    @property
+    def attn(self) -> int:
+        return sum(n * (n + 2 * p) for n, p in zip(self.computed, self.prefix))
 
     @property
     def span(self) -> float:
@@ -51,11 +64,9 @@ class PrefillShape:
 
     @classmethod
     def of(cls, computed: Sequence[int], prefix: Sequence[int] | None = None) -> "PrefillShape":
-        """The shape of sequences computing `computed[i]` positions after `prefix[i]` already in the pool."""
-        prefix = prefix or [0] * len(computed)
-        return cls(len(computed), int(sum(computed)), int(sum(n * (n + 2 * p) for n, p in zip(computed, prefix))))
+        return cls(tuple(int(n) for n in computed), tuple(int(p) for p in prefix or [0] * len(computed)))
 
     @classmethod
     def padded(cls, width: int, padded_len: int) -> "PrefillShape":
         """`width` prompts padded to `padded_len`: every row computes the whole padded length."""
-        return cls(width, width * padded_len, width * padded_len * padded_len)
+        return cls((padded_len,) * width, (0,) * width)

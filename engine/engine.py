@@ -143,6 +143,7 @@ class Engine:
                 "device": device_info(self.device), "prefill_peak_gib": round(self.peak_prefill_bytes / 2**30, 3),
                 "engine": {"start_s": round(self.start_s, 2), "policies": list(POLICIES_BUILT),
                            "prefill_attention": "triton varlen (engine/kernels/prefill_attention.py)",
+                           "prefill_buckets": r.buckets, "prefill_block_m": r.block_m,
                            "prefill_graph_buckets": sorted(r.prefill_graphs), "graph_tokens": GRAPH_TOKENS,
                            "eager_bucket": EAGER_BUCKET},
                 **provenance()}

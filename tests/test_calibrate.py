@@ -82,7 +82,7 @@ def table() -> dict:
 def test_fit_reproduces_the_grid_exactly_and_known_costs_between_its_points(table):
     cost = CostModel(table, strict=True)
     for p in table["prefill"]["points"]:
-        assert cost.prefill(PrefillShape(p["rows"], p["tokens"], p["attn"])) == pytest.approx(p["median_s"], rel=1e-3)
+        assert cost.prefill(PrefillShape.of(p["computed"], p["prefix"])) == pytest.approx(p["median_s"], rel=1e-3)
     rng = np.random.default_rng(1)
     w, n = rng.integers(1, 9, 200), rng.integers(16, 257, 200)
     predicted = np.array([cost.prefill(PrefillShape.padded(int(a), int(b))) for a, b in zip(w, n)])

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from costs.model import CostModel
+from costs.model import CostModel, tile_work
 from costs.shapes import DecodeShape, PrefillShape
 from costs.synthetic import constant_table, linear_table
 from costs.table import CostTable, StationarityWarning, as_cost_table, load_cost_table, save_cost_table, table_id
@@ -25,12 +25,35 @@ def test_cost_table_round_trips(tmp_path):
         {k: v for k, v in table.items() if k not in ("schema", "version", "table_id")}
 
 
-def test_shapes_price_a_padded_group_a_packed_one_and_a_chunk():
-    assert PrefillShape.padded(3, 100) == PrefillShape(3, 300, 30000) and PrefillShape.padded(3, 100).span == 100
-    assert PrefillShape.of([100, 20, 5]) == PrefillShape(3, 125, 100 ** 2 + 20 ** 2 + 5 ** 2)
+def test_shapes_of_a_padded_group_a_packed_one_and_a_chunk():
+    s = PrefillShape.padded(3, 100)
+    assert (s.rows, s.tokens, s.attn, s.span) == (3, 300, 30000, 100)
+    s = PrefillShape.of([100, 20, 5])
+    assert (s.rows, s.tokens, s.attn) == (3, 125, 100 ** 2 + 20 ** 2 + 5 ** 2)
     # A chunk of 512 positions after 1024 in the pool: each attends to the prefix and the chunk up to itself.
-    assert PrefillShape.of([512], [1024]) == PrefillShape(1, 512, 512 * (512 + 2 * 1024))
+    assert PrefillShape.of([512], [1024]).attn == 512 * (512 + 2 * 1024)
     assert DecodeShape(4, 100, 40).after(3) == DecodeShape(4, 112, 43)
+
+
+def test_tile_work_counts_whole_query_tiles_as_the_kernel_runs_them():
+    # 256 positions in two 128-query tiles: the first reads 128 keys, the second 256; doubled as PrefillShape.attn.
+    assert tile_work(256, 0, 128) == 2 * 128 * (128 + 256)
+    assert tile_work(1, 0, 128) == 2 * 128 * 1  # one tile of 128 rows over a single key
+    assert tile_work(512, 1024, 128) == 2 * 128 * sum(1024 + 128 * (j + 1) for j in range(4))
+    # Large prompts approach the causal square plus one tile's worth per position.
+    assert tile_work(4096, 0, 128) == 4096 ** 2 + 4096 * 128
+
+
+def test_a_table_with_the_engines_rounding_prices_the_bucket_it_runs_at():
+    raw = linear_table()
+    buckets = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+    rounded = CostModel({**raw, "engine": {"prefill_buckets": buckets, "prefill_block_m": 128}})
+    plain = CostModel(raw)
+    # 300 tokens run in the 512 bucket: the model prices the bucket (plus the padding's own attention), not 300.
+    shape = PrefillShape.padded(3, 100)
+    assert rounded.rounding.features(shape)[0] == 512 and plain.rounding.features(shape) == (300, 100.0)
+    assert rounded.prefill(shape) > plain.prefill(shape)
+    assert rounded.prefill(PrefillShape.padded(4, 128)) == rounded.prefill(PrefillShape.padded(4, 128))
 
 
 def test_the_simulator_side_imports_no_torch_and_no_scipy():

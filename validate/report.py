@@ -87,7 +87,8 @@ def step_check(out: Path, table_path: Path | None) -> dict:
         for row in s.itertuples():
             dur = row.end - row.start
             if row.kind == "prefill":
-                ratios["prefill"].append(dur / cost.prefill(PrefillShape(int(row.rows), int(row.tokens), int(row.attn))))
+                if row.tokens == row.rows * row.padded_len:  # a padded group: its rows are known
+                    ratios["prefill"].append(dur / cost.prefill(PrefillShape.padded(int(row.rows), int(row.padded_len))))
             else:
                 pred = float(cost.decode(rec.meta["backend"], int(row.rows), int(row.kv_tokens), int(row.kv_max)))
                 pred += cost.retire_s if row.retired else 0.0
