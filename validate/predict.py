@@ -57,14 +57,14 @@ def make_predictions(table_path: Path | None, out: Path, *, azure: Path | None, 
     table = inputs.load_table(table_path, 64)
     workload = Workload(n, seed)
     window = _azure_window(azure, n)
-    points = []
-    derived = []
+    points, capacities = [], {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for policy in policies:
             tag = policy.replace(":", "")
             cap = capacity(table, Config("paged", 32, 64.0, policy), workload)
             wcap = capacity(table, Config("paged", 32, 64.0, policy), Workload(base=window))
+            capacities[policy] = {"seeded": cap, "azure_window": wcap}
             points.append(Point(f"{tag}-closed-mixed-32", "policy", {"kind": "closed-mixed", "n": 32, "seed": seed},
                                 warmup=2, repeats=3, tokens=True, prefill=policy))
             points += [Point(f"{tag}-rate-{_round(f * cap):g}", "policy",
@@ -77,7 +77,7 @@ def make_predictions(table_path: Path | None, out: Path, *, azure: Path | None, 
     derived = sorted({str(w.message) for w in caught if "no measured" in str(w.message)})
     doc = {"table": {"id": table.table_id, "created_at": table.created_at, "device": table.device_name,
                      "gpu_uuid": table.gpu_uuid, "policies_measured": list(table.policies)},
-           "predicted_at": time.time(), "derived_cost_notes": derived, "n": n, "seed": seed,
+           "predicted_at": time.time(), "derived_cost_notes": derived, "capacity_sim": capacities, "n": n, "seed": seed,
            "points": [asdict(p) for p in points], "predictions": predictions, **provenance()}
     atomic_write_text(out / "predictions.json", json.dumps(doc, indent=1, default=float) + "\n")
     atomic_write_text(out / "predictions.md", markdown(doc))
@@ -89,7 +89,10 @@ def markdown(doc: dict) -> str:
     lines = [f"# Prefill policies: predictions from cost table {t['id']} ({t['device']})", "",
              f"Made by `python -m validate predict` at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(doc['predicted_at']))} "
              f"(commit {doc.get('git_commit')}), before the engine ran any policy but "
-             f"{', '.join(t['policies_measured'])}. " + " ".join(doc["derived_cost_notes"]), "",
+             f"{', '.join(t['policies_measured'])}.", "", *[f"- {note}." for note in doc["derived_cost_notes"]], "",
+             "Simulated capacity (highest stable rate) per policy: " + "; ".join(
+                 f"{p} {c['seeded']:.3g} req/s (Azure window {c['azure_window']:.3g})" for p, c in doc["capacity_sim"].items())
+             + ". Largest gap: the longest wait between an incumbent's consecutive tokens.", "",
              "| point | served req/s | queue p50 s | TTFT p50 s | TTFT p95 s | TPOT p50 s | wall s | largest gap s |",
              "|---|---|---|---|---|---|---|---|"]
     for pid, v in doc["predictions"].items():
