@@ -48,6 +48,12 @@ def parser() -> argparse.ArgumentParser:
     pred.add_argument("--seed", type=seed_arg, default=0, help="workload seed (default %(default)s)")
     pred.add_argument("--force", action="store_true", help="replace existing predictions")
 
+    sag = sub.add_parser("sag", help="search the simulator for served-rate sags past capacity (CPU)")
+    sag.add_argument("--out", type=Path, default=Path("results/sag"), help="directory (default %(default)s)")
+    sag.add_argument("--table", type=Path, help="cost table (default: the shipped H200 table)")
+    sag.add_argument("--jobs", type=count_arg, help="worker processes (default: every core)")
+    sag.add_argument("--force", action="store_true", help="replace an existing search")
+
     plan = sub.add_parser("plan", parents=[common], help="choose the points and write their predictions (CPU)")
     plan.add_argument("--table", type=Path, help="the frozen cost table (default: the shipped H200 table)")
     plan.add_argument("--n", type=count_arg, default=400, help="requests per arrival point (default %(default)s)")
@@ -57,6 +63,8 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--skip", type=_skip, default=(), metavar="GROUP,...",
                       help=f"leave out point groups ({', '.join(GROUPS)}); the plan records what it left out")
     plan.add_argument("--sag", type=Path, metavar="JSON", help="sag candidates to run (results/sag/candidates.json)")
+    plan.add_argument("--predictions", type=Path, metavar="DIR",
+                      help="the blind prefill-policy predictions (results/predictions): their points are run too")
     plan.add_argument("--force", action="store_true", help="replace an existing plan")
 
     real = sub.add_parser("real", parents=[common], help="run the plan's points on the engine (GPU; resumes)")
@@ -74,18 +82,30 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    said: set[str] = set()
+
+    def warn(message, *_, **__) -> None:
+        if str(message) not in said:  # every simulated point would say the same thing again
+            said.add(str(message))
+            print(f"validate: warning: {message}", file=sys.stderr)
     with warnings.catch_warnings():
-        warnings.showwarning = lambda message, *_, **__: print(f"validate: warning: {message}", file=sys.stderr)
+        warnings.showwarning = warn
         try:
             if args.step == "predict":
                 from .predict import make_predictions
                 doc = make_predictions(args.table, args.out, azure=args.azure, n=args.n, seed=args.seed,
                                        force=args.force)
                 print(f"wrote {args.out / 'predictions.json'} and predictions.md: {len(doc['points'])} points")
+            elif args.step == "sag":
+                from .sag import search, write_report
+                doc = search(args.table, args.out, jobs=args.jobs, force=args.force,
+                             progress=lambda m: print(m, file=sys.stderr))
+                print(f"wrote {write_report(doc, args.out)}, search.json, candidates.json and sag.png")
             elif args.step == "plan":
                 from .plan import make_plan
                 points = make_plan(args.table, args.out, n=args.n, seed=args.seed, azure=args.azure,
-                                   sharegpt=args.sharegpt, skip=args.skip, sag=args.sag, force=args.force)
+                                   sharegpt=args.sharegpt, skip=args.skip, sag=args.sag,
+                                   predictions=args.predictions, force=args.force)
                 print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
                 for p in points:
                     print(f"  {p.id:40s} {p.role:10s} {p.backend} {p.prefill} rows {p.max_batch} "

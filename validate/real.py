@@ -6,7 +6,6 @@ point is run again from its start. `--shard i/n` runs every n-th engine's worth 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from traces.errors import InputError
