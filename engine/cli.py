@@ -51,6 +51,9 @@ def build_engine(args: argparse.Namespace):
 
 def _run(args: argparse.Namespace) -> None:
     from traces.metrics import summary
+    from traces.timeline import write_timeline
+    if args.trace_events and args.repeat < 1:
+        raise InputError("--trace-events writes the last recorded run: it needs --repeat 1 or more")
     trace = workload_from_args(args)
     engine = build_engine(args)
     runs = args.warmup + args.repeat
@@ -63,6 +66,7 @@ def _run(args: argparse.Namespace) -> None:
         s = summary(rec)
         if not warm:
             walls.append(s["wall_time_s"])
+            recorded = rec
         print(("warm-up " if warm else "") + json.dumps({k: s[k] for k in ("n", "served_rate", "wall_time_s", "queue_wait_p50",
                                                                        "ttft_p50", "tpot_p50", "decode_tok_s")}))
         if len(rec.rejected):
@@ -71,6 +75,8 @@ def _run(args: argparse.Namespace) -> None:
         print(f"median wall time over {len(walls)} recorded runs: {statistics.median(walls):.3f} s")
     if args.out:
         print(f"records: {args.out}")
+    if args.trace_events:  # the last recorded run
+        print(f"timeline: {write_timeline([recorded], args.trace_events)}")
 
 
 def _gate(args: argparse.Namespace) -> int:
@@ -97,6 +103,8 @@ def parser() -> argparse.ArgumentParser:
                    help="prefill policy: padded, packed or chunked:N (default padded)")
     r.add_argument("--out", metavar="DIR", help="write the run record here (rows appended as they complete)")
     r.add_argument("--no-tokens", action="store_true", help="do not record per-token times")
+    r.add_argument("--trace-events", metavar="FILE",
+                   help="write the last recorded run as Chrome trace-event JSON for ui.perfetto.dev")
     r.add_argument("--warmup", type=int, default=0, help="unrecorded runs first (closed controls: 2)")
     r.add_argument("--repeat", type=int, default=1, help="recorded runs (closed controls: 5); median wall time printed")
     r.set_defaults(func=_run)

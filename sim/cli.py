@@ -96,6 +96,8 @@ def parser() -> argparse.ArgumentParser:
     pool.add_argument("--pool-blocks", type=count_arg, help="KV pool size in blocks (default: enough that it never binds)")
     run.add_argument("--out", type=Path, help="write the run record here (per-step rows; per-token rows with --tokens)")
     run.add_argument("--tokens", action="store_true", help="with --out, also write every token's time")
+    run.add_argument("--trace-events", type=Path, metavar="FILE",
+                     help="also write the run as Chrome trace-event JSON for ui.perfetto.dev")
     run.add_argument("--no-fast-forward", action="store_true",
                      help="step every decode step through the event loop (slower, identical results)")
     _common(run)
@@ -155,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     inputs.check_trace(trace, table, args.max_batch, pool_blocks, table.block_size)
     _check_out(args.out)
     cfg = SimConfig(args.backend, args.max_batch, pool_blocks,
-                    detail=("tokens" if args.tokens else "steps") if args.out else "summary",
+                    detail=("tokens" if args.tokens else "steps") if args.out or args.trace_events else "summary",
                     fast_forward=not args.no_fast_forward, noise_seed=args.noise_seed,
                     policy=PrefillPolicy.parse(args.prefill))
     with tqdm(total=len(trace), unit="req", desc="simulating", disable=len(trace) < 20_000) as bar:
@@ -192,6 +194,9 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{result.wall_s:.2f} s ({result.events / result.wall_s:,.0f} events/s)")
     if args.out:
         print(f"wrote    the run record to {args.out}/")
+    if args.trace_events:
+        from traces.timeline import write_timeline
+        print(f"wrote    the timeline to {write_timeline([result.record], args.trace_events)}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""`python -m traces`: make the seeded workload traces, import public ones, and summarise a trace file."""
+"""`python -m traces`: make the seeded workload traces, import public ones, summarise a trace file, and look
+inside run records: where their time goes (explain) and their steps and rows on a timeline (timeline)."""
 from __future__ import annotations
 
 import argparse
@@ -12,9 +13,13 @@ from typing import Callable
 import numpy as np
 
 from .errors import InputError
+from .explain import DEFAULT_WINDOWS, explain
+from .explain_report import report, report_pair
 from .importers import (FORMATS, MAX_BUDGET, MAX_PROMPT, TIME_UNITS, ImportOptions, import_azure, import_lengths,
                         import_table, time_unit_warning)
 from .prompts import PROMPT_NAMES
+from .records import read_run, unfinished
+from .timeline import write_timeline
 from .trace_io import read_trace, write_trace
 from .workload import DEFAULT_BUDGET, DEFAULT_N, Trace, closed_mixed, closed_uniform, poisson_trace
 
@@ -158,6 +163,36 @@ def _show(args: argparse.Namespace) -> None:
     print(summary(read_trace(args.file)))
 
 
+def _records(paths: list[str]) -> list:
+    """The run records at `paths`, warning (not refusing) about any its run never closed."""
+    records = [read_run(p) for p in paths]
+    for path, rec in zip(paths, records):
+        warning = unfinished(rec)
+        if warning:
+            print(f"warning: {path}: {warning}", file=sys.stderr)
+    return records
+
+
+def _explain(args: argparse.Namespace) -> None:
+    if len(args.runs) > 2:
+        raise InputError(f"explain takes one or two run records, got {len(args.runs)}")
+    if args.png and Path(args.png).is_dir():
+        raise InputError("is a directory, not a PNG file to write", path=args.png)
+    explained = [explain(rec, args.windows) for rec in _records(args.runs)]
+    print(report(explained[0], args.runs[0]) if len(explained) == 1 else report_pair(*explained, tuple(args.runs)))
+    if args.png:
+        from .explain_plot import plot  # matplotlib only when a figure is asked for
+        kinds = [str(e.meta.get("kind", "record")) for e in explained]
+        names = kinds if len(kinds) == 1 else [f"{tag} ({k})" for tag, k in zip("AB", kinds)]
+        print(f"wrote {plot(explained, names, args.png)}")
+
+
+def _timeline(args: argparse.Namespace) -> None:
+    records = _records(args.runs)
+    out = write_timeline(records, args.json_out, args.names, args.every_step)
+    print(f"wrote {out}: {len(records)} record(s); open it in ui.perfetto.dev or chrome://tracing")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m traces", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -220,6 +255,30 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="summarise a trace file")
     s.add_argument("file")
     s.set_defaults(func=_show)
+
+    s = sub.add_parser("explain", help="where a run record's wall time goes; two records side by side",
+                       description="Split a run record's wall time (first arrival to last finish) into decode, "
+                                   "prefill of real prompt tokens, prefill padding, retire overhead, untimed gaps "
+                                   "and idle, overall and by window, with admission groups against queue depth, "
+                                   "head-of-line blocking and rows running. Two records (a real and a simulated "
+                                   "run of one trace) print side by side with their differences.")
+    s.add_argument("runs", nargs="+", metavar="RUN_DIR", help="one or two run-record directories")
+    s.add_argument("--windows", type=count_arg, default=DEFAULT_WINDOWS, metavar="N",
+                   help=f"split the wall time into N equal windows (default {DEFAULT_WINDOWS})")
+    s.add_argument("--png", metavar="FILE", help="also draw the explanation into this PNG")
+    s.set_defaults(func=_explain)
+
+    s = sub.add_parser("timeline", help="run records as a Chrome trace-event JSON for Perfetto",
+                       description="Write run records as Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing): "
+                                   "one process per record with a steps track, one track per batch row, and queue "
+                                   "depth and free KV blocks as counters.")
+    s.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run-record directories")
+    s.add_argument("--out", dest="json_out", required=True, metavar="FILE.json", help="the JSON file to write")
+    s.add_argument("--names", type=lambda t: [n.strip() for n in t.split(",")], metavar="A,B,...",
+                   help="process names, one per record (default: each record's kind, engine or sim)")
+    s.add_argument("--every-step", action="store_true",
+                   help="one event per decode step (default: one per stretch of decode steps of the same rows)")
+    s.set_defaults(func=_timeline)
     return p
 
 

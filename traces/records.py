@@ -126,6 +126,15 @@ def read_run(run_dir: str | Path) -> RunRecord:
     return RunRecord(meta, **frames)
 
 
+def unfinished(rec: RunRecord) -> str | None:
+    """What to warn about a record whose run never closed it (killed, or still running); None for a closed one."""
+    status = rec.meta.get("status")
+    if status == "complete":
+        return None
+    return (f"the record is unfinished (status {status!r}): it holds the run up to its last finished request; "
+            f"requests still queued or running then are not in it")
+
+
 def _upgrade(table: str, df: pd.DataFrame) -> pd.DataFrame:
     """A version-1 frame with version 2's columns."""
     df = df.assign(replica=0)
