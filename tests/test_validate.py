@@ -12,6 +12,7 @@ from costs.synthetic import linear_table
 from costs.table import save_cost_table
 from engine.block_pool import blocks_for_gib
 from engine.scheduler import PrefillPolicy
+from sim.fleet import simulate_fleet
 from sim.simulator import SimConfig, simulate
 from traces.errors import InputError
 from traces.provenance import now_iso
@@ -42,9 +43,10 @@ def fill_real(out, table, created_at=None, plan_table=None):
         trace = build_trace(p.trace, out)
         for k in range(1, p.repeats + 1):
             pool = blocks_for_gib(p.pool_gib) if p.pool_gib else None
-            rec = simulate(trace, cost, SimConfig(p.backend, p.max_batch, pool, noise_seed=k,
-                                                  detail="tokens" if p.tokens else "steps",
-                                                  policy=PrefillPolicy.parse(p.prefill))).record
+            cfg = SimConfig(p.backend, p.max_batch, pool, noise_seed=k, detail="tokens" if p.tokens else "steps",
+                            policy=PrefillPolicy.parse(p.prefill))
+            rec = (simulate_fleet(trace, cost, cfg, p.replicas, p.router) if p.replicas > 1 else
+                   simulate(trace, cost, cfg)).record
             meta = {**rec.meta, "kind": "engine", "device": {"name": "stand-in", "uuid": "GPU-x"},
                     "plan_table_id": plan_table or plan["table"]["id"], "created_at": created_at or now_iso()}
             w = RunWriter(run_dir(out, p, k), meta)
@@ -70,7 +72,8 @@ def test_predict_plan_real_report_end_to_end(inputs, tmp_path, capsys):
     assert main(argv) == 0
     plan, points = load_plan(out)
     assert plan["table"]["id"] and set(plan["predictions"]) == {p.id for p in points}
-    assert {p.role for p in points} >= {"below", "near", "past", "closed", "public", "policy"}
+    assert {p.role for p in points} >= {"below", "near", "past", "closed", "public", "policy", "fleet"}
+    assert {p.router for p in points if p.role == "fleet"} >= {"round-robin", "least-outstanding"}
     assert all(p.fresh for p in points if p.role == "public")
     assert plan["blind"]["predictions"] == doc["predictions"]  # graded as they were made
     assert main(argv) == 2 and "already holds a validation plan" in capsys.readouterr().err
@@ -79,7 +82,8 @@ def test_predict_plan_real_report_end_to_end(inputs, tmp_path, capsys):
     fill_real(out, load_cost_table(table))
     assert main(["report", "--table", str(table), "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
-    for target in ("served rate, public traces", "blind prediction, served rate", "capacity bracket"):
+    for target in ("served rate, public traces", "blind prediction, served rate", "capacity bracket",
+                   "fleet of two: served rate"):
         assert target in report
     assert (out / "validation.png").stat().st_size > 20_000
     assert main(["report", "--table", str(table), "--out", str(out)]) == 2  # no silent rewrite
@@ -89,7 +93,7 @@ def test_predict_plan_real_report_end_to_end(inputs, tmp_path, capsys):
 def test_a_run_made_before_the_table_or_for_another_plan_is_refused(inputs, tmp_path, capsys):
     table = inputs / "table.json"
     out = tmp_path / "validation"
-    assert main(["plan", "--table", str(table), "--n", str(N), "--skip", "public,policies", "--out", str(out)]) == 0
+    assert main(["plan", "--table", str(table), "--n", str(N), "--skip", "public,policies,fleet", "--out", str(out)]) == 0
     from costs.table import load_cost_table
     fill_real(out, load_cost_table(table), created_at="2020-01-01T00:00:00+00:00")
     with pytest.raises(InputError, match="made before cost table"):

@@ -15,7 +15,7 @@ from pathlib import Path
 from traces.cli import count_arg, seed_arg
 from traces.errors import InputError
 
-GROUPS = ("public", "policies")
+GROUPS = ("public", "policies", "fleet")
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -72,7 +72,10 @@ def parser() -> argparse.ArgumentParser:
     real.add_argument("--only", metavar="ID1,ID2", type=lambda t: [x for x in t.split(",") if x],
                       help="run only these points")
     real.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
-                      help="run the I-th of N shares of the plan's engines (one process per GPU)")
+                      help="run the I-th of N shares of the plan's single-engine points (one process per GPU)")
+    real.add_argument("--fleet", metavar="DEV1,DEV2", type=lambda t: t.split(","),
+                      help="run the plan's fleet points instead, one replica on each of these CUDA devices (repeat a "
+                           "device to put two replicas on one GPU)")
 
     report = sub.add_parser("report", parents=[common], help="predicted beside measured (CPU)")
     report.add_argument("--table", type=Path, help="the plan's cost table (default: the shipped H200 table)")
@@ -113,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
                           + (" (fresh engine)" if p.fresh else ""))
             elif args.step == "real":
                 from .real import run_real
-                run_real(args.out, args.expect_gpu, args.only, args.shard)
+                if args.fleet:
+                    from .real import run_fleet
+                    run_fleet(args.out, args.fleet, args.expect_gpu, args.only)
+                else:
+                    run_real(args.out, args.expect_gpu, args.only, args.shard)
             else:
                 from .report import write_report
                 print(f"wrote {write_report(args.out, args.table, force=args.force)}")

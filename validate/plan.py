@@ -23,6 +23,7 @@ import numpy as np
 from costs.model import CostModel
 from engine.scheduler import PrefillPolicy
 from sim import inputs
+from sim.fleet import simulate_fleet
 from sim.simulator import SimConfig, simulate
 from sim.sweep import Config, Workload, run_sweep
 from traces.csvio import atomic_write_text
@@ -31,7 +32,7 @@ from traces.importers import ImportOptions, import_azure, import_lengths
 from traces.metrics import closed_run, summary, token_gaps
 from traces.provenance import provenance
 from traces.trace_io import write_trace
-from traces.workload import Trace
+from traces.workload import Trace, poisson_trace
 
 from .points import Point, build_trace
 
@@ -61,7 +62,10 @@ def predict(table, p: Point, root: Path) -> dict:
     pool = blocks_for_gib(p.pool_gib, table.block_size) if p.pool_gib else None
     cfg = SimConfig(p.backend, p.max_batch, pool, detail="tokens" if p.tokens else "steps",
                     policy=PrefillPolicy.parse(p.prefill))
-    rec = simulate(trace, CostModel(table), cfg).record
+    if p.replicas > 1:
+        rec = simulate_fleet(trace, CostModel(table), cfg, p.replicas, p.router).record
+    else:
+        rec = simulate(trace, CostModel(table), cfg).record
     rate = trace.meta.get("rate") or trace.offered_rate
     s = summary(rec, rate)
     if rate is None:
@@ -122,6 +126,8 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
         points += added
     if sag is not None:
         points += _sag_points(sag)
+    if "fleet" not in skip:
+        points += fleet_points(table, n, seed)
     predicted = {p.id: predict(table, p, out) for p in points}
     estimate = _estimate_s(points, predicted)
     plan = {"table": {"id": table.table_id, "created_at": table.created_at, "device": table.device_name,
@@ -155,6 +161,50 @@ def _scaled(base: Trace, rate: float, name: str, traces_dir: Path, role: str) ->
     write_trace(trace, path)
     return Point(f"{name}-{rate:g}", role, {"kind": "file", "path": str(path.relative_to(traces_dir.parent))},
                  fresh=role == "public")
+
+
+FLEET = dict(replicas=2, n_factor=2, routers=("round-robin", "least-outstanding", "least-tokens"),
+             differ=(("bimodal", "lattice"), ("loguniform", "uniform"), ("five", "lattice")))
+
+
+def _fleet_rates(table, cfg: SimConfig, trace_of, replicas: int, router: str) -> float:
+    """The fleet's highest stable rate in the simulator, from its saturated estimate and a scan around it."""
+    from sim.inputs import closed
+    from traces.metrics import served_rate
+    cost = CostModel(table)
+    est = served_rate(simulate_fleet(closed(trace_of(1.0)), cost, cfg, replicas, router).record)
+    stable = [r for r in np.round(np.geomspace(0.5 * est, 1.5 * est, 16), 2)
+              if summary(simulate_fleet(trace_of(r), cost, cfg, replicas, router).record, r)["stable"]]
+    return float(max(stable, default=0.5 * est))
+
+
+def fleet_points(table, n: int, seed: int) -> list[Point]:
+    """Two replicas: the seeded workload at three fleet rates (below, near, past the fleet's capacity) under two
+    routers, and the workload and rate, of a few, where the simulated routers differ most in TTFT p95, under the
+    best and the worst router there."""
+    from traces.workload import synthetic_trace
+
+    cfg, k, nf = SimConfig(), FLEET["replicas"], n * FLEET["n_factor"]
+    cap = _fleet_rates(table, cfg, lambda r: poisson_trace(r, nf, seed), k, "round-robin")
+    points = [Point(f"fleet-{router}-rate-{_round(f * cap):g}", "fleet",
+                    {"kind": "poisson", "rate": _round(f * cap), "n": nf, "seed": seed}, replicas=k, router=router)
+              for router in FLEET["routers"][:2] for f in (0.6, 1.0, 1.5)]
+    best = None
+    cost = CostModel(table)
+    for prompts, budgets in FLEET["differ"]:
+        wcap = _fleet_rates(table, cfg, lambda r: synthetic_trace(r, nf, seed, prompts, budgets), k, "round-robin")
+        for f in (0.8, 1.0, 1.2):
+            rate = _round(f * wcap)
+            trace = synthetic_trace(rate, nf, seed, prompts, budgets)
+            p95 = {r: summary(simulate_fleet(trace, cost, cfg, k, r).record, rate)["ttft_p95"] for r in FLEET["routers"]}
+            spread = max(p95.values()) / max(min(p95.values()), 1e-3)
+            if best is None or spread > best[0]:
+                best = (spread, prompts, budgets, rate, min(p95, key=p95.get), max(p95, key=p95.get))
+    _, prompts, budgets, rate, good, bad = best
+    points += [Point(f"fleet-differ-{router}-{prompts}-{budgets}-rate-{rate:g}", "fleet",
+                     {"kind": "synthetic", "rate": rate, "n": nf, "seed": seed, "prompts": prompts, "budgets": budgets},
+                     replicas=k, router=router) for router in (good, bad)]
+    return points
 
 
 def _blind_points(root: Path, traces_dir: Path) -> tuple[list[Point], dict]:

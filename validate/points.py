@@ -28,6 +28,8 @@ class Point:
     tokens: bool = False  # record every token's time (the closed controls, for the inter-token gaps)
     prefill: str = "padded"
     fresh: bool = False  # run on a freshly started engine (the first pass of its trace)
+    replicas: int = 1  # more than one: a fleet behind `router` (engine/fleet.py; sim/fleet.py predicts it)
+    router: str = "round-robin"
 
 
 def build_trace(spec: dict, root: Path) -> Trace:

@@ -37,6 +37,7 @@ def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = 
     from tqdm import tqdm
 
     plan, points = load_plan(out)
+    points = [p for p in points if p.replicas == 1]
     if only:
         unknown = sorted(set(only) - {p.id for p in points})
         if unknown:
@@ -70,3 +71,27 @@ def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = 
             bar.update()
         engine.close()
     bar.close()
+
+
+def run_fleet(out: Path, devices: list[str], expect_gpu: str | None = None, only: list[str] | None = None) -> None:
+    """The plan's fleet points, each on fresh replica processes, one per device (engine/fleet.py). Two replicas on
+    one GPU share it: each then gets half of what one engine would size its pool from."""
+    from engine.fleet import serve_fleet
+
+    plan, points = load_plan(out)
+    points = [p for p in points if p.replicas > 1 and (not only or p.id in only)]
+    shared = len(set(devices)) < len(devices)
+    for p in points:
+        if len(devices) != p.replicas:
+            raise InputError(f"point {p.id} has {p.replicas} replicas; --fleet names {len(devices)} devices")
+        d = run_dir(out, p, 1)
+        if is_complete(d):
+            continue
+        if d.exists():  # an interrupted fleet run: start it again
+            import shutil
+            shutil.rmtree(d)
+        cfg = {"expect_gpu": expect_gpu, "max_batch": p.max_batch, **({"pool_gib": 24.0} if shared else {})}
+        serve_fleet(build_trace(p.trace, out), d, p.router, devices, cfg,
+                    {"backend": p.backend, "tokens": p.tokens, "policy": p.prefill,
+                     "extra_meta": {"validation_point": p.id, "repeat": 1, "plan_table_id": plan["table"]["id"],
+                                    "shared_gpu": shared}})
