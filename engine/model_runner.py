@@ -272,4 +272,6 @@ class ModelRunner:
             graph.replay()
         else:
             self._prefill_forward(bucket, pi.for_bucket(bucket, programs))
-        return self.prefill_tokens[:len(completes)].tolist()
+        # Read them all: the step's one host sync, also when no prompt completes (a chunk of a longer one), so the
+        # step's time is its own and not the next step's.
+        return self.prefill_tokens.tolist()[:len(completes)]
