@@ -66,6 +66,8 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--predictions", type=Path, metavar="DIR",
                       help="the blind prefill-policy predictions (results/predictions): their points are run too")
     plan.add_argument("--force", action="store_true", help="replace an existing plan")
+    plan.add_argument("--allow-nonstationary", action="store_true",
+                      help="plan from a table whose stationarity check failed (the plan and report say so)")
 
     real = sub.add_parser("real", parents=[common], help="run the plan's points on the engine (GPU; resumes)")
     real.add_argument("--expect-gpu", metavar="NAME", help="refuse any other device, e.g. 'NVIDIA H200'")
@@ -80,6 +82,8 @@ def parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", parents=[common], help="predicted beside measured (CPU)")
     report.add_argument("--table", type=Path, help="the plan's cost table (default: the shipped H200 table)")
     report.add_argument("--force", action="store_true", help="replace an existing report")
+    report.add_argument("--allow-nonstationary", action="store_true",
+                        help="grade against a table whose stationarity check failed (the report says so)")
     return top
 
 
@@ -108,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                 from .plan import make_plan
                 points = make_plan(args.table, args.out, n=args.n, seed=args.seed, azure=args.azure,
                                    sharegpt=args.sharegpt, skip=args.skip, sag=args.sag,
-                                   predictions=args.predictions, force=args.force)
+                                   predictions=args.predictions, force=args.force,
+                                   allow_nonstationary=args.allow_nonstationary)
                 print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
                 for p in points:
                     print(f"  {p.id:40s} {p.role:10s} {p.backend} {p.prefill} rows {p.max_batch} "
@@ -123,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                     run_real(args.out, args.expect_gpu, args.only, args.shard)
             else:
                 from .report import write_report
-                print(f"wrote {write_report(args.out, args.table, force=args.force)}")
+                print(f"wrote {write_report(args.out, args.table, force=args.force, allow_nonstationary=args.allow_nonstationary)}")
         except InputError as e:
             print(f"validate: error: {e}", file=sys.stderr)
             return 2

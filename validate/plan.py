@@ -77,7 +77,7 @@ def predict(table, p: Point, root: Path) -> dict:
 
 def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0, azure: Path | None = None,
               sharegpt: Path | None = None, skip: tuple[str, ...] = (), sag: Path | None = None,
-              predictions: Path | None = None, force: bool = False) -> list[Point]:
+              predictions: Path | None = None, force: bool = False, allow_nonstationary: bool = False) -> list[Point]:
     """Points chosen the way a user would: from the simulator's own sweep of the table."""
     out = Path(out)
     if (out / "plan.json").exists() and not force:
@@ -93,7 +93,7 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     if "policies" not in skip and predictions is None:
         raise InputError("the prefill-policy points are the blind predictions' (python -m validate predict): give "
                          "their directory with --predictions DIR, or pass --skip policies, which the plan records")
-    table = inputs.load_table(table_path, 64)
+    table = inputs.load_table(table_path, 64, allow_nonstationary)
     workload = Workload(n, seed)
     cap = capacity(table, Config("paged", 32, 64.0), workload)
     small_cap = capacity(table, Config("paged", 32, 0.5), workload)
@@ -131,7 +131,8 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     predicted = {p.id: predict(table, p, out) for p in points}
     estimate = _estimate_s(points, predicted)
     plan = {"table": {"id": table.table_id, "created_at": table.created_at, "device": table.device_name,
-                      "gpu_uuid": table.gpu_uuid, "path": str(table.path)},
+                      "gpu_uuid": table.gpu_uuid, "path": str(table.path), "stationarity": table.stationarity and
+                      {k: table.stationarity[k] for k in ("passed", "limit", "prefill", "decode")}},
             "planned_at": time.time(), "capacity_sim": cap, "small_pool_capacity_sim": small_cap, "n": n, "seed": seed,
             "skipped": list(skip), "estimated_gpu_s": estimate,
             "points": [asdict(p) for p in points], "predictions": predicted, "blind": blind, **provenance()}

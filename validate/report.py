@@ -79,10 +79,10 @@ def _when(iso: str | None) -> float:
     return datetime.fromisoformat(iso).timestamp() if iso else math.nan
 
 
-def compare(out: Path, table_path: Path | None) -> tuple[dict, list[Compared]]:
+def compare(out: Path, table_path: Path | None, allow_nonstationary: bool = False) -> tuple[dict, list[Compared]]:
     """Every point with real records, after the protocol checks."""
     plan, points = load_plan(out)
-    table = inputs.load_table(table_path, 64)
+    table = inputs.load_table(table_path, 64, allow_nonstationary)
     if table.table_id != plan["table"]["id"]:
         raise InputError(f"the plan was made from cost table {plan['table']['id']}, not {table.table_id}; grade it "
                          f"against its own table (--table)", path=Path(out) / "plan.json")
@@ -245,14 +245,14 @@ def _fmt(v, spec=".3g") -> str:
     return format(v, spec) if _number(v) else str(v)
 
 
-def write_report(out: Path, table_path: Path | None, force: bool = False) -> Path:
+def write_report(out: Path, table_path: Path | None, force: bool = False, allow_nonstationary: bool = False) -> Path:
     out = Path(out)
     if (out / "report.md").exists() and not force:
         raise InputError("already holds a report; pass --force to write it again from the records", path=out / "report.md")
-    plan, results = compare(out, table_path)
+    plan, results = compare(out, table_path, allow_nonstationary)
     if not results:
         raise InputError("no real records to compare yet; run `python -m validate real` on a GPU", path=out / "real")
-    table = inputs.load_table(table_path, 64)
+    table = inputs.load_table(table_path, 64, allow_nonstationary)
     rows = []
     for c in results:
         m = c.measured
