@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import time
 from pathlib import Path
 
@@ -153,7 +154,8 @@ def serve_fleet(trace: Trace, out: Path, router: str, devices: list[str], cfg_kw
     for p in procs:
         p.join()
     log(f"fleet of {len(devices)} ({router}) served {len(where)} requests")
-    return merge(out, len(devices), {"router": router, "replicas": len(devices), "devices": devices})
+    return merge(out, len(devices), {"router": router, "replicas": len(devices), "devices": devices,
+                                     "trace_id": trace.trace_id})
 
 
 def merge(out: Path, replicas: int, fleet_meta: dict) -> Path:
@@ -167,4 +169,6 @@ def merge(out: Path, replicas: int, fleet_meta: dict) -> Path:
         for r in recs:
             writer.add_many(t, getattr(r, t).itertuples(index=False, name=None))
     writer.close()
+    for i in range(replicas):  # every row is in the fleet's record now
+        shutil.rmtree(Path(out) / f"replica-{i}")
     return Path(out)
