@@ -164,7 +164,12 @@ class CostModel:
         # Between two measured row counts, weigh their two predictions.
         i = int(np.clip(np.searchsorted(r, rows), 1, len(r) - 1))
         w = (rows - r[i - 1]) / (r[i] - r[i - 1])
-        return at(i - 1) * (1 - w) + at(i) * w
+        cost = at(i - 1) * (1 - w) + at(i) * w
+        if rows > r[-1]:
+            # Past the widest measured batch the line through the last two row counts goes on; where noise made
+            # the last one the cheaper, it would make every added row cheaper still. Never below the last.
+            return np.maximum(cost, at(len(r) - 1))
+        return cost
 
     def check_positive(self, path=None) -> None:
         """Refuse a table whose fitted steps are not positive, finite durations over its own range."""

@@ -11,6 +11,7 @@ import shlex
 import sys
 import time
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -20,9 +21,10 @@ from costs.model import CostModel
 from costs.shapes import BACKENDS
 from engine.block_pool import DEFAULT_BLOCK_SIZE
 from engine.scheduler import PrefillPolicy
-from traces.cli import checked, count_arg, rate_arg, seed_arg
+from traces.cli import batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg
 from traces.errors import InputError
 from traces.metrics import summary
+from traces.outpath import check_out_dir
 from traces.prompts import PROMPT_NAMES
 from traces.provenance import provenance
 from traces.records import TABLES, RunWriter
@@ -31,17 +33,18 @@ from traces.workload import DEFAULT_N, poisson_trace
 from . import inputs
 from .report import report, write_files
 from .simulator import SimConfig, simulate
+from .store import FILE, PointStore
 from .sweep import AUTO_POINTS, AUTO_SPAN, Config, Workload, run_sweep
 
 DEFAULT_OUT = Path("sim-out")
 SUBCOMMANDS = ("run", "sweep")
+MAX_SEEDS = 1000  # a guard against a typo (0-99999), not a limit of the method
 
 
 def _list(item: Callable[[str], object]) -> Callable[[str], list]:
     return lambda text: [item(t.strip()) for t in text.split(",") if t.strip()] or item("")
 
 
-_gib = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of GiB")
 _backend = checked(str, lambda v: v in BACKENDS, f"a backend ({', '.join(BACKENDS)})")
 
 
@@ -50,6 +53,19 @@ def _policy(text: str) -> str:
         return str(PrefillPolicy.parse(text))
     except InputError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _seeds(text: str) -> list[int]:
+    """Workload seeds: a range A-B (both included) or a list A,B,C."""
+    first, dash, last = text.partition("-")
+    if dash and first.strip() and last.strip():
+        lo, hi = seed_arg(first.strip()), seed_arg(last.strip())
+        if hi < lo:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a range of seeds A-B with A <= B")
+        if hi - lo >= MAX_SEEDS:
+            raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_SEEDS} seeds")
+        return list(range(lo, hi + 1))
+    return list(dict.fromkeys(_list(seed_arg)(text)))
 
 
 def _rates(text: str) -> list[float] | None:
@@ -79,21 +95,21 @@ def parser() -> argparse.ArgumentParser:
         "(the engine's schema). The trace: --rate (seeded Poisson), --trace FILE, --closed-mixed or --closed-uniform."))
     src = run.add_mutually_exclusive_group()
     src.add_argument("--trace", type=Path, help="a request-trace file; with --rate, its time is scaled to that rate")
-    src.add_argument("--closed-mixed", type=count_arg, metavar="N", help="N mixed requests all arriving at t=0")
+    src.add_argument("--closed-mixed", type=requests_arg, metavar="N", help="N mixed requests all arriving at t=0")
     src.add_argument("--closed-uniform", choices=PROMPT_NAMES, metavar="PROMPT",
                      help=f"--n copies of one prompt ({', '.join(PROMPT_NAMES)}) all arriving at t=0")
     run.add_argument("--rate", type=rate_arg, help="arrival rate in requests/s")
-    run.add_argument("--n", type=count_arg, default=DEFAULT_N, help="requests in a generated trace (default %(default)s)")
-    run.add_argument("--seed", type=seed_arg, default=0, help="workload seed (default %(default)s)")
+    run.add_argument("--n", type=requests_arg, help=f"requests of --rate or --closed-uniform (default {DEFAULT_N})")
+    run.add_argument("--seed", type=seed_arg, help="seed of --rate's trace or --closed-mixed's draw (default 0)")
     run.add_argument("--backend", type=_backend, default="paged",
                      help="decode backend: paged or padded (default paged)")
-    run.add_argument("--max-batch", type=count_arg, default=32, help="batch rows (default %(default)s)")
+    run.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
     run.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY",
                      help="prefill policy: padded (each group padded to its widest prompt), packed (true lengths) or "
                           "chunked:N (N prompt tokens a step between decode steps) (default padded)")
     pool = run.add_mutually_exclusive_group()
-    pool.add_argument("--pool-gib", type=_gib, help="KV pool size in GiB")
-    pool.add_argument("--pool-blocks", type=count_arg, help="KV pool size in blocks (default: enough that it never binds)")
+    pool.add_argument("--pool-gib", type=gib_arg, help="KV pool size in GiB")
+    pool.add_argument("--pool-blocks", type=blocks_arg, help="KV pool size in blocks (default: enough that it never binds)")
     run.add_argument("--out", type=Path, help="write the run record here (per-step rows; per-token rows with --tokens)")
     run.add_argument("--tokens", action="store_true", help="with --out, also write every token's time")
     run.add_argument("--trace-events", type=Path, metavar="FILE",
@@ -110,9 +126,9 @@ def parser() -> argparse.ArgumentParser:
     sweep.add_argument("--rates", type=_rates, default=None, metavar="R1,R2,...|auto",
                        help=f"arrival rates in requests/s, or 'auto' (default): {AUTO_POINTS} rates from "
                             f"{AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x each configuration's estimated capacity")
-    sweep.add_argument("--pool-gib", type=_list(_gib), default=[0.5, 1, 2, 4], metavar="G1,G2,...",
+    sweep.add_argument("--pool-gib", type=_list(gib_arg), default=[0.5, 1, 2, 4], metavar="G1,G2,...",
                        help="KV pool sizes in GiB (default 0.5,1,2,4)")
-    sweep.add_argument("--max-batch", type=_list(count_arg), default=[16, 32], metavar="B1,B2,...",
+    sweep.add_argument("--max-batch", type=_list(batch_arg), default=[16, 32], metavar="B1,B2,...",
                        help="batch rows (default 16,32)")
     sweep.add_argument("--backend", type=_list(_backend), default=list(BACKENDS), metavar="paged,padded",
                        help="backends (default paged,padded)")
@@ -120,9 +136,19 @@ def parser() -> argparse.ArgumentParser:
                        help="prefill policies: padded, packed, chunked:N (default padded)")
     sweep.add_argument("--trace", type=Path, help="a request-trace file, scaled in time to each rate "
                                                   "(default: the seeded Poisson trace --n, --seed)")
-    sweep.add_argument("--n", type=count_arg, default=DEFAULT_N, help="requests per point (default %(default)s)")
-    sweep.add_argument("--seed", type=seed_arg, default=0, help="workload seed (default %(default)s)")
-    sweep.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default ./%(default)s)")
+    sweep.add_argument("--n", type=requests_arg, help=f"requests per point (default {DEFAULT_N})")
+    seeds = sweep.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=seed_arg, help="workload seed (default 0)")
+    seeds.add_argument("--seeds", type=_seeds, metavar="A-B|S1,S2,...",
+                       help="run every point on each of these workload seeds (e.g. 0-9) and report each number as a "
+                            "band across them (mean, sd, min, max), with sweep.bands.csv beside sweep.csv")
+    sweep.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                       help=f"output directory (default ./%(default)s); points are kept in it, in {FILE}, as they finish")
+    again = sweep.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="complete the interrupted sweep in --out (the same command with --resume): only the "
+                            "points it lacks run")
+    again.add_argument("--force", action="store_true", help="replace the sweep already in --out")
     sweep.add_argument("--jobs", type=count_arg, help="worker processes (default: every core)")
     _common(sweep)
     sweep.set_defaults(func=cmd_sweep)
@@ -131,8 +157,34 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _check_out(out: Path | None) -> None:
-    if out is not None and any((out / f"{t}.csv").exists() for t in TABLES):
+    if out is None:
+        return
+    check_out_dir(out)
+    if any((out / f"{t}.csv").exists() for t in TABLES):
         raise InputError("already holds a run record; choose a new output directory", path=out)
+
+
+SWEEP_FILES = ("sweep.csv", "sweep.json", "sweep.png", "sweep.bands.csv", FILE)
+
+
+def _check_sweep_out(args: argparse.Namespace) -> None:
+    """A sweep writes into a new directory, completes its own interrupted sweep (--resume) or replaces one
+    (--force); anything else would mix or lose results."""
+    check_out_dir(args.out)
+    there = [f for f in SWEEP_FILES if (args.out / f).exists()]
+    if there and not (args.resume or args.force):
+        hint = "pass --resume to complete it, " if FILE in there and "sweep.csv" not in there else ""
+        raise InputError(f"already holds a sweep ({', '.join(there)}); {hint}pass --force to replace it, "
+                         f"or choose another --out", path=args.out)
+    if args.resume and FILE not in there:
+        raise InputError(f"has no interrupted sweep to resume (no {FILE}); run without --resume", path=args.out)
+
+
+def _refuse_unused(args: argparse.Namespace, unused: dict[str, str]) -> None:
+    """Refuse options given where they do nothing, so no one believes they took effect."""
+    for option, why in unused.items():
+        if getattr(args, option.lstrip("-").replace("-", "_")) is not None:
+            raise InputError(f"{option} does nothing {why}")
 
 
 def _write_record(rec, out: Path, tokens: bool, scored: dict) -> None:
@@ -149,6 +201,15 @@ def _fmt(v: float, spec: str = ".2f") -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.trace is not None:
+        _refuse_unused(args, {"--n": "with --trace: the trace file holds the requests",
+                              "--seed": "with --trace: the trace file holds the requests"})
+    elif args.closed_mixed is not None:
+        _refuse_unused(args, {"--n": "with --closed-mixed N: N is the number of requests"})
+    elif args.closed_uniform is not None:
+        _refuse_unused(args, {"--seed": "with --closed-uniform: every request is the same prompt"})
+    args.n = DEFAULT_N if args.n is None else args.n
+    args.seed = 0 if args.seed is None else args.seed
     table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
     inputs.check_backend(table, args.backend)
     trace = inputs.make_trace(rate=args.rate, n=args.n, seed=args.seed, trace_file=args.trace,
@@ -201,51 +262,87 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.trace is not None:
+        _refuse_unused(args, {"--n": "with --trace: the trace file holds the requests",
+                              "--seed": "with --trace: the trace file holds the requests",
+                              "--seeds": "with --trace: one trace file is one sample (seeds draw Poisson traces)"})
+    seeds = args.seeds or [0 if args.seed is None else args.seed]
+    n = DEFAULT_N if args.n is None else args.n
     table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
     for b in args.backend:
         inputs.check_backend(table, b)
-    workload = Workload(args.n, args.seed, inputs.load_trace(args.trace) if args.trace else None)
+    workload = Workload(n, seeds[0], inputs.load_trace(args.trace) if args.trace else None)
     if workload.base is not None and workload.base.offered_rate is None:
         raise InputError("every request of this trace arrives at once, so it cannot be scaled to arrival rates; "
                          "simulate it with `sim run --trace`", path=args.trace)
-    requests = workload.base or poisson_trace(1.0, args.n, args.seed)  # the same requests at every rate
+    # The same requests at every rate: one trace per seed
+    samples = [workload.base] if workload.base else [poisson_trace(1.0, n, s) for s in seeds]
     configs = list(dict.fromkeys(Config(b, m, g, p) for b in args.backend for p in args.prefill for m in args.max_batch
                                  for g in args.pool_gib))
     rates = None if args.rates is None else sorted(set(args.rates))
     for c in configs:
         pool_blocks = c.pool_blocks(table.block_size)
-        try:
-            inputs.check_trace(requests, table, c.max_batch, pool_blocks, table.block_size)
-        except InputError as e:
-            raise InputError(f"{c.label} ({pool_blocks} blocks): {e}") from None
-    what = f"trace {args.trace} ({len(requests)} requests)" if args.trace else \
-        f"the seeded Poisson trace, {args.n} requests, seed {args.seed}"
+        for requests, seed in zip(samples, seeds):
+            try:
+                inputs.check_trace(requests, table, c.max_batch, pool_blocks, table.block_size)
+            except InputError as e:
+                on = f", seed {seed}" if len(samples) > 1 else ""
+                raise InputError(f"{c.label} ({pool_blocks} blocks{on}): {e}") from None
+    _check_sweep_out(args)
+    wl = {"trace_file": str(args.trace), "trace_id": samples[0].trace_id} if args.trace else \
+        {"kind": "poisson", "n": n, **({"seeds": seeds} if len(seeds) > 1 else {"seed": seeds[0]})}
+    setup = {"table_id": table.table_id, "workload": wl, "configs": [asdict(c) for c in configs],
+             "rates": "auto" if rates is None else rates, "block_size": table.block_size,
+             "noise_seed": args.noise_seed, "strict": args.strict}
+    what = f"trace {args.trace} ({len(samples[0])} requests)" if args.trace else \
+        f"the seeded Poisson trace, {n} requests, " + (f"seed {seeds[0]}" if len(seeds) == 1 else
+                                                        f"{len(seeds)} seeds ({_seed_text(seeds)})")
     print(f"sweep: {len(configs)} configuration{'s' * (len(configs) > 1)} on {what}; {table.summary()}")
     if args.rates is None:
         print(f"rates: auto. Each configuration's capacity is estimated from one saturated run (all its requests "
-              f"queued at t=0); its {AUTO_POINTS} rates span {AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x that estimate")
+              f"queued at t=0{', first seed' if len(seeds) > 1 else ''}); its {AUTO_POINTS} rates span "
+              f"{AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x that estimate")
+    store = PointStore(args.out / FILE, setup, resume=args.resume)
+    if args.resume:
+        print(f"resuming: {len(store.done)} results already in {store.path}")
     t0 = time.perf_counter()
-    results, warned = run_sweep(table, configs, rates, workload, strict=args.strict, noise_seed=args.noise_seed,
-                                jobs=args.jobs)
+    try:
+        results, warned = run_sweep(table, configs, rates, workload, seeds=seeds, strict=args.strict,
+                                    noise_seed=args.noise_seed, jobs=args.jobs, store=store)
+    except KeyboardInterrupt:
+        again = [a for a in args.argv if a not in ("--force", "--resume")] + ["--resume"]
+        print(f"\nsim: interrupted: {len(store.done)} finished results are kept in {store.path}; complete the sweep "
+              f"with: {shlex.join(['python', '-m', 'sim', *again])}", file=sys.stderr)
+        return 130
+    finally:
+        store.close()
     for w in warned:
         _warn(w)
     print(report(results))
     meta = {"table": {"id": table.table_id, "device": table.device_name, "gpu_uuid": table.gpu_uuid,
                       "path": str(args.table or inputs.SHIPPED_TABLE)},
-            "workload": {"trace_file": str(args.trace), "trace_id": requests.trace_id} if args.trace else
-            {"kind": "poisson", "n": args.n, "seed": args.seed},
-            "rates": "auto" if rates is None else rates, "block_size": table.block_size,
+            "workload": wl, "rates": setup["rates"], "block_size": table.block_size,
             "noise_seed": args.noise_seed, "strict": args.strict, "warnings": warned,
             "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance()}
     files = write_files(args.out, results, meta)
+    for stale in set(SWEEP_FILES) - {f.name for f in files} - {FILE}:  # a replaced sweep's, this one did not write
+        (args.out / stale).unlink(missing_ok=True)
     events = sum(r["sim_events"] for res in results for r in res.rows)
     print(f"\n{sum(len(res.rows) for res in results)} points, {events:,} events in {time.perf_counter() - t0:.1f} s; "
           f"wrote " + ", ".join(str(f) for f in files))
     return 0
 
 
+def _seed_text(seeds: list[int]) -> str:
+    return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+        print(f"sim: error: unknown command {argv[0]!r} (the commands: {', '.join(SUBCOMMANDS)}; with none, or "
+              f"only options, the default sweep runs)", file=sys.stderr)
+        return 2
     if not argv or argv[0] not in (*SUBCOMMANDS, "-h", "--help"):
         argv = ["sweep", *argv]  # no command: the default sweep, with any options given
     args = parser().parse_args(argv)
@@ -257,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         except InputError as e:
             print(f"sim: error: {e}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:  # before anything was written (a sweep says itself what it kept)
+            print("\nsim: interrupted", file=sys.stderr)
+            return 130
 
 
 def _warn(message) -> None:

@@ -41,6 +41,17 @@ rate_arg = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive numb
 count_arg = checked(int, lambda v: v >= 1, "a whole number >= 1")
 seed_arg = checked(int, lambda v: v >= 0, "a whole number >= 0")
 
+# Sizes past which a run would not fit in memory or its counts would not be exact; each is far above real use.
+MAX_REQUESTS = 10_000_000  # the simulator holds about 1.5 KB a request: 10 million is ~15 GB
+MAX_BATCH = 1_000_000  # batch rows: the engine captures a graph per row count, the simulator keeps a row each
+MAX_POOL_BLOCKS = 2 ** 50  # block counts stay exact in a float64 (2**53) through every sum of them
+MAX_POOL_GIB = 2.0 ** 40  # an exbibyte in GiB: about 6e14 blocks of 64 Qwen2.5-1.5B tokens, below MAX_POOL_BLOCKS
+requests_arg = checked(int, lambda v: 1 <= v <= MAX_REQUESTS, f"a whole number of requests from 1 to {MAX_REQUESTS:,}")
+batch_arg = checked(int, lambda v: 1 <= v <= MAX_BATCH, f"a whole number of batch rows from 1 to {MAX_BATCH:,}")
+gib_arg = checked(float, lambda v: math.isfinite(v) and 0 < v <= MAX_POOL_GIB,
+                  f"a positive number of GiB up to {MAX_POOL_GIB:.4g}")
+blocks_arg = checked(int, lambda v: 1 <= v <= MAX_POOL_BLOCKS, f"a whole number of blocks from 1 to {MAX_POOL_BLOCKS:,}")
+
 
 def _window(text: str) -> tuple[float, float]:
     start, _, end = text.partition(":")
@@ -57,10 +68,11 @@ def workload_options() -> argparse.ArgumentParser:
     w = g.add_mutually_exclusive_group(required=True)
     w.add_argument("--rate", type=rate_arg, help="a seeded Poisson trace at this many requests per second")
     w.add_argument("--trace", metavar="FILE", help="a request-trace file (python -m traces ...)")
-    w.add_argument("--closed-mixed", type=count_arg, metavar="N", help="N requests of a mixed draw, all at t=0")
+    w.add_argument("--closed-mixed", type=requests_arg, metavar="N", help="N requests of a mixed draw, all at t=0")
     w.add_argument("--closed-uniform", choices=PROMPT_NAMES, metavar="PROMPT",
                    help=f"--n copies of one prompt ({', '.join(PROMPT_NAMES)}), all at t=0")
-    g.add_argument("--n", type=count_arg, default=DEFAULT_N, help=f"requests for --rate/--closed-uniform (default {DEFAULT_N})")
+    g.add_argument("--n", type=requests_arg, default=DEFAULT_N,
+                   help=f"requests for --rate/--closed-uniform (default {DEFAULT_N})")
     g.add_argument("--seed", type=seed_arg, default=0, help="seed of the mixed draw and arrival gaps (default 0)")
     g.add_argument("--budget", type=count_arg, default=DEFAULT_BUDGET,
                    help=f"tokens per request for --closed-uniform (default {DEFAULT_BUDGET})")
@@ -203,7 +215,7 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("poisson", parents=[out], help="the seeded Poisson arrival trace (rate, n, seed)")
     s.add_argument("--rate", type=rate_arg, required=True, help="arrivals per second")
-    s.add_argument("--n", type=count_arg, default=DEFAULT_N, help=f"requests (default {DEFAULT_N})")
+    s.add_argument("--n", type=requests_arg, default=DEFAULT_N, help=f"requests (default {DEFAULT_N})")
     s.add_argument("--seed", type=seed_arg, default=0, help="seed of the mixed draw and the arrival gaps (default 0)")
     s.set_defaults(func=_poisson)
 
@@ -211,7 +223,7 @@ def parser() -> argparse.ArgumentParser:
     which = s.add_mutually_exclusive_group(required=True)
     which.add_argument("--mixed", action="store_true", help="a mixed draw of prompts and budgets")
     which.add_argument("--prompt", choices=PROMPT_NAMES, help="every request has this prompt")
-    s.add_argument("--n", type=count_arg, required=True, help="requests")
+    s.add_argument("--n", type=requests_arg, required=True, help="requests")
     s.add_argument("--seed", type=seed_arg, help="seed of the mixed draw (default 0)")
     s.add_argument("--budget", type=count_arg, help=f"tokens each --prompt request generates (default {DEFAULT_BUDGET})")
     s.set_defaults(func=_closed)
@@ -247,7 +259,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--input", required=True, metavar="COL", help="prompt tokens")
     s.add_argument("--output", required=True, metavar="COL", help="output tokens")
     s.add_argument("--rate", type=rate_arg, required=True, help="arrivals per second")
-    s.add_argument("--n", type=count_arg, default=DEFAULT_N, help=f"requests to draw (default {DEFAULT_N})")
+    s.add_argument("--n", type=requests_arg, default=DEFAULT_N, help=f"requests to draw (default {DEFAULT_N})")
     s.add_argument("--seed", type=seed_arg, default=0, help="seed of the row draw and the arrival gaps (default 0)")
     s.add_argument("--format", choices=FORMATS, help="file format (default: from the suffix, .jsonl or .csv)")
     s.set_defaults(func=_import_lengths)
