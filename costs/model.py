@@ -104,8 +104,9 @@ class CostModel:
 
     def __init__(self, table: CostTable | dict, strict: bool = False):
         if isinstance(table, dict):  # a table's JSON object (synthetic, or edited in memory): identified by its
-            from .table import as_cost_table, table_id  # content and checked, here
-            table = as_cost_table({**table, "table_id": table_id(table)})
+            # content and checked here; whether to trust a failed stationarity check is the loader's question
+            from .table import as_cost_table, table_id
+            table = as_cost_table({**table, "table_id": table_id(table)}, allow_nonstationary=True)
         self.table = table
         self.strict = strict
         p = table.fit["prefill"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import constant_table, linear_table, write_table
+from helpers import linear_table, write_table
 
 import calibrate.cli
 import engine.cli
