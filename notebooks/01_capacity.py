@@ -15,14 +15,15 @@
 # # 01 · Capacity
 #
 # How much load does each configuration carry, and how long do requests wait on the way there? The
-# simulator replays the seeded Poisson trace (400 mixed requests, DESIGN.md) at a range of arrival rates for
-# every backend x max batch x pool size, on the cost table measured on the GPU.
+# simulator replays the seeded Poisson trace (400 mixed requests) at a range of arrival rates for every decode
+# backend x max batch x pool size, with padded prefill, on the cost table measured on the GPU. The prefill policy
+# axis is notebook 06.
 #
 # A rate is **stable** when the served rate keeps up with what the trace offered and the queue wait does not
 # trend upward over the run (traces/metrics.py). A configuration's **capacity** is bracketed between its
 # highest stable rate and the lowest unstable one; a second, finer pass of rates narrows the bracket.
 #
-# Data: the table in `SERVECAP_TABLE` (default `sim/data/h200.json`). Figures: `FIGURES_DIR`.
+# Data: the table in `SERVECAP_TABLE` (default `costs/data/h200.json`). Figures: `FIGURES_DIR`.
 
 # %%
 import _style as S  # noqa: I001  (first: puts the repository on the path, sets the backend)
@@ -35,8 +36,8 @@ import pandas as pd
 from sim.sweep import Config, Workload
 
 table, table_file = S.load_table()
-BACKENDS = sorted(table["decode"], key=lambda b: (b != "paged", b))
-MAX_BATCH = [b for b in (8, 16, 32) if b <= table["max_batch"]]
+BACKENDS = sorted(table.backends, key=lambda b: (b != "paged", b))
+MAX_BATCH = [b for b in (8, 16, 32) if b <= table.max_batch]
 LARGE, SMALL = 64.0, 0.5  # GiB: a pool that never binds at 32 rows, and the write-up's small pool
 POOLS = [LARGE, SMALL]
 WORKLOAD = Workload(n=400, seed=0)
@@ -104,7 +105,7 @@ def configurations(axes):
                 yield axes[i, j], res, pd.DataFrame(res.rows).sort_values("rate"), BATCH_COLORS[res.config.max_batch]
 
 
-fig, axes = panels(f"Served rate against arrival rate ({WORKLOAD.n} mixed requests, {table['device']['name']})")
+fig, axes = panels(f"Served rate against arrival rate ({WORKLOAD.n} mixed requests, {table.device_name})")
 for ax, res, d, c in configurations(axes):
     lo, hi = res.bracket
     ax.plot(d.rate, d.served_rate, color=c, marker=".", ms=4, **S.SIM,
@@ -131,7 +132,7 @@ S.save(fig, "01_served_rate",
 # to capacity and then grow with the queue (the axis is linear below 1 ms and logarithmic above).
 
 # %%
-fig, axes = panels(f"Queue wait against arrival rate ({WORKLOAD.n} mixed requests, {table['device']['name']})")
+fig, axes = panels(f"Queue wait against arrival rate ({WORKLOAD.n} mixed requests, {table.device_name})")
 for ax, res, d, c in configurations(axes):
     ax.plot(d.rate, d.queue_wait_p50, color=c, marker=".", ms=4, **S.SIM, label=f"max batch {res.config.max_batch}")
     ax.plot(d.rate, d.queue_wait_p95, color=c, ls="--", lw=1.2)
@@ -173,7 +174,7 @@ ax.set_yticks(range(len(cap)), cap.name)
 ax.invert_yaxis()
 ax.set_xlabel("arrival rate (req/s)")
 ax.set_xlim(0, cap[["capacity_hi", "saturated_estimate"]].max().max() * 1.2)
-ax.set_title(f"Capacity bracket per configuration (bar) and saturated estimate (x), {table['device']['name']}")
+ax.set_title(f"Capacity bracket per configuration (bar) and saturated estimate (x), {table.device_name}")
 ratio = (best.capacity_lo / small.capacity_lo) if small.capacity_lo else float("nan")
 worst = cap.loc[cap.capacity_lo.fillna(np.inf).idxmin()]
 S.save(fig, "01_capacity_summary",

@@ -20,8 +20,9 @@
 # capacity at pool sizes from 0.25 to 8 GiB, at 16 and 32 rows (paged backend, the seeded mixed workload),
 # with the real small-pool validation runs laid over it when they exist.
 #
-# Data: the table in `SERVECAP_TABLE` (default `sim/data/h200.json`); real points from
-# `SERVECAP_VALIDATION` (default `results/validation`), optional here. Figures: `FIGURES_DIR`.
+# Data: the table in `SERVECAP_TABLE` (default `costs/data/h200.json`); real points from
+# `SERVECAP_VALIDATION` (default `results/validation`), optional here, with the validation's own predictions
+# (made from the cost table its plan names). Figures: `FIGURES_DIR`.
 
 # %%
 import _style as S  # noqa: I001  (first: puts the repository on the path, sets the backend)
@@ -31,18 +32,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from calibrate.cost_model import CostModel
 from engine.block_pool import BlockPool, blocks_for_gib
-from sim import SimConfig, simulate
-from traces.metrics import summary
 from sim.sweep import Config, Workload
-from traces.records import read_run
+from traces.metrics import summary
 from traces.workload import poisson_trace
 
 table, table_file = S.load_table()
 POOLS = [0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 4.0, 8.0]  # GiB: log-spaced where memory binds
-ROWS = [r for r in (16, 32) if r <= table["max_batch"]]
-BACKEND = "paged" if "paged" in table["decode"] else next(iter(table["decode"]))
+ROWS = [r for r in (16, 32) if r <= table.max_batch]
+BACKEND = "paged" if "paged" in table.backends else table.backends[0]
 WORKLOAD = Workload(n=400, seed=0)
 ROW_COLORS = dict(zip(ROWS, ["tab:purple", "tab:blue"][-len(ROWS):]))
 
@@ -97,38 +95,36 @@ bound = {r: takeover(r) for r in ROWS}
 # %% [markdown]
 # ## The real small-pool runs
 #
-# The validation plan runs the engine at a 0.5 GiB pool at two rates past the simulator's small-pool capacity
-# (role `small-pool`). Each is laid over the sweep with the simulator's prediction for the same trace and pool.
+# The validation plan runs the engine at a 0.5 GiB pool past the simulator's small-pool capacity (role
+# `small-pool`). Each is laid over the sweep beside the validation's own prediction for the same trace and pool,
+# made before the run from the cost table the plan names (which may differ from the sweep's).
 
 # %%
-real = []
+real, plan_table = pd.DataFrame(), None
 if S.has_validation():
-    from sim.validate import build_trace, load_plan, run_dir
+    from validate.points import complete_runs
 
-    vdir = S.validation_dir()
-    cost = CostModel(table)
-    _, points = load_plan(vdir)
+    vdir, plan, points, plan_table, _ = S.validation()
+    rows = []
     for p in (p for p in points if p.role == "small-pool"):
-        runs = [read_run(d) for k in range(1, p.repeats + 1)
-                if (d := run_dir(vdir, p, k)).joinpath("meta.json").exists()]
-        runs = [r for r in runs if r.meta.get("status") == "complete"]
+        runs = complete_runs(vdir, p)
         if not runs:
             continue
-        rate, pool = p.trace.get("rate"), runs[0].meta["pool_blocks"]
+        rate, pred = p.trace.get("rate"), plan["predictions"][p.id]
         meas = [summary(r, rate) for r in runs]
-        sim = summary(simulate(build_trace(p.trace, vdir), cost, SimConfig(p.backend, p.max_batch, pool)).record, rate)
         keys = ("served_rate", "head_blocked_frac", "mean_running_rows")
-        real.append({"point": p.id, "rate": rate, "rows": p.max_batch, "pool_gib": S.gib_of_blocks(pool),
+        rows.append({"point": p.id, "rate": rate, "rows": p.max_batch, "pool_gib": S.gib_of_blocks(runs[0].meta["pool_blocks"]),
                      "repeats": len(runs), "served_rate_lo": min(m["served_rate"] for m in meas),
                      "served_rate_hi": max(m["served_rate"] for m in meas),
                      **{f"{k}_real": float(np.median([m[k] for m in meas])) for k in keys},
-                     **{f"{k}_sim": sim[k] for k in keys}})
-    real = pd.DataFrame(real)
+                     **{f"{k}_sim": pred[k] for k in keys}})
+    real = pd.DataFrame(rows)
     print(real.to_string(index=False, float_format=lambda v: f"{v:.3g}") if len(real) else
           f"no complete small-pool runs in {S.rel(vdir)}")
 else:
-    real = pd.DataFrame()
     print("no validation records (SERVECAP_VALIDATION): the figures show the simulator only")
+PRED = ("validation's prediction" + (f" ({S.table_label(plan_table)})" if plan_table is not None
+                                     and plan_table.table_id != table.table_id else ""))
 
 # %% [markdown]
 # ## Capacity against pool size
@@ -163,14 +159,14 @@ if len(real):
                 (first.pool_gib, first.served_rate_real), xytext=(-14, 0), textcoords="offset points", ha="right",
                 va="center", fontsize=7.5, color="tab:red")
     ax.plot([], [], "o", color="tab:red", mec="black", label="real engine: served rate past capacity (median, range)")
-    ax.plot([], [], "s", mfc="none", mec="tab:red", label="simulator at the same point")
+    ax.plot([], [], "s", mfc="none", mec="tab:red", label=PRED)
 ax.set_xscale("log", base=2)
 ax.set_xticks(POOLS, [f"{p:g}" for p in POOLS])
 ax.set_xlabel("K/V pool size (GiB)")
 ax.set_ylabel("arrival rate / served rate (req/s)")
 ax.set_ylim(bottom=0)
 ax.legend(loc="lower right")
-ax.set_title(f"Capacity against pool size ({BACKEND}, {WORKLOAD.n} mixed requests, {table['device']['name']})")
+ax.set_title(f"Capacity against pool size ({BACKEND}, {WORKLOAD.n} mixed requests, {table.device_name})")
 r0 = ROWS[-1]
 c0 = cap[cap["rows"] == r0].sort_values("pool_gib")
 text = (f"At {r0} rows capacity climbs from {S.fmt_rate(c0.lo.iloc[0])} to {S.fmt_rate(c0.lo.iloc[-1])} req/s "
@@ -178,7 +174,7 @@ text = (f"At {r0} rows capacity climbs from {S.fmt_rate(c0.lo.iloc[0])} to {S.fm
 text += f" and memory stops binding near {bound[r0]:g} GiB" if bound[r0] else ""
 if len(real):
     text += (f"; real small-pool runs served {', '.join(f'{v:.3g}' for v in real.served_rate_real)} req/s "
-             f"(simulated {', '.join(f'{v:.3g}' for v in real.served_rate_sim)})")
+             f"(predicted {', '.join(f'{v:.3g}' for v in real.served_rate_sim)})")
 S.save(fig, "04_pool_capacity", text + ".")
 
 # %% [markdown]
@@ -205,7 +201,7 @@ for _, p in real.iterrows():
 if len(real):
     for a in (ax, ax2):
         a.plot([], [], "o", color="tab:red", mec="black", label="real small-pool runs")
-        a.plot([], [], "s", mfc="none", mec="tab:red", label="simulator at the same points")
+        a.plot([], [], "s", mfc="none", mec="tab:red", label=PRED)
 for a in (ax, ax2):
     a.set_xscale("log", base=2)
     a.set_xticks(POOLS, [f"{p:g}" for p in POOLS])
@@ -215,7 +211,7 @@ ax.set_ylabel("queue head blocked on memory (% of busy time)")
 ax.set_title("Head of the queue waiting for blocks while a row is free")
 ax2.set_ylabel("mean running rows (rows)")
 ax2.set_title("Rows in use at saturation (dotted: max batch)")
-fig.suptitle(f"Where the memory bound takes over from the compute bound, {table['device']['name']}")
+fig.suptitle(f"Where the memory bound takes over from the compute bound, {table.device_name}")
 c0 = cap[cap["rows"] == r0].sort_values("pool_gib")
 S.save(fig, "04_memory_bound",
        f"At {r0} rows and {POOLS[0]:g} GiB the queue head waits on memory {c0.head_blocked_frac.iloc[0]:.0%} of the "

@@ -16,14 +16,18 @@
 #
 # The simulator knows one thing about the GPU: how long a step takes. The cost table holds that, measured
 # on the engine in closed runs (calibrate/), as points with a median and a p10-p90 spread, plus the fitted
-# model that serves every shape between them (calibrate/cost_model.py):
+# model that serves every shape between them (costs/model.py):
 #
-# - **prefill** of one admission group: a smooth surface over group width x padded length (a launch-bound
-#   floor for small groups, GPU work linear in padded tokens plus attention's square for large ones);
+# - **prefill** of one step: a smooth surface over its rows, the positions it computes and their attention
+#   work (a launch-bound floor for small steps, GPU work linear in the positions plus attention's square for
+#   large ones). A padded group of w prompts padded to n is w rows of n positions; packed and chunked steps
+#   are priced by the same surface from their own shapes (costs/shapes.py);
 # - **decode** of one step: per row count, a plane in the K/V tokens of all rows and the longest row's;
-# - **held-out accuracy**: the fitted model against shapes the fit never saw.
+# - **held-out accuracy**: the fitted model against shapes the fit never saw;
+# - **stationarity**: each shape's first run against its repeats, which says whether a step's cost depended
+#   on its shape alone.
 #
-# Data: the table in `SERVECAP_TABLE` (default `sim/data/h200.json`). Figures: `FIGURES_DIR`
+# Data: the table in `SERVECAP_TABLE` (default `costs/data/h200.json`). Figures: `FIGURES_DIR`
 # (default `notebooks/figures`).
 
 # %%
@@ -34,16 +38,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from calibrate.cost_model import CostModel, ExtrapolationWarning
+from costs.model import CostModel, ExtrapolationWarning
+from costs.shapes import PrefillShape
 
 table, table_file = S.load_table()
 cost = CostModel(table)
-prefill = pd.DataFrame(table["prefill"]["points"])
-decode = pd.concat([pd.DataFrame(d["points"]).assign(backend=b) for b, d in table["decode"].items()],
+prefill = pd.DataFrame(table.prefill_points())
+decode = pd.concat([pd.DataFrame(table.raw["decode"][b]["points"]).assign(backend=b) for b in table.backends],
                    ignore_index=True)
-print(f"{len(prefill)} prefill points ({prefill.width.nunique()} widths x {prefill.padded_len.nunique()} lengths), "
-      + ", ".join(f"{(decode.backend == b).sum()} {b} decode points" for b in table["decode"]))
-print("overhead:", {k: v for k, v in table.get("overhead", {}).items()})
+print(f"{len(prefill)} prefill points (" + ", ".join(f"{(prefill.policy == p).sum()} {p}" for p in table.policies)
+      + "), " + ", ".join(f"{(decode.backend == b).sum()} {b} decode points" for b in table.backends))
+print(f"retirement overhead: {table.retire_s * 1e3:.3f} ms per retired row")
 
 
 def quiet(fn, *args):
@@ -53,57 +58,85 @@ def quiet(fn, *args):
         return fn(*args)
 
 
+def shape_of(p) -> PrefillShape:
+    """A prefill point's step shape: its sequences where the table keeps them, else a padded group."""
+    if isinstance(p.get("computed"), list):
+        return PrefillShape.of(p["computed"], p["prefix"])
+    return PrefillShape.padded(int(p["rows"]), int(p["tokens"]) // int(p["rows"]))
+
+
+prefill["fitted_s"] = [quiet(cost.prefill, shape_of(p)) for p in prefill.to_dict("records")]
+prefill["residual"] = prefill.median_s / prefill.fitted_s - 1
+padded = prefill[prefill.policy == "padded"].assign(width=lambda d: d["rows"],
+                                                   padded_len=lambda d: d["tokens"] // d["rows"])
+
+
 # %% [markdown]
-# ## Prefill: one admission group, by width and padded length
+# ## Prefill: one padded admission group, by width and padded length
 #
 # Left: the step time, measured and fitted. Middle: the same divided by the group's padded positions
 # (width x padded length), the price of one padded position: high where the launch floor dominates, lowest
 # where the GPU is busy, rising again where attention's square takes over. Right: how far each measured
-# median sits from the fitted surface.
+# median sits from the fitted surface, with the table's packed and chunked steps (if it measured them) at the
+# positions they computed.
 
 # %%
-widths = sorted(prefill.width.unique())
+widths = sorted(padded.width.unique())
 colors = dict(zip(widths, plt.cm.viridis(np.linspace(0, 0.9, len(widths)))))
-dense = np.geomspace(prefill.padded_len.min(), prefill.padded_len.max(), 80).round().astype(int)
-prefill["fitted_s"] = [quiet(cost.prefill, int(w), int(n)) for w, n in zip(prefill.width, prefill.padded_len)]
-prefill["residual"] = prefill.median_s / prefill.fitted_s - 1
+dense = np.geomspace(padded.padded_len.min(), padded.padded_len.max(), 80).round().astype(int)
+prefill = padded  # the figure's grid; the other policies' points are drawn from table.prefill_points() below
+others = pd.DataFrame(table.prefill_points())
+others = others[others.policy != "padded"]
+if len(others):
+    others["fitted_s"] = [quiet(cost.prefill, shape_of(p)) for p in others.to_dict("records")]
+    others["residual"] = others.median_s / others.fitted_s - 1
 
 fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.8))
 for w in widths:
     pts = prefill[prefill.width == w].sort_values("padded_len")
-    fitted = np.array([quiet(cost.prefill, int(w), int(n)) for n in dense])
+    fitted = np.array([quiet(cost.prefill, PrefillShape.padded(int(w), int(n))) for n in dense])
     yerr = np.array([pts.median_s - pts.p10_s, pts.p90_s - pts.median_s]) * 1e3
     ax.errorbar(pts.padded_len, pts.median_s * 1e3, yerr=yerr, fmt="o", ms=4, capsize=2, color=colors[w],
-                label=f"width {w}")
+                mec="black", mew=0.3, label=f"width {w}")
     ax.plot(dense, fitted * 1e3, color=colors[w], lw=1.2)
-    ax2.plot(pts.padded_len, pts.median_s / (w * pts.padded_len) * 1e6, "o", ms=4, color=colors[w])
+    ax2.plot(pts.padded_len, pts.median_s / (w * pts.padded_len) * 1e6, "o", ms=4, color=colors[w], mec="black",
+             mew=0.3)
     ax2.plot(dense, fitted / (w * dense) * 1e6, color=colors[w], lw=1.2)
     ax3.plot(pts.padded_len, pts.residual * 100, "o-", ms=4, lw=0.8, color=colors[w])
+for policy, g in others.groupby("policy") if len(others) else []:
+    ax3.plot(g.attn / g.tokens, g.residual * 100, "D", ms=4, color=S.policy_color(policy), mec="black", mew=0.3,
+             label=f"{policy} steps ({len(g)})")
 for a in (ax, ax2, ax3):
     a.set_xscale("log", base=2)
-    a.set_xlabel("padded prompt length (tokens)")
     S.plain_ticks(a, "x")
 for a in (ax, ax2):
+    a.set_xlabel("padded prompt length (tokens)")
     a.set_yscale("log")
     S.plain_ticks(a, "y")
+ax3.set_xlabel("attention span per position (tokens; a padded group's padded length)")
 ax.set_ylabel("prefill step time (ms)")
-ax.set_title("Step time: measured median (p10-p90 bars), fitted (lines)")
+ax.set_title("Padded groups: measured median (p10-p90 bars), fitted (lines)")
 ax.legend(title="group width (rows)", ncol=2)
 ax2.set_ylabel("time per padded position (µs)")
 ax2.set_title("Per padded position: step time / (width x length)")
 ax3.axhline(0, color="black", lw=0.8)
-span = max(1.0, float(prefill.residual.abs().max() * 100) * 1.15)
+every = pd.concat([prefill.residual, others.residual if len(others) else pd.Series(dtype=float)])
+span = max(1.0, float(every.abs().max() * 100) * 1.15)
 ax3.set_ylim(-span, span)
 ax3.set_ylabel("measured / fitted - 1 (%)")
 ax3.set_title("Fit residual at every measured point")
-fig.suptitle(f"Prefill cost, {table['device']['name']}")
+if len(others):
+    ax3.legend(loc="lower left")
+fig.suptitle(f"Prefill cost, {table.device_name} ({S.table_label(table)})")
 big = prefill.sort_values(["width", "padded_len"]).iloc[-1]
 worst = prefill.loc[prefill.residual.abs().idxmax()]
+extra = "".join(f"; {p} steps: median |residual| {g.residual.abs().median():.1%}"
+                for p, g in (others.groupby("policy") if len(others) else []))
 S.save(fig, "05_prefill",
        f"The widest group ({int(big.width)} x {int(big.padded_len)}) costs {big.median_s * 1e3:.0f} ms and the "
        f"smallest {prefill.median_s.min() * 1e3:.1f} ms; the fit is within {prefill.residual.abs().median():.1%} "
        f"of a measured median typically, {worst.residual:+.1%} at worst ({int(worst.width)} x "
-       f"{int(worst.padded_len)}).")
+       f"{int(worst.padded_len)}){extra}.")
 
 # %% [markdown]
 # ## Decode: one step, by K/V tokens read and row count
@@ -115,7 +148,7 @@ S.save(fig, "05_prefill",
 # shows how far each measured median is from the model at its shape.
 
 # %%
-backends = sorted(table["decode"], key=lambda b: (b != "paged", b))
+backends = sorted(table.backends, key=lambda b: (b != "paged", b))
 rows_all = sorted(decode["rows"].unique())
 shown = [r for r in rows_all if r in (1, 2, 4, 8, 16, 24, 32)] or rows_all
 rcolors = dict(zip(shown, plt.cm.plasma(np.linspace(0, 0.85, len(shown)))))
@@ -150,7 +183,7 @@ for j, b in enumerate(backends):
     res.set_xlabel("K/V tokens read by the step (tokens, all rows)")
     res.set_ylabel("measured / model - 1 (%)")
     res.set_title(f"{b}: residual at every measured point ({len(d)} points, all row counts)")
-fig.suptitle(f"Decode step cost, {table['device']['name']}")
+fig.suptitle(f"Decode step cost, {table.device_name} ({S.table_label(table)})")
 worst = decode.loc[decode.residual.abs().idxmax()]
 S.save(fig, "05_decode",
        f"Decode cost grows with the K/V read and the rows; the model is within {decode.residual.abs().median():.1%} "
@@ -164,7 +197,7 @@ S.save(fig, "05_decode",
 # records the model's prediction beside the measurement: the error a simulation inherits between grid points.
 
 # %%
-acc = table.get("accuracy")
+acc = table.raw.get("accuracy")
 if not acc or not acc.get("points"):
     print(f"This cost table has no held-out accuracy section (calibrate/accuracy.py writes one); "
           f"no accuracy figure is drawn for {S.rel(table_file)}.")
@@ -206,8 +239,46 @@ else:
     ax2.set_yticks(range(len(kinds)), kinds)
     ax2.set_xlabel("prediction error, predicted / measured - 1 (%)")
     ax2.set_title("Error distribution per kind (dotted: median target, dashed: p95 target)")
-    fig.suptitle(f"Cost model accuracy on held-out shapes, {table['device']['name']}")
+    fig.suptitle(f"Cost model accuracy on held-out shapes, {table.device_name}")
     parts = [f"{k} median |error| {np.median(np.abs(pts[pts.kind == k].error)):.1%}" for k in kinds]
     tgt = (f" (targets: median {targets['median_abs_err']:.0%}, p95 {targets['p95_abs_err']:.0%})"
            if {"median_abs_err", "p95_abs_err"} <= set(targets) else "")
     S.save(fig, "05_accuracy", "Off the fitting grid: " + "; ".join(parts) + tgt + ".")
+
+# %% [markdown]
+# ## Stationarity: did a step's cost depend on its shape alone?
+#
+# The calibration runs shapes the engine has never run, once and then again. A first run much slower than its
+# repeats means the cost depended on what ran before (a kernel compiled or a buffer allocated on first sight),
+# which a table of shapes cannot hold. Each dot is one such shape; the table is refused by default when the
+# p95 of first / repeat passes the limit (dashed).
+
+# %%
+st = table.stationarity or {}
+shapes = pd.DataFrame(st.get("shapes") or [])
+if shapes.empty:
+    print(f"{S.rel(table_file)} keeps no per-shape stationarity runs "
+          f"({st.get('method', 'no stationarity check')}); no stationarity figure is drawn.")
+else:
+    shapes["group"] = [k if k == "decode" else f"prefill {str(p).partition(':')[0]}"
+                       for k, p in zip(shapes.kind, shapes.policy)]
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    for i, (g, d) in enumerate(shapes.groupby("group", sort=False)):
+        color = S.policy_color(g.split()[-1]) if g != "decode" else "tab:blue"
+        x = i + np.random.default_rng(i).uniform(-0.2, 0.2, len(d))
+        ax.plot(x, d.first_over_again, "o", color=color, mec="black", mew=0.3, ms=6, label=f"{g} ({len(d)} shapes)")
+    ax.axhline(st["limit"], color="tab:red", ls="--", lw=1, label=f"limit on the p95 ({st['limit']:g})")
+    ax.axhline(1.0, color="black", lw=0.8)
+    groups = list(dict.fromkeys(shapes.group))
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_xlim(-0.6, len(groups) - 0.4)
+    ax.set_ylim(min(0.9, shapes.first_over_again.min() - 0.02), max(st["limit"], shapes.first_over_again.max()) + 0.08)
+    ax.set_ylabel("first run / median of repeats")
+    ax.legend(loc="upper right", ncol=3)
+    verdict = "passed" if st["passed"] else "FAILED"
+    ax.set_title(f"First run against repeats per never-run shape: check {verdict} (cost table {table.table_id})")
+    p95 = max(st["prefill"]["p95"], st["decode"]["p95"])
+    worst = shapes.loc[shapes.first_over_again.idxmax()]
+    S.save(fig, "05_stationarity",
+           f"The stationarity check {verdict}: the p95 of first / repeat is {p95:.2f} against a limit of "
+           f"{st['limit']:g}; the slowest first run was {worst.first_over_again:.2f}x its repeats ({worst.run}).")
