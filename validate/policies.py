@@ -5,7 +5,6 @@ against both tables; and a figure.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +58,7 @@ def write(validation: Path, predictions: Path, table_path: Path, allow_nonstatio
                          f"{predictions / 'table.json'} or ship it", path=predictions)
     recal = inputs.load_table(table_path, 64, allow_nonstationary)
     ratios = step_ratios(policy, Path(validation), {"blind": blind_table, "re-calibrated": recal})
-    lines = [f"# Prefill policies: blind prediction, re-calibrated prediction, measurement", "",
+    lines = ["# Prefill policies: blind prediction, re-calibrated prediction, measurement", "",
              f"Blind: `python -m validate predict` from table {plan['blind']['table']['id']} (padded steps only), at "
              f"commit {plan['blind']['git_commit']}, before the engine ran packed or chunked prefill. Re-calibrated: "
              f"the plan's table {plan['table']['id']}, which measured every policy's steps. Measured: "
