@@ -10,22 +10,21 @@ from pathlib import Path
 import numpy as np
 
 from costs.model import CostModel
-from costs.shapes import PrefillShape
 from sim import inputs
 from traces.csvio import atomic_write_text
 from traces.errors import InputError
 from traces.records import read_run
 
 from .points import run_dir
-from .report import Compared, _fmt, _num, compare
+from .report import Compared, _fmt, _num, compare, step_shape
 
 KEYS = (("served_rate", "served req/s"), ("queue_wait_p50", "queue p50 s"), ("ttft_p95", "TTFT p95 s"),
         ("wall_time_s", "wall s"), ("gap_max", "largest gap s"))
 
 
 def step_ratios(results: list[Compared], out: Path, tables: dict) -> dict:
-    """Measured prefill and decode step times over each table's model, per policy (padded groups only are known
-    step by step for prefill: a packed or chunked record keeps each step's totals, not its sequences)."""
+    """Measured prefill and decode step times over each table's model, per policy (prefill: the steps whose shape the
+    record determines, report.step_shape)."""
     models = {name: CostModel(t) for name, t in tables.items()}
     got: dict[tuple[str, str, str], list[float]] = {}
     for c in results:
@@ -35,8 +34,7 @@ def step_ratios(results: list[Compared], out: Path, tables: dict) -> dict:
                 if row.kind == "decode":
                     pred = float(cost.decode("paged", int(row.rows), int(row.kv_tokens), int(row.kv_max)))
                     got.setdefault((c.point.prefill, "decode", name), []).append((row.end - row.start) / pred)
-                elif row.tokens == row.rows * row.padded_len and row.rows == 1 or c.point.prefill == "padded":
-                    shape = PrefillShape.padded(int(row.rows), int(row.padded_len))
+                elif (shape := step_shape(row)) is not None:
                     got.setdefault((c.point.prefill, "prefill", name), []).append((row.end - row.start) /
                                                                                  cost.prefill(shape))
     return {k: float(np.median(v)) for k, v in got.items()}
