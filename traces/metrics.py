@@ -9,7 +9,7 @@ Per request
     TPOT = (finished - first_token) / (output_tokens - 1), NaN for single-token requests.
 Served rate = requests served / (last finished - first arrival).
 
-Stability at offered rate r. DESIGN.md asks for the served rate within 3% of r and a queue wait not trending
+Stability at offered rate r. docs/DESIGN.md asks for the served rate within 3% of r and a queue wait not trending
 upward. A 400-request Poisson sample offers a few percent more or less than r, and the last request's time in
 system is a noticeable part of a short run, so both halves are refined:
     expected  = n / (last arrival - first arrival + median sojourn of the first 10% of requests by arrival),

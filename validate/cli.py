@@ -53,6 +53,9 @@ def parser() -> argparse.ArgumentParser:
     sag.add_argument("--table", type=Path, help="cost table (default: the shipped H200 table)")
     sag.add_argument("--jobs", type=count_arg, help="worker processes (default: every core)")
     sag.add_argument("--force", action="store_true", help="replace an existing search")
+    sag.add_argument("--compare", type=Path, metavar="VALIDATION",
+                     help="instead of searching: compare the candidates' real runs in VALIDATION with their predictions")
+    sag.add_argument("--allow-nonstationary", action="store_true", help="with --compare: as for report")
 
     plan = sub.add_parser("plan", parents=[common], help="choose the points and write their predictions (CPU)")
     plan.add_argument("--table", type=Path, help="the frozen cost table (default: the shipped H200 table)")
@@ -79,6 +82,13 @@ def parser() -> argparse.ArgumentParser:
                       help="run the plan's fleet points instead, one replica on each of these CUDA devices (repeat a "
                            "device to put two replicas on one GPU)")
 
+    pol = sub.add_parser("policies", parents=[common], help="the prefill policies: blind, re-calibrated, measured (CPU)")
+    pol.add_argument("--predictions", type=Path, default=Path("results/predictions"),
+                     help="the blind predictions' directory; the report goes there (default %(default)s)")
+    pol.add_argument("--table", type=Path, help="the plan's (re-calibrated) table")
+    pol.add_argument("--allow-nonstationary", action="store_true", help="as for report")
+    pol.add_argument("--force", action="store_true", help="replace an existing report")
+
     report = sub.add_parser("report", parents=[common], help="predicted beside measured (CPU)")
     report.add_argument("--table", type=Path, help="the plan's cost table (default: the shipped H200 table)")
     report.add_argument("--force", action="store_true", help="replace an existing report")
@@ -103,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                 doc = make_predictions(args.table, args.out, azure=args.azure, n=args.n, seed=args.seed,
                                        force=args.force)
                 print(f"wrote {args.out / 'predictions.json'} and predictions.md: {len(doc['points'])} points")
+            elif args.step == "sag" and args.compare:
+                from .sag import compare_real
+                print(f"wrote {compare_real(args.compare, args.out, args.table, args.allow_nonstationary)}")
             elif args.step == "sag":
                 from .sag import search, write_report
                 doc = search(args.table, args.out, jobs=args.jobs, force=args.force,
@@ -119,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {p.id:40s} {p.role:10s} {p.backend} {p.prefill} rows {p.max_batch} "
                           f"pool {p.pool_gib or 'engine'} x{p.repeats}" + (f" after {p.warmup} warm-up" if p.warmup else "")
                           + (" (fresh engine)" if p.fresh else ""))
+            elif args.step == "policies":
+                from .policies import write
+                print(f"wrote {write(args.out, args.predictions, args.table, args.allow_nonstationary, args.force)}")
             elif args.step == "real":
                 from .real import run_real
                 if args.fleet:

@@ -138,6 +138,18 @@ def beyond_spread(c: Compared, key: str) -> bool | None:
     return abs(_num(c.sim.get(key)) - _num(c.measured.get(key))) > 2 * c.spread[key]
 
 
+def step_shape(row) -> PrefillShape | None:
+    """A recorded prefill step's shape where the record determines it: a padded group (every row the padded length,
+    no prefix), or a single sequence (its prefix follows from the attention work, n * (n + 2p)). A packed or chunked
+    step of several sequences keeps only totals."""
+    rows, tokens, attn, width = int(row.rows), int(row.tokens), int(row.attn), int(row.padded_len)
+    if rows == 1:
+        return PrefillShape.of([tokens], [(attn // tokens - tokens) // 2])
+    if tokens == rows * width and attn == rows * width * width:
+        return PrefillShape.padded(rows, width)
+    return None
+
+
 def step_check(results: list[Compared], out: Path, table) -> dict:
     """Measured step durations over the cost model's prediction at the same shape, by kind, over every real run."""
     cost = CostModel(table)
@@ -149,10 +161,9 @@ def step_check(results: list[Compared], out: Path, table) -> dict:
             for row in rec.steps.itertuples():
                 dur = row.end - row.start
                 if row.kind == "prefill":
-                    if row.tokens != row.rows * row.padded_len:
-                        continue  # packed or chunked: the record keeps totals, not each sequence's length
-                    shape = PrefillShape.padded(int(row.rows), int(row.padded_len))
-                    ratios.setdefault(f"prefill {policy}", []).append(dur / cost.prefill(shape))
+                    shape = step_shape(row)
+                    if shape is not None:
+                        ratios.setdefault(f"prefill {policy}", []).append(dur / cost.prefill(shape))
                 else:
                     pred = float(cost.decode(rec.meta["backend"], int(row.rows), int(row.kv_tokens), int(row.kv_max)))
                     pred += cost.retire_s * row.retired

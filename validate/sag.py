@@ -187,3 +187,54 @@ def write_report(doc: dict, out: Path) -> Path:
     lines += ["", "![served rate past capacity](sag.png)", ""]
     atomic_write_text(out / "search.md", "\n".join(lines))
     return out / "search.md"
+
+
+def compare_real(validation: Path, out: Path, table_path: Path | None, allow_nonstationary: bool = False) -> Path:
+    """comparison.md and comparison.png: each candidate's served rate against rate, predicted at plan time (seed 0,
+    the trace the engine ran) and measured, with the sag of each and the search's seed-mean curve beside them."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import _sag, _sag_groups, compare
+
+    plan, results = compare(Path(validation), table_path, allow_nonstationary)
+    groups = _sag_groups(results)
+    if not groups:
+        raise InputError("the validation has no graded sag points", path=validation)
+    search = json.loads((Path(out) / "search.json").read_text())
+    curves = {r["name"]: r for r in search["refined"]}
+    planned = {}
+    for p in plan["points"]:
+        if p["role"] == "sag":
+            planned.setdefault(p["id"].rsplit("-rate-", 1)[0].removeprefix("sag-"), []).append(p["trace"]["rate"])
+    lines = [f"# The sag on the real engine: predicted at plan time (table {plan['table']['id']}) and measured", "",
+             "Sag = (peak served rate - served rate at the highest rate) / peak, over the rates that ran. The predictions "
+             "are the simulator's for the very trace the engine ran (seed 0); the search's seed-mean curve (results/sag/"
+             "search.json, another table and 400-request traces of 12 seeds) shows how much one seed can differ.", "",
+             "| candidate | rates run (of planned) | served predicted | served measured | sag predicted | sag measured | "
+             "within 25% |", "|---|---|---|---|---|---|---|"]
+    fig, ax = plt.subplots(1, len(groups), figsize=(7 * len(groups), 4.8), squeeze=False)
+    for a, (name, cs) in zip(ax[0], groups.items()):
+        rates = [c.rate for c in cs]
+        pred, meas = [c.sim["served_rate"] for c in cs], [c.measured["served_rate"] for c in cs]
+        sp, sm = _sag(pred), _sag(meas)
+        lines.append(f"| {name} | {', '.join(f'{r:g}' for r in rates)} (of {', '.join(f'{r:g}' for r in planned[name])}) "
+                     f"| {', '.join(f'{v:.1f}' for v in pred)} | {', '.join(f'{v:.1f}' for v in meas)} | {sp:.1%} | "
+                     f"{sm:.1%} | {'yes' if sm > 0 and abs(sp - sm) <= 0.25 * sm else 'no'} |")
+        device = cs[0].meta[0]["device"]["name"]
+        a.plot(rates, meas, "o-", label=f"measured ({device}), seed 0")
+        a.plot(rates, pred, "s--", mfc="none", label="predicted at plan time, seed 0")
+        if name in curves:
+            r = curves[name]
+            m, sd = np.array(r["served_mean"]), np.array(r["served_sd"])
+            a.plot(r["rates"], m, ":", color="grey", label=f"search: mean of {r['seeds']} seeds")
+            a.fill_between(r["rates"], m - sd, m + sd, color="grey", alpha=0.2, label="search: +/- 1 sd")
+        a.set(xlabel="arrival rate (req/s)", ylabel="served rate (req/s)", title=f"{name}: served rate past capacity")
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(Path(out) / "comparison.png", dpi=110)
+    plt.close(fig)
+    lines += ["", "![served rate past capacity, predicted and measured](comparison.png)", ""]
+    atomic_write_text(Path(out) / "comparison.md", "\n".join(lines))
+    return Path(out) / "comparison.md"
