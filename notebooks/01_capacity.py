@@ -16,14 +16,15 @@
 #
 # How much load does each configuration carry, and how long do requests wait on the way there? The
 # simulator replays the seeded Poisson trace (400 mixed requests) at a range of arrival rates for every decode
-# backend x max batch x pool size, with padded prefill, on the cost table measured on the GPU. The prefill policy
-# axis is notebook 06.
+# backend x max batch x pool size, with padded prefill, on the cost table measured on the GPU; then the prefill
+# policy (padded, packed, chunked:512) at one configuration, over several trace seeds.
 #
 # A rate is **stable** when the served rate keeps up with what the trace offered and the queue wait does not
 # trend upward over the run (traces/metrics.py). A configuration's **capacity** is bracketed between its
 # highest stable rate and the lowest unstable one; a second, finer pass of rates narrows the bracket.
 #
-# Data: the table in `SERVECAP_TABLE` (default `costs/data/h200.json`). Figures: `FIGURES_DIR`.
+# Data: the table in `SERVECAP_TABLE` (default `costs/data/h200.json`). Figures: `FIGURES_DIR`. Design notes:
+# docs/DESIGN.md.
 
 # %%
 import _style as S  # noqa: I001  (first: puts the repository on the path, sets the backend)
@@ -33,14 +34,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sim.sweep import Config, Workload
+from engine.scheduler import PrefillPolicy
+from sim.bands import Band, exceeds_seed_spread
+from sim.report import band_rows, by_config, capacity_bands, mean_result, mechanism
+from sim.sweep import Config, Workload, run_sweep
 
 table, table_file = S.load_table()
 BACKENDS = sorted(table.backends, key=lambda b: (b != "paged", b))
 MAX_BATCH = [b for b in (8, 16, 32) if b <= table.max_batch]
 LARGE, SMALL = 64.0, 0.5  # GiB: a pool that never binds at 32 rows, and the write-up's small pool
 POOLS = [LARGE, SMALL]
-WORKLOAD = Workload(n=400, seed=0)
+WORKLOAD = Workload(n=S.requests(), seed=0)
 FINE = 4  # extra rates inside each bracket
 
 # %% [markdown]
@@ -181,3 +185,79 @@ S.save(fig, "01_capacity_summary",
        f"Capacity ranges from {S.fmt_rate(worst.capacity_lo)} req/s ({worst['name']}) to "
        f"{S.fmt_rate(best.capacity_lo)} ({best['name']}); the {SMALL:g} GiB pool holds that configuration "
        f"{ratio:.1f}x lower.")
+
+# %% [markdown]
+# ## The prefill policy, with the seed band
+#
+# One seeded trace is one sample of the workload: the same configuration on another seed serves a few percent
+# more or less, so a difference between configurations means something only beyond that spread
+# (`sim.bands.exceeds_seed_spread`). Here the best configuration above runs each prefill policy on several trace
+# seeds, at the same rates from 0.7x to 1.6x that configuration's capacity, close enough together (about 6%
+# apart) to tell the policies' brackets apart. Lines are the mean over seeds, shaded bands the lowest to the
+# highest seed. A table that measured only
+# padded prefill steps prices packed and chunked steps from them by their shape (costs/model.py); the figure
+# says so where it does.
+
+# %%
+POLICIES = ["padded", "packed", "chunked:512"]
+SEEDS = list(range(5))
+t0 = time.perf_counter()
+POLICY_RATES = [float(f"{r:.3g}") for r in np.geomspace(0.7, 1.6, 14) * best.capacity_lo]
+policy_results, warned = run_sweep(table, [Config(best.backend, int(best.max_batch), LARGE, p) for p in POLICIES],
+                                   POLICY_RATES, WORKLOAD, seeds=SEEDS, jobs=S.jobs(), progress=False)
+print(f"{len(POLICIES)} policies x {len(SEEDS)} seeds, {sum(len(r.rows) for r in policy_results)} simulated runs in "
+      f"{time.perf_counter() - t0:.1f} s")
+for w in warned:
+    print("cost model:", w)
+seeds_of = {g[0].config.prefill: g for g in by_config(policy_results)}
+for policy, group in seeds_of.items():
+    print(f"\n{policy}: {capacity_bands(group)}")
+    for line in mechanism(mean_result(group), group):
+        print("  -", line)
+derived = [p for p in POLICIES if PrefillPolicy.parse(p).name not in table.policies]
+
+# %%
+fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 5.6), gridspec_kw={"width_ratios": [1, 1, 0.8]})
+for i, (policy, group) in enumerate(seeds_of.items()):
+    c = S.policy_color(policy)
+    b = pd.DataFrame(band_rows(group))
+    for ax, k in ((a1, "served_rate"), (a2, "queue_wait_p50")):
+        ax.plot(b.rate, b[f"{k}_mean"], color=c, marker=".", ms=4, **S.SIM,
+                label=policy + (" (priced from padded steps)" if policy in derived else ""))
+        ax.fill_between(b.rate, b[f"{k}_min"], b[f"{k}_max"], color=c, alpha=0.2, lw=0)
+    for j, res in enumerate(group):
+        lo, hi = res.bracket
+        y = i + (j - (len(group) - 1) / 2) * 0.6 / len(group)
+        a3.plot([lo or 0, hi or lo or 0], [y, y], color=c, lw=2.5, solid_capstyle="butt")
+        a3.text(hi or lo or 0, y, f" seed {res.seed}", va="center", fontsize=6.5, color="0.35")
+top = max(r["rate"] for res in policy_results for r in res.rows) * 1.05
+a1.plot([0, top], [0, top], ":", color="grey", lw=1, label="served = offered")
+a1.set_xlim(POLICY_RATES[0] * 0.95, top)
+a1.set_ylim(POLICY_RATES[0] * 0.8, None)
+a1.set_ylabel("served rate (req/s)")
+a1.set_title("Served rate: mean of the seeds, min-max shaded")
+a2.set_yscale("symlog", linthresh=1e-3)
+a2.set_ylim(bottom=0)
+a2.set_ylabel("queue wait p50 (s)")
+a2.set_title("Queue wait p50: mean of the seeds, min-max shaded")
+for ax in (a1, a2):
+    ax.set_xlabel("arrival rate (req/s)")
+    ax.legend(loc="upper left")
+a3.set_yticks(range(len(seeds_of)), list(seeds_of))
+a3.invert_yaxis()
+a3.set_xlabel("capacity bracket (req/s): highest stable to lowest unstable rate")
+a3.set_title("Capacity bracket, one bar per trace seed")
+note = f"; {', '.join(derived)} priced from the table's padded steps, not measured" if derived else ""
+fig.suptitle(f"Prefill policies, {best['name']}: {WORKLOAD.n} mixed requests x {len(SEEDS)} trace seeds, "
+             f"{table.device_name}{note}")
+lows = {p: [res.bracket[0] for res in g] for p, g in seeds_of.items()}
+parts = [f"{p} {Band.of(v).mean:.3g} (seeds {Band.of(v).min:.3g}-{Band.of(v).max:.3g})" for p, v in lows.items()]
+versus = []
+for p in POLICIES[1:]:
+    a, b = lows[POLICIES[0]], lows[p]
+    if None not in a + b:
+        beyond = exceeds_seed_spread(b, a, paired=True)
+        versus.append(f"{p} against {POLICIES[0]}: {'beyond' if beyond else 'within'} the seed spread")
+S.save(fig, "01_prefill_policies",
+       "Highest stable rate, mean over seeds: " + "; ".join(parts) + (". Paired by seed, " + "; ".join(versus)
+                                                                      if versus else "") + ".")

@@ -177,7 +177,8 @@ def series_label(c) -> str:
     if p.role == "sag":
         return p.id.rsplit("-rate-", 1)[0].removeprefix("sag-")
     if p.role == "fleet":
-        return f"{p.router}" + (f", {p.trace['prompts']}/{p.trace['budgets']}" if p.trace["kind"] == "synthetic" else "")
+        mix = f", {p.trace['prompts']}/{p.trace['budgets']}" if p.trace["kind"] == "synthetic" else ""
+        return f"{p.router}{mix}"
     if p.role == "policy":
         return p.prefill
     if p.trace["kind"] == "file":
@@ -206,7 +207,8 @@ with warnings.catch_warnings():
             rates = [x.rate for x in results if x.rate is not None and series(x) == key]
             grid = np.geomspace(min(rates) * 0.6, max(rates) * 1.1, 9 if c.point.replicas > 1 else 12)
             curves[key] = pd.DataFrame([simulate_point(c.point, float(r)) for r in grid])
-print(f"{len(curves)} simulated curves, {sum(len(v) for v in curves.values())} runs in {time.perf_counter() - t0:.0f} s")
+print(f"{len(curves)} simulated curves, {sum(len(v) for v in curves.values())} runs in "
+      f"{time.perf_counter() - t0:.0f} s")
 
 # %%
 COLOR_CYCLE = ["tab:blue", "tab:purple", "tab:orange", "tab:green", "tab:brown", "tab:cyan", "tab:olive", "tab:red"]
@@ -273,7 +275,8 @@ def draw(key: str, closed_key: str, name: str, log: bool):
 
 
 fig, _ = draw("served_rate", "wall_time_s", "served", log=False)
-fig.suptitle(f"Served rate against arrival rate: engine (filled), plan's predictions (open), simulator (lines); {TABLE}",
+fig.suptitle(f"Served rate against arrival rate: engine (filled), plan's predictions (open), simulator (lines); "
+             f"{TABLE}",
              fontsize=10)
 serr = long[long.metric == "served_rate"].set_index("point")
 worst = serr.error.abs().idxmax()
@@ -294,7 +297,8 @@ qerr = long[(long.metric == "queue_wait_p50")].set_index("point")
 qworst = qerr.error.abs().idxmax()
 S.save(fig, "02_queue_wait_curve",
        f"Queue wait p50 (errors with a 20 ms floor): median |error| {qerr.error.abs().median():.1%}, worst "
-       f"{qerr.error[qworst]:+.0%} at {qworst} (predicted {qerr.sim[qworst]:.3g} s, measured {qerr.real[qworst]:.3g} s).")
+       f"{qerr.error[qworst]:+.0%} at {qworst} (predicted {qerr.sim[qworst]:.3g} s, measured "
+       f"{qerr.real[qworst]:.3g} s).")
 
 # %% [markdown]
 # ## Predicted against measured, metric by metric
@@ -332,7 +336,8 @@ for ax, key in zip(axes.flat, keys):
     ax.set_xlabel(f"measured {name} ({unit})")
     ax.set_ylabel(f"predicted ({unit})")
     e = d.error.abs()
-    ax.set_title(f"{name}: median |error| {e.median():.1%}, worst {e.max():.0%}")
+    ax.set_title(f"{name}: median |error| {e.median():.1%}, worst {e.max():.0%}" if e.max() < 10 else
+                 f"{name}: median |error| {e.median():.1%}, worst over 1000%")
 for ax in list(axes.flat)[len(keys):]:
     ax.axis("off")
 S.legend_once(fig, list(axes.flat)[:len(keys)], title="point group", ncol=10)
@@ -347,7 +352,7 @@ S.save(fig, "02_predicted_vs_measured",
 # ## The errors, all at once
 #
 # (predicted - measured) / measured for every point and metric, and for the policies also the blind prediction
-# (made before the engine had them, from the shipped table).
+# (made before the engine had them, from the cost table `python -m validate predict` used; the title names it).
 
 # %%
 wide = long.pivot(index="point", columns="metric", values="error").reindex(order)
@@ -368,7 +373,9 @@ ax.set_yticks(range(len(grid)), [f"{p} (x{reps[p]})" for p in grid.index], fonts
 ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right")
 ax.grid(False)
 fig.colorbar(im, ax=ax, label="prediction error (%), colour clipped at ±25", shrink=0.6)
-ax.set_title(f"Prediction error per point (rows, with real repeats) and metric (columns), %; {TABLE}", fontsize=9)
+BLIND = f"; blind: cost table {plan['blind']['table']['id']}" if plan.get("blind") else ""
+ax.set_title(f"Prediction error per point (rows, with real repeats) and metric (columns), %; {TABLE}{BLIND}",
+             fontsize=9)
 TARGETED = ("served_rate", "queue_wait_p50", "ttft_p50", "wall_time_s", "gap_max")  # the metrics with targets
 graded = long[long.metric.isin(TARGETED)]
 flat = graded.loc[graded.error.abs().idxmax()]
@@ -388,8 +395,8 @@ S.save(fig, "02_errors",
 arr = long[(long.metric == "served_rate") & long.rate.notna()].reset_index(drop=True)
 fig, ax = plt.subplots(figsize=(12, 0.3 * len(arr) + 1.8))
 y = np.arange(len(arr))
-ax.barh(y, arr.error.abs() * 100, color=[S.ROLE_COLORS.get(r, "grey") for r in arr.role], height=0.6,
-        label="|prediction error|")
+ax.barh(y, arr.error.abs() * 100, color=[S.ROLE_COLORS.get(r, "grey") for r in arr.role], height=0.6)
+ax.barh([], [], color="0.5", label="|prediction error| (colour: point group)")
 ax.plot(2 * arr.seed_sd / arr.real * 100, y, "|", color="black", ms=12, mew=2, label="2 seed sd (simulator)")
 rep = arr.repeats > 1
 ax.plot(((arr.real_hi - arr.real_lo) / arr.real * 100)[rep], y[rep], "o", color="tab:red", mec="black",
@@ -397,7 +404,7 @@ ax.plot(((arr.real_hi - arr.real_lo) / arr.real * 100)[rep], y[rep], "o", color=
 ax.set_yticks(y, arr.point, fontsize=7)
 ax.invert_yaxis()
 ax.set_xlabel("relative to the measured served rate (%)")
-ax.set_title(f"Served-rate error against the trace's seed spread and the engine's repeat spread; {TABLE}", fontsize=9)
+ax.set_title(f"Served-rate error against the trace's seed spread and the engine's repeat spread\n{TABLE}", fontsize=9)
 ax.legend(loc="lower right")
 has_sd = arr.seed_sd.notna()
 inside = int((arr.error.abs() * arr.real <= 2 * arr.seed_sd)[has_sd].sum())

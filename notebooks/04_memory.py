@@ -41,7 +41,7 @@ table, table_file = S.load_table()
 POOLS = [0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 4.0, 8.0]  # GiB: log-spaced where memory binds
 ROWS = [r for r in (16, 32) if r <= table.max_batch]
 BACKEND = "paged" if "paged" in table.backends else table.backends[0]
-WORKLOAD = Workload(n=400, seed=0)
+WORKLOAD = Workload(n=S.requests(), seed=0)
 ROW_COLORS = dict(zip(ROWS, ["tab:purple", "tab:blue"][-len(ROWS):]))
 
 # %% [markdown]
@@ -113,7 +113,8 @@ if S.has_validation():
         rate, pred = p.trace.get("rate"), plan["predictions"][p.id]
         meas = [summary(r, rate) for r in runs]
         keys = ("served_rate", "head_blocked_frac", "mean_running_rows")
-        rows.append({"point": p.id, "rate": rate, "rows": p.max_batch, "pool_gib": S.gib_of_blocks(runs[0].meta["pool_blocks"]),
+        rows.append({"point": p.id, "rate": rate, "rows": p.max_batch,
+                     "pool_gib": S.gib_of_blocks(runs[0].meta["pool_blocks"]),
                      "repeats": len(runs), "served_rate_lo": min(m["served_rate"] for m in meas),
                      "served_rate_hi": max(m["served_rate"] for m in meas),
                      **{f"{k}_real": float(np.median([m[k] for m in meas])) for k in keys},
@@ -141,8 +142,8 @@ for r in ROWS:
     ax.plot(c.pool_gib, c.lo, "o-", color=col, ms=4, label=f"{r} rows: capacity bracket (sim)")
     ax.plot(c.pool_gib, c.estimate, "--", color=col, lw=1, label=f"{r} rows: saturated estimate (sim)")
     ax.axvline(full_batch_gib[r], color=col, ls=":", lw=1.2)
-    ax.text(full_batch_gib[r], 0.02, f" {r} x mean\n reservation", transform=ax.get_xaxis_transform(),
-            color=col, fontsize=8, va="bottom")
+    ax.text(full_batch_gib[r], 0.98, f" {r} x mean\n reservation", transform=ax.get_xaxis_transform(),
+            color=col, fontsize=8, va="top")  # at the top: the legend holds the bottom right
     if bound[r]:
         ax.annotate(f"95% of full capacity\nfrom {bound[r]:g} GiB", (bound[r], c[c.pool_gib == bound[r]].lo.iloc[0]),
                     xytext=(10, -32), textcoords="offset points", fontsize=8, color=col,

@@ -6,8 +6,10 @@ Paths resolve against the repository root (this file's parent's parent), never t
                          shipped H200 table)
     SERVECAP_VALIDATION  the validation folder (default results/validation: plan.json, real/<point>/run-<k>/)
     SERVECAP_SAG         the sag search (default results/sag: search.json)
+    SERVECAP_REQUESTS    requests per simulated trace in the notebooks' own sweeps (default 400, the seeded
+                         workload's; fewer for a quick run)
     FIGURES_DIR          where the PNGs go (default notebooks/figures; notebooks/figures/scratch, which git
-                         ignores, when any data variable points elsewhere)
+                         ignores, when any of the variables above points elsewhere)
 
 A notebook that compares with real runs uses the cost table the validation plan names (its id is in plan.json),
 not SERVECAP_TABLE: the predictions were made from it. That table is looked for where the plan says it was, then
@@ -39,10 +41,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from traces.errors import InputError  # noqa: E402
 
 TABLE_ENV, VALIDATION_ENV, SAG_ENV, FIGURES_ENV = "SERVECAP_TABLE", "SERVECAP_VALIDATION", "SERVECAP_SAG", "FIGURES_DIR"
+REQUESTS_ENV = "SERVECAP_REQUESTS"
 DEFAULT_TABLE = Path("costs/data/h200.json")
 DEFAULT_VALIDATION = Path("results/validation")
 DEFAULT_SAG = Path("results/sag")
 DEFAULT_FIGURES = Path("notebooks/figures")
+DEFAULT_REQUESTS = 400
 CALIBRATIONS = Path("results/calibration")  # where a plan's table is looked for by its id
 MISSING_DATA = 3
 BLOCK_SIZE = 64
@@ -112,7 +116,7 @@ def stationarity_note(table) -> str:
     if s["passed"]:
         return ""
     return (f"its stationarity check failed (first-run / repeat p95 "
-            f"{max(s['prefill']['p95'], s['decode']['p95']):.2f} > {s['limit']:g}), used as the validation was graded")
+            f"{max(s['prefill']['p95'], s['decode']['p95']):.2f} > {s['limit']:g})")
 
 
 def table_label(table) -> str:
@@ -135,10 +139,10 @@ def _load(path: Path, allow_nonstationary: bool):
         bad_input(e)
 
 
-def _describe(table, path: Path, what: str) -> None:
+def _describe(table, path: Path, what: str, use: str = "") -> None:
     note = stationarity_note(table)
     print(f"{what}: {table.summary()}, {table.raw.get('name', '?')}, from {rel(path)}"
-          + (f"\n  NOTE: {note}" if note else ""))
+          + (f"\n  NOTE: {note}{use}" if note else ""))
 
 
 def table_path() -> Path:
@@ -148,11 +152,11 @@ def table_path() -> Path:
     return path
 
 
-def load_table():
+def load_table(allow_nonstationary: bool = False):
     """The cost table (SERVECAP_TABLE or the shipped one), checked for this model and block size: (CostTable, path).
-    A table whose stationarity check failed is refused here, as the simulator's CLI refuses it."""
+    A table whose stationarity check failed is refused, as the simulator's CLI refuses it, unless allowed."""
     path = table_path()
-    table = _load(path, allow_nonstationary=False)
+    table = _load(path, allow_nonstationary)
     _describe(table, path, "cost table")
     return table, path
 
@@ -208,28 +212,39 @@ def validation():
         bad_input(e)
     path = plan_table_path(vdir, plan)
     table = _load(path, allow_nonstationary=True)
-    _describe(table, path, "the validation plan's cost table")
+    _describe(table, path, "the validation plan's cost table", "; used here as the validation was graded with it")
     return vdir, plan, points, table, path
 
 
 # ---- the sag search ----------------------------------------------------------------------------------------
-def sag_search() -> tuple[dict, Path]:
-    """The sag search (SERVECAP_SAG/search.json): (its document, its folder)."""
-    d = _env_path(SAG_ENV, DEFAULT_SAG)
-    if not (d / "search.json").exists():
-        missing(d / "search.json", MAKE_SAG)
+def sag_search() -> dict | None:
+    """The sag search (SERVECAP_SAG/search.json), or None, said, where there is none."""
+    path = _env_path(SAG_ENV, DEFAULT_SAG) / "search.json"
+    if not path.exists():
+        print(f"no sag search: {rel(path)} does not exist; {MAKE_SAG}")
+        return None
     try:
-        return json.loads((d / "search.json").read_text()), d
+        return json.loads(path.read_text())
     except ValueError as e:
-        bad_input(InputError(f"not valid JSON ({e})", path=d / "search.json"))
+        bad_input(InputError(f"not valid JSON ({e})", path=path))
+
+
+# ---- the notebooks' own simulations ------------------------------------------------------------------------
+def requests() -> int:
+    """Requests per simulated trace in a notebook's own sweeps (SERVECAP_REQUESTS, default 400)."""
+    value = os.environ.get(REQUESTS_ENV) or str(DEFAULT_REQUESTS)
+    if not value.isdigit() or int(value) < 2:
+        bad_input(InputError(f"{REQUESTS_ENV} must be a whole number of requests >= 2, got {value!r}"))
+    return int(value)
 
 
 # ---- figures -----------------------------------------------------------------------------------------------
 def _other_data() -> bool:
-    """Whether the notebook reads data other than the committed defaults (a stand-in, another GPU's table)."""
-    return any(os.environ.get(var) and _env_path(var, default).resolve() != (ROOT / default).resolve()
-               for var, default in ((TABLE_ENV, DEFAULT_TABLE), (VALIDATION_ENV, DEFAULT_VALIDATION),
-                                    (SAG_ENV, DEFAULT_SAG)))
+    """Whether the notebook reads data other than the committed defaults (a stand-in, another GPU's table) or
+    simulates other than the default workload."""
+    return requests() != DEFAULT_REQUESTS or any(
+        os.environ.get(var) and _env_path(var, default).resolve() != (ROOT / default).resolve()
+        for var, default in ((TABLE_ENV, DEFAULT_TABLE), (VALIDATION_ENV, DEFAULT_VALIDATION), (SAG_ENV, DEFAULT_SAG)))
 
 
 def figures_dir() -> Path:
@@ -249,9 +264,12 @@ def save(fig, name: str, caption: str) -> Path:
     """Write the figure as FIGURES_DIR/name.png with its caption along the bottom, and print the caption."""
     width, height = fig.get_size_inches()
     size = 9.0
-    lines = textwrap.wrap(caption, int(width * 72 / (0.52 * size)))
+    lines = textwrap.wrap(caption, int(width * 72 / (0.58 * size)))  # italic digits run wide
     room = (len(lines) * size * 1.35 + 8) / 72 / height
     fig.text(0.5, 0.008, "\n".join(lines), ha="center", va="bottom", fontsize=size, style="italic", color="0.25")
+    for legend in fig.legends:  # a figure-wide legend (legend_once) goes between the axes and the caption
+        legend.set_bbox_to_anchor((0.5, room), transform=fig.transFigure)
+        room += legend.get_window_extent(fig.canvas.get_renderer()).height / fig.dpi / height
     fig.tight_layout(rect=(0, room, 1, 1))
     path = figures_dir() / f"{name}.png"
     fig.savefig(path)
@@ -278,7 +296,7 @@ def legend_once(fig, axes, **kw) -> None:
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, handle)
-    fig.legend(list(seen.values()), list(seen), **{"loc": "lower center", "ncol": 4, **kw})
+    fig.legend(list(seen.values()), list(seen), loc="lower center", **{"ncol": 4, **kw})
 
 
 def gib_of_blocks(blocks: int, block_size: int = BLOCK_SIZE) -> float:
@@ -300,7 +318,8 @@ def jobs() -> int:
     return (os.cpu_count() or 1) if multiprocessing.get_start_method() == "fork" else 1
 
 
-def capacity_sweep(table, configs: list, workload, fine: int = 4, rates: list[float] | None = None) -> tuple[list, list[str]]:
+def capacity_sweep(table, configs: list, workload, fine: int = 4,
+                   rates: list[float] | None = None) -> tuple[list, list[str]]:
     """sim.sweep.run_sweep at `rates` (None: automatic, 0.3x to 2x each configuration's saturated estimate), then
     `fine` more rates inside each capacity bracket."""
     import numpy as np
