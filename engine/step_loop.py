@@ -73,7 +73,9 @@ class TraceArrivals:
         request the scheduler would accept, if a row is free and it fits in the free blocks; else never."""
         if sched.queue or len(sched.running) >= sched.max_batch:  # a head waiting for blocks, or no free row
             return math.inf
-        for req in self.pending[self.i:]:
+        p = self.pending
+        for k in range(self.i, len(p)):  # by index: a slice would copy the rest of the trace on every pass
+            req = p[k]
             try:
                 sched.check(req)
             except InputError:  # it will be refused on arrival and change nothing
