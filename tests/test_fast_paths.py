@@ -1,0 +1,87 @@
+"""The simulator's fast paths against the straightforward code they replace, to the bit.
+
+The simulator prices a stretch of decode steps in plain Python (CostModel.decode_stretch, SimTimer.decode) where
+it once called numpy on arrays. It must give exactly what the reference gives, on many random shapes.
+"""
+from __future__ import annotations
+
+import random
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costs.model import CostModel, ExtrapolationWarning
+from costs.shapes import DecodeShape
+from costs.synthetic import linear_table
+from costs.table import load_cost_table
+from sim.simulator import SimTimer, _Noise
+
+SHIPPED = Path(__file__).resolve().parents[1] / "costs" / "data" / "h200.json"
+
+
+@pytest.fixture(scope="module", params=["shipped-h200", "synthetic-linear"])
+def cost(request) -> CostModel:
+    return CostModel(load_cost_table(SHIPPED) if request.param == "shipped-h200" else linear_table())
+
+
+def _shapes(cost: CostModel, n: int, seed: int):
+    """(rows, kv_tokens, kv_max, k): every row count the table allows and a few beyond it, longest rows from one
+    token to past the table's range, the other rows from one token each to as long as the longest, and stretches
+    from one step to a whole budget."""
+    rng = random.Random(seed)
+    t = cost.table
+    for _ in range(n):
+        rows = rng.randint(1, t.max_batch + 4)
+        kv_max = rng.choice([rng.randint(1, 200), rng.randint(1, t.max_tokens), rng.randint(t.max_tokens, 2 * t.max_tokens)])
+        kv_tokens = rng.randint(kv_max + rows - 1, rows * kv_max)
+        yield rows, kv_tokens, kv_max, rng.choice([1, 2, rng.randint(1, 16), rng.randint(1, 300)])
+
+
+def test_decode_stretch_equals_decode_on_arrays_to_the_bit(cost):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        for backend in cost.backends:
+            for rows, kv_tokens, kv_max, k in _shapes(cost, 3000, seed=cost.backends.index(backend)):
+                j = np.arange(k)
+                want = np.asarray(cost.decode(backend, rows, kv_tokens + rows * j, kv_max + j), float)
+                got = np.array(cost.decode_stretch(backend, rows, kv_tokens, kv_max, k), float)
+                assert got.tobytes() == want.tobytes(), (backend, rows, kv_tokens, kv_max, k)
+
+
+def _numpy_stretch(cost: CostModel, backend: str, noise: _Noise | None, decodes: int, shape: DecodeShape,
+                   start: float, k: int, stop: float) -> list[float]:
+    """SimTimer.decode as it was written with numpy: the step ends of a stretch."""
+    j = np.arange(k)
+    n = shape.rows
+    d = cost.decode(backend, n, shape.kv_tokens + n * j, shape.kv_max + j)
+    if noise is not None:
+        d = d * noise.factors(decodes, k)
+    ends = np.cumsum(np.concatenate(([start], np.broadcast_to(d, (k,)))))[1:]
+    if stop <= ends[-1]:
+        ends = ends[:int(np.searchsorted(ends, stop, side="left")) + 1]
+    return ends.tolist()
+
+
+@pytest.mark.parametrize("noise_seed", [None, 5])
+def test_sim_timer_stretch_ends_equal_the_numpy_ones_to_the_bit(cost, noise_seed):
+    backend = "paged"
+    timer = SimTimer(cost, backend, noise_seed=noise_seed)
+    reference = _Noise(noise_seed, 1, cost.decode_sigma[backend]) if noise_seed is not None else None
+    rng = random.Random(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        for rows, kv_tokens, kv_max, k in _shapes(cost, 2000, seed=2):
+            shape = DecodeShape(rows, kv_tokens, kv_max)
+            start = rng.uniform(0, 1e4)
+            # No stop, one inside the stretch, one on a step's end, one before the first end.
+            stop = rng.choice([float("inf"), start + rng.uniform(0, k * 0.05), start, start - 1.0])
+            decodes = timer.decodes
+            want = _numpy_stretch(cost, backend, reference, decodes, shape, start, k, stop)
+            if rng.random() < 0.1 and len(want) > 1:
+                stop = want[len(want) // 2]
+                want = _numpy_stretch(cost, backend, reference, decodes, shape, start, k, stop)
+            _, ends = timer.decode([], shape, start, k, stop)
+            assert np.array(ends).tobytes() == np.array(want).tobytes(), (rows, kv_tokens, kv_max, k, start, stop)
+            assert timer.decodes == decodes + len(want) and timer.t == want[-1]
