@@ -1,12 +1,14 @@
 """The simulator's fast paths against the straightforward code they replace, to the bit.
 
 The simulator prices a stretch of decode steps in plain Python (CostModel.decode_stretch, SimTimer.decode) where
-it once called numpy on arrays. It must give exactly what the reference gives, on many random shapes.
+it once called numpy on arrays; the block pool hands out released blocks by slices where it popped them one at
+a time. Each must give exactly what the reference gives, on many random shapes.
 """
 from __future__ import annotations
 
 import random
 import warnings
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ from costs.model import CostModel, ExtrapolationWarning
 from costs.shapes import DecodeShape
 from costs.synthetic import linear_table
 from costs.table import load_cost_table
+from engine.block_pool import BlockPool
 from sim.simulator import SimTimer, _Noise
 
 SHIPPED = Path(__file__).resolve().parents[1] / "costs" / "data" / "h200.json"
@@ -85,3 +88,22 @@ def test_sim_timer_stretch_ends_equal_the_numpy_ones_to_the_bit(cost, noise_seed
             _, ends = timer.decode([], shape, start, k, stop)
             assert np.array(ends).tobytes() == np.array(want).tobytes(), (rows, kv_tokens, kv_max, k, start, stop)
             assert timer.decodes == decodes + len(want) and timer.t == want[-1]
+
+
+def test_block_pool_hands_out_released_blocks_oldest_first_as_a_queue():
+    rng = random.Random(3)
+    for num_blocks in (1, 7, 300):
+        pool, free, fresh, held = BlockPool(num_blocks, 16), deque(), 0, []
+        for _ in range(3000):
+            if held and (pool.free == 0 or rng.random() < 0.45):
+                blocks = held.pop(rng.randrange(len(held)))
+                pool.release(blocks)
+                free.extend(blocks)
+                continue
+            n = rng.randint(1, pool.free)
+            new = min(n, num_blocks - fresh)
+            want = list(range(fresh, fresh + new)) + [free.popleft() for _ in range(n - new)]
+            fresh += new
+            got = pool.allocate(n)
+            assert got == want and pool.free == num_blocks - fresh + len(free)
+            held.append(got)
