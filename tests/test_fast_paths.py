@@ -2,16 +2,19 @@
 
 The simulator prices a stretch of decode steps in plain Python (CostModel.decode_stretch, SimTimer.decode) where
 it once called numpy on arrays; the block pool hands out released blocks by slices where it popped them one at
-a time. Each must give exactly what the reference gives, on many random shapes.
+a time; a simulated run's records are kept in memory column by column where they were kept as rows. Each must
+give exactly what the reference gives, on many random shapes.
 """
 from __future__ import annotations
 
+import math
 import random
 import warnings
 from collections import deque
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from costs.model import CostModel, ExtrapolationWarning
@@ -20,6 +23,7 @@ from costs.synthetic import linear_table
 from costs.table import load_cost_table
 from engine.block_pool import BlockPool
 from sim.simulator import SimTimer, _Noise
+from traces.records import TABLES, RunWriter, _frame
 
 SHIPPED = Path(__file__).resolve().parents[1] / "costs" / "data" / "h200.json"
 
@@ -107,3 +111,42 @@ def test_block_pool_hands_out_released_blocks_oldest_first_as_a_queue():
             got = pool.allocate(n)
             assert got == want and pool.free == num_blocks - fresh + len(free)
             held.append(got)
+
+
+def _rows(table: str, n: int, rng: random.Random, odd: str | None) -> list[tuple]:
+    """n rows of a table as the recorder writes them, with one odd column of some other kind when asked."""
+    ncols = len(TABLES[table])
+    rows = []
+    for i in range(n):
+        row = [rng.choice([i, rng.randint(-5, 10**6)]) if c % 2 else rng.choice([rng.random() * 1e3, math.nan])
+               for c in range(ncols)]
+        if table == "steps":
+            row[1] = rng.choice(["prefill", "decode"])
+        if table == "rejected":
+            row[2] = f"request {i}: empty prompt"
+        if odd is not None and i == n // 2:  # one value of another kind in the middle of an int or a float column
+            row[(2 if odd == "int-in-floats" else 3) % ncols] = {"float-in-ints": 2.5, "int-in-floats": 7, "none": None, "bool": True, "numpy": np.int64(4),
+                      "huge": 2**70, "str": "x"}[odd]
+        rows.append(tuple(row))
+    return rows
+
+
+@pytest.mark.parametrize("table", list(TABLES))
+@pytest.mark.parametrize("n", [0, 1, 4095, 4096, 4097, 10_000])
+@pytest.mark.parametrize("odd", [None, "float-in-ints", "int-in-floats", "none", "bool", "numpy", "huge", "str"])
+def test_in_memory_records_make_the_frame_pandas_makes_of_the_rows(table, n, odd):
+    rows = _rows(table, n, random.Random(n), odd)
+    writer = RunWriter(None, {}, (table,))
+    half = len(rows) // 3
+    for row in rows[:half]:
+        writer.add(table, row)
+    writer.add_many(table, iter(rows[half:]))
+    try:
+        want = _frame(table, rows)
+    except ValueError as e:  # a string in a numeric column: refused either way
+        with pytest.raises(type(e)):
+            writer.record()
+        return
+    got = getattr(writer.record(), table)
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    assert list(got.dtypes) == list(want.dtypes)
