@@ -14,24 +14,20 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from tqdm import tqdm
-
-from costs.model import CostModel
 from costs.shapes import BACKENDS
 from engine.block_pool import DEFAULT_BLOCK_SIZE
 from engine.scheduler import PrefillPolicy
 from traces.cli import checked, count_arg, rate_arg, seed_arg
 from traces.errors import InputError
-from traces.metrics import summary
 from traces.prompts import PROMPT_NAMES
-from traces.provenance import provenance
-from traces.records import TABLES, RunWriter
 from traces.workload import DEFAULT_N, poisson_trace
 
 from . import inputs
-from .report import report, write_files
-from .simulator import SimConfig, simulate
 from .sweep import AUTO_POINTS, AUTO_SPAN, Config, Workload, run_sweep
+
+# pandas (records, metrics), SimPy, tqdm and provenance's probes are imported by the commands that use them, so
+# that --help and a refused argument answer without them (pandas alone takes longer to import than a
+# 400-request point takes to simulate).
 
 DEFAULT_OUT = Path("sim-out")
 SUBCOMMANDS = ("run", "sweep")
@@ -129,11 +125,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _check_out(out: Path | None) -> None:
+    from traces.records import TABLES
     if out is not None and any((out / f"{t}.csv").exists() for t in TABLES):
         raise InputError("already holds a run record; choose a new output directory", path=out)
 
 
 def _write_record(rec, out: Path, tokens: bool, scored: dict) -> None:
+    from traces.provenance import provenance
+    from traces.records import RunWriter
     # Written only once the run has succeeded, so a refused or failed run leaves nothing behind.
     tables = ("requests", "steps", "rejected") + (("tokens",) if tokens else ())
     writer = RunWriter(out, {**rec.meta, **provenance()}, tables)
@@ -147,6 +146,12 @@ def _fmt(v: float, spec: str = ".2f") -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from costs.model import CostModel
+    from traces.metrics import summary
+
+    from .simulator import SimConfig, simulate
     table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
     inputs.check_backend(table, args.backend)
     trace = inputs.make_trace(rate=args.rate, n=args.n, seed=args.seed, trace_file=args.trace,
@@ -196,6 +201,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from traces.provenance import provenance
+
+    from .report import report, write_files
     table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
     for b in args.backend:
         inputs.check_backend(table, b)

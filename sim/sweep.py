@@ -19,11 +19,12 @@ from costs.model import CostModel
 from costs.table import CostTable
 from engine.block_pool import blocks_for_gib
 from engine.scheduler import PrefillPolicy
-from traces.metrics import capacity_bracket, served_rate, summary
 from traces.workload import Trace, poisson_trace
 
 from .inputs import at_rate, closed
-from .simulator import SimConfig, simulate
+
+# traces.metrics and .simulator (pandas, SimPy) are imported where points are simulated and scored: the CLI
+# imports this module for its defaults, and `--help` should not wait for them.
 
 AUTO_SPAN = (0.3, 2.0)
 AUTO_POINTS = 12
@@ -70,6 +71,7 @@ class ConfigResult:
 
     @property
     def bracket(self) -> tuple[float | None, float | None]:
+        from traces.metrics import capacity_bracket
         return capacity_bracket((r["rate"], r["stable"]) for r in self.rows)
 
 
@@ -85,6 +87,7 @@ def _init(table: CostTable, strict: bool, workload: Workload, noise_seed: int | 
 
 
 def _simulate(config: Config, trace: Trace):
+    from .simulator import SimConfig, simulate
     cfg = SimConfig(config.backend, config.max_batch, config.pool_blocks(_cost.table.block_size),
                     noise_seed=_noise_seed, policy=PrefillPolicy.parse(config.prefill))
     with warnings.catch_warnings(record=True) as caught:
@@ -94,11 +97,13 @@ def _simulate(config: Config, trace: Trace):
 
 
 def _estimate(config: Config) -> tuple[float, list[str]]:
+    from traces.metrics import served_rate
     result, caught = _simulate(config, _workload.saturated())
     return served_rate(result.record), caught
 
 
 def _point(config: Config, rate: float) -> tuple[dict, list[str]]:
+    from traces.metrics import summary
     result, caught = _simulate(config, _workload.at(rate))
     row = {**asdict(config), "rate": rate, "pool_blocks": result.pool_blocks,
            "trace_id": result.record.meta["trace_id"], **summary(result.record, rate),
