@@ -56,10 +56,12 @@ class TraceArrivals:
         self.i = 0
 
     def due(self, t: float) -> list[Request]:
-        i, p = self.i, self.pending
-        while self.i < len(p) and p[self.i].arrival <= t:
-            self.i += 1
-        return p[i:self.i]
+        i = j = self.i
+        p, n = self.pending, len(self.pending)
+        while j < n and p[j].arrival <= t:
+            j += 1
+        self.i = j
+        return p[i:j]
 
     @property
     def exhausted(self) -> bool:
