@@ -218,7 +218,7 @@ class CostModel:
 
     def decode_stretch(self, backend: str, rows: int, kv_tokens: int, kv_max: int, k: int) -> list[float]:
         """k consecutive decode steps of the same rows from this shape, each row one token longer a step:
-        decode(backend, rows, kv_tokens + rows * j, kv_max + j) for j < k, equal to the bit (tests/test_costs.py):
+        decode(backend, rows, kv_tokens + rows * j, kv_max + j) for j < k, equal to the bit (tests/test_fast_paths.py):
         the same operations in the same order on Python floats, with interp looked up (_Knots). The simulator
         prices every stretch with it: a stretch is a few steps on average, where numpy's per-call overhead would
         be most of the cost."""
