@@ -3,12 +3,15 @@
 The simulator prices a stretch of decode steps in plain Python (CostModel.decode_stretch, SimTimer.decode) where
 it once called numpy on arrays; the block pool hands out released blocks by slices where it popped them one at
 a time; a simulated run's records are kept in memory column by column where they were kept as rows. Each must
-give exactly what the reference gives, on many random shapes.
+give exactly what the reference gives, on many random shapes. And `python -m sim run --help` imports neither
+pandas nor SimPy.
 """
 from __future__ import annotations
 
 import math
 import random
+import subprocess
+import sys
 import warnings
 from collections import deque
 from pathlib import Path
@@ -150,3 +153,11 @@ def test_in_memory_records_make_the_frame_pandas_makes_of_the_rows(table, n, odd
     got = getattr(writer.record(), table)
     pd.testing.assert_frame_equal(got, want, check_exact=True)
     assert list(got.dtypes) == list(want.dtypes)
+
+
+def test_the_cli_answers_help_without_pandas_or_simpy():
+    # Importing pandas takes longer than a 400-request point takes to simulate: the commands import it when they run.
+    code = ("import runpy, sys; sys.argv = ['sim', 'run', '--help']\n"
+            "try:\n    runpy.run_module('sim', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "sys.exit(('pandas' in sys.modules) or ('simpy' in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
