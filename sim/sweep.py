@@ -132,6 +132,10 @@ def run_sweep(table: CostTable, configs: list[Config], rates: list[float] | None
     """Every configuration at every rate (rates=None: automatic per configuration); the results per
     configuration and the distinct cost-model warnings raised on the way."""
     jobs = jobs or os.cpu_count() or 1
+    # What the workers run, imported before they are forked so that they share it rather than each importing
+    # pandas and SimPy again (the CLI imports them lazily).
+    from traces import metrics  # noqa: F401
+    from . import simulator  # noqa: F401
     init = (table, strict, workload, noise_seed)
     seen: dict[str, None] = {}
     pool = ProcessPoolExecutor(jobs, initializer=_init, initargs=init) if jobs > 1 else None
