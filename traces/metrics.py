@@ -30,6 +30,22 @@ median of its gaps; a spike = a gap over 3x its request's baseline.
 Closed runs: wall time = last finished - first arrival; decode tokens/s = sum(output_tokens - 1) / the summed
 durations of the decode steps.
 Percentiles are numpy's linear ones over the finite values (p50 = median); an empty set gives NaN.
+
+SLOs (traces/slo.py). A served request meets an SLO when its metric is within the limit; a single-token request
+has no TPOT and meets any TPOT limit (vLLM's benchmark counts its TPOT as 0). attainment = the fraction of served
+requests meeting the SLO; goodput = requests meeting every SLO / the span of served rate (last finished - first
+arrival), so goodput / served rate = good_fraction, the fraction that met them all. A point meets its SLOs
+(slo_ok) when
+    goodput >= 0.99 x served rate (good_fraction >= 0.99: at most 1% of the served requests missed one),
+    served_ok (above: the served rate kept up with the offered rate, so what was served is what was offered), and
+    each SLO with a percentile has that percentile of its metric within the limit.
+The goodput is held to the served rate, not to r, for the reason served_ok is refined: over one run's span the
+served rate of a sample that kept up differs from r by a few percent, more than the 1% the objective allows.
+SLO capacity is the bracket of the (rate, slo_ok) pairs, found as the stability bracket is.
+
+Fleets (records with a `replica` column of more than one value). Served rate, stability and the latency figures
+are the fleet's, over all its requests; occupancy is per replica (each has its own rows, pool and FIFO queue),
+time-weighted over the replicas' spans; per_replica() gives each replica's own summary.
 """
 from __future__ import annotations
 
@@ -40,8 +56,10 @@ import numpy as np
 import pandas as pd
 
 from .records import RunRecord
+from .slo import SLO
 
 SERVED_FRACTION = 0.97
+GOODPUT_FRACTION = 0.99
 RISE_TOL_S = 1.0
 EARLY_FRACTION = 0.1
 SPIKE_FACTOR = 3.0
@@ -187,11 +205,6 @@ def closed_run(rec: RunRecord) -> dict:
             "ttft_p50": _pct(served["first_token"] - served["arrival"], 50)}
 
 
-def _mean(values: np.ndarray, weights: np.ndarray) -> float:
-    total = weights.sum()
-    return float((values * weights).sum() / total) if total > 0 else math.nan
-
-
 def occupancy(rec: RunRecord) -> dict:
     """How full the batch was and what held the queue back, over the run (first arrival to last finish).
 
@@ -201,12 +214,27 @@ def occupancy(rec: RunRecord) -> dict:
     rows_while_queued  running rows averaged over the time some request was queued (NaN if none was);
     head_blocked_frac  of the time any row was running, the fraction in which the queue head needed more
                        blocks than were free while a batch row was free: the pool, not the batch, held it back.
+    A fleet's figures are per replica: each replica's integrals over its own span, summed over the replicas.
     """
-    r = rec.requests.sort_values(["arrival", "request_id"], kind="stable")
-    n = len(r)
     pool, max_batch = rec.meta.get("pool_blocks"), rec.meta.get("max_batch")
-    if n == 0 or pool is None or max_batch is None:
-        return {"mean_running_rows": math.nan, "rows_while_queued": math.nan, "head_blocked_frac": math.nan}
+    nan = {"mean_running_rows": math.nan, "rows_while_queued": math.nan, "head_blocked_frac": math.nan}
+    if pool is None or max_batch is None:
+        return nan
+    parts = [p for _, r in rec.requests.groupby("replica", sort=True)
+             if (p := _occupancy_integrals(r, pool, max_batch)) is not None]
+    if not parts:
+        return nan
+    sums = [sum(p[k] for p in parts) for k in range(6)]  # the sum of one term is that term, bit for bit
+    return {"mean_running_rows": _ratio(sums[0], sums[1]), "rows_while_queued": _ratio(sums[2], sums[3]),
+            "head_blocked_frac": _ratio(sums[4], sums[5])}
+
+
+def _occupancy_integrals(requests: pd.DataFrame, pool: int, max_batch: int) -> tuple[float, ...] | None:
+    """One engine's (running x dt, dt, running x dt while queued, dt while queued, dt blocked, dt running) sums."""
+    r = requests.sort_values(["arrival", "request_id"], kind="stable")
+    n = len(r)
+    if n == 0:
+        return None
     arrival = r["arrival"].to_numpy(float)
     admitted = np.nan_to_num(r["admitted"].to_numpy(float), nan=math.inf)  # never admitted: queued to the end
     finished = np.nan_to_num(r["finished"].to_numpy(float), nan=math.inf)  # never finished: running to the end
@@ -215,7 +243,7 @@ def occupancy(rec: RunRecord) -> dict:
     end = finished[np.isfinite(finished)].max(initial=arrival.max())
     t = t[(t >= arrival.min()) & (t <= end)]
     if t.size < 2:
-        return {"mean_running_rows": math.nan, "rows_while_queued": math.nan, "head_blocked_frac": math.nan}
+        return None
     dt, t = np.diff(t), t[:-1]  # the state is constant on each [t, t + dt)
     admitted_by = np.searchsorted(admitted, t, side="right")  # FIFO: the first k in arrival order
     fin_order = np.argsort(finished, kind="stable")
@@ -226,16 +254,52 @@ def occupancy(rec: RunRecord) -> dict:
     head = np.minimum(admitted_by, n - 1)
     queued = (admitted_by < n) & (arrival[head] <= t)
     blocked = queued & (running < max_batch) & (blocks[head] > pool - used)
-    return {"mean_running_rows": _mean(running, dt), "rows_while_queued": _mean(running, dt * queued),
-            "head_blocked_frac": _mean(blocked, dt * (running > 0))}
+    busy = dt * (running > 0)
+    while_queued = dt * queued
+    return (float((running * dt).sum()), float(dt.sum()), float((running * while_queued).sum()),
+            float(while_queued.sum()), float((blocked * busy).sum()), float(busy.sum()))
 
 
-def summary(rec: RunRecord, rate: float | None = None) -> dict:
+def slo_scores(rec: RunRecord, slos: tuple[SLO, ...]) -> dict:
+    """goodput, and per SLO attain_<metric> (the fraction of served requests within its limit) and, for an SLO
+    with a percentile, that percentile as <metric>_p<NN>; tails_ok: every such percentile within its limit."""
+    m = request_metrics(rec)
+    good = np.ones(len(m), dtype=bool)
+    out: dict = {}
+    tails_ok = True
+    for slo in slos:
+        values = m[slo.column].to_numpy(float)
+        ok = ~(values > slo.limit_s)  # NaN (a single-token request's TPOT) is not over any limit
+        good &= ok
+        out[f"attain_{slo.metric}"] = _ratio(float(ok.sum()), len(m))
+        if slo.percentile is not None:
+            tail = _pct(values, slo.percentile)  # over the requests that have the metric
+            out[slo.name] = tail
+            tails_ok = tails_ok and bool(tail <= slo.limit_s)  # NaN (no requests) is not within it
+    served = _served(rec)
+    out["goodput"] = _ratio(float(good.sum()), _wall_time(served)) if len(served) else math.nan
+    out["good_fraction"] = _ratio(float(good.sum()), len(m))
+    out["tails_ok"] = tails_ok
+    return out
+
+
+def slo_keys(slos: tuple[SLO, ...]) -> list[str]:
+    """The keys summary() adds for these SLOs, in a stable order (sweep.csv's extra columns)."""
+    keys = ["goodput", "good_fraction", "slo_ok"]
+    for slo in slos:
+        keys.append(f"attain_{slo.metric}")
+        if slo.percentile is not None:
+            keys.append(slo.name)
+    return keys
+
+
+def summary(rec: RunRecord, rate: float | None = None, slos: tuple[SLO, ...] = ()) -> dict:
     """The headline figures every report uses, flat and JSON-friendly (NaN where a run has none).
 
     Keys: n, served_rate, queue_wait_p50/p95, ttft_p50/p95, tpot_p50, group_size_p50/p95/max,
     padding_waste_p50/p95, wall_time_s, decode_tok_s, mean_running_rows, rows_while_queued, head_blocked_frac;
-    with a rate (given, or meta['trace']['rate']) also rate, stable, served_ok, trend_rise_s, expected_rate.
+    with a rate (given, or meta['trace']['rate']) also rate, stable, served_ok, trend_rise_s, expected_rate;
+    with SLOs also slo_scores()'s keys (but tails_ok), and with both slo_ok (the module docstring).
     """
     m = request_metrics(rec)
     groups = admission_groups(rec)
@@ -250,4 +314,34 @@ def summary(rec: RunRecord, rate: float | None = None) -> dict:
         s = stability(rec, rate)
         out.update(rate=float(rate), stable=s["stable"], served_ok=s["served_ok"], trend_rise_s=s["trend_rise_s"],
                    expected_rate=s["expected_rate"])
+    if slos:
+        scores = slo_scores(rec, slos)
+        tails_ok = scores.pop("tails_ok")
+        out.update(scores)
+        if rate is not None:
+            out["slo_ok"] = bool(scores["good_fraction"] >= GOODPUT_FRACTION and out["served_ok"] and tails_ok)
     return out
+
+
+def replica_records(rec: RunRecord) -> dict[int, RunRecord]:
+    """Each replica's part of a run record (an idle replica of meta['replicas'] gets an empty one)."""
+    ids = set(range(int(rec.meta.get("replicas", 1)))) | set(rec.requests["replica"].astype(int))
+    parts = {}
+    for i in sorted(ids):
+        requests = rec.requests[rec.requests["replica"] == i]
+        tokens = rec.tokens[rec.tokens["request_id"].isin(requests["request_id"])]
+        parts[i] = RunRecord(rec.meta, requests, rec.steps[rec.steps["replica"] == i], tokens, rec.rejected.iloc[:0])
+    return parts
+
+
+def per_replica(rec: RunRecord, rate: float | None = None, slos: tuple[SLO, ...] = ()) -> pd.DataFrame:
+    """summary() of each replica's own requests and steps, a row per replica: `replica`, `share` (its fraction of
+    the served requests), and with a rate its offered share of it as `rate`."""
+    rate = rate if rate is not None else _meta_rate(rec)
+    total = len(_served(rec))
+    rows = []
+    for i, part in replica_records(rec).items():
+        share = _ratio(len(_served(part)), total)
+        rows.append({"replica": i, "share": share,
+                     **summary(part, None if rate is None else rate * share, slos)})
+    return pd.DataFrame(rows)
