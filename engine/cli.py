@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from costs.shapes import BACKENDS
-from traces.cli import workload_from_args, workload_options
+from traces.cli import SLO_HELP, slo_arg, workload_from_args, workload_options
 from traces.errors import InputError
 from traces.model_spec import MODELS
 
@@ -50,7 +50,7 @@ def build_engine(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace) -> None:
-    from traces.metrics import summary
+    from traces.metrics import slo_keys, summary
     trace = workload_from_args(args)
     engine = build_engine(args)
     runs = args.warmup + args.repeat
@@ -60,11 +60,12 @@ def _run(args: argparse.Namespace) -> None:
         out = None if warm or not args.out else Path(args.out) / (f"run-{i - args.warmup + 1}" if args.repeat > 1 else "")
         rec = engine.run(trace, out, args.backend, tokens=not args.no_tokens, policy=args.prefill,
                          extra_meta={"repeat": None if warm else i - args.warmup + 1, "warmup_runs": args.warmup})
-        s = summary(rec)
+        s = summary(rec, slos=args.slo)
         if not warm:
             walls.append(s["wall_time_s"])
-        print(("warm-up " if warm else "") + json.dumps({k: s[k] for k in ("n", "served_rate", "wall_time_s", "queue_wait_p50",
-                                                                       "ttft_p50", "tpot_p50", "decode_tok_s")}))
+        keys = ("n", "served_rate", "wall_time_s", "queue_wait_p50", "ttft_p50", "tpot_p50", "decode_tok_s") + \
+            tuple(k for k in slo_keys(args.slo) if k in s)
+        print(("warm-up " if warm else "") + json.dumps({k: s[k] for k in keys}))
         if len(rec.rejected):
             print(f"{len(rec.rejected)} request(s) refused:", *rec.rejected.reason, sep="\n  ")
     if len(walls) > 1:
@@ -97,6 +98,7 @@ def parser() -> argparse.ArgumentParser:
                    help="prefill policy: padded, packed or chunked:N (default padded)")
     r.add_argument("--out", metavar="DIR", help="write the run record here (rows appended as they complete)")
     r.add_argument("--no-tokens", action="store_true", help="do not record per-token times")
+    r.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC", help=SLO_HELP + " (scored as the simulator scores)")
     r.add_argument("--warmup", type=int, default=0, help="unrecorded runs first (closed controls: 2)")
     r.add_argument("--repeat", type=int, default=1, help="recorded runs (closed controls: 5); median wall time printed")
     r.set_defaults(func=_run)

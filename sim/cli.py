@@ -11,8 +11,9 @@ import shlex
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from tqdm import tqdm
 
@@ -20,18 +21,21 @@ from costs.model import CostModel
 from costs.shapes import BACKENDS
 from engine.block_pool import DEFAULT_BLOCK_SIZE
 from engine.scheduler import PrefillPolicy
-from traces.cli import checked, count_arg, rate_arg, seed_arg
+from traces.cli import SLO_HELP, checked, count_arg, rate_arg, seed_arg, slo_arg
 from traces.errors import InputError
-from traces.metrics import summary
+from traces.metrics import per_replica, summary
 from traces.prompts import PROMPT_NAMES
 from traces.provenance import provenance
 from traces.records import TABLES, RunWriter
 from traces.workload import DEFAULT_N, poisson_trace
 
 from . import inputs
+from .fleet import simulate_fleet
+from .fleet_report import fewest_lines, fewest_replicas, replica_table, slo_line
 from .report import report, write_files
+from .routing import ROUTERS
 from .simulator import SimConfig, simulate
-from .sweep import AUTO_POINTS, AUTO_SPAN, Config, Workload, run_sweep
+from .sweep import AUTO_POINTS, AUTO_SPAN, Config, RemoteMap, Workload, run_sweep
 
 DEFAULT_OUT = Path("sim-out")
 SUBCOMMANDS = ("run", "sweep")
@@ -43,6 +47,7 @@ def _list(item: Callable[[str], object]) -> Callable[[str], list]:
 
 _gib = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of GiB")
 _backend = checked(str, lambda v: v in BACKENDS, f"a backend ({', '.join(BACKENDS)})")
+_router = checked(str, lambda v: v in ROUTERS, f"a router ({', '.join(ROUTERS)})")
 
 
 def _policy(text: str) -> str:
@@ -94,6 +99,11 @@ def parser() -> argparse.ArgumentParser:
     pool = run.add_mutually_exclusive_group()
     pool.add_argument("--pool-gib", type=_gib, help="KV pool size in GiB")
     pool.add_argument("--pool-blocks", type=count_arg, help="KV pool size in blocks (default: enough that it never binds)")
+    run.add_argument("--replicas", type=count_arg, default=1,
+                     help="engines of this configuration behind a router, each with its own rows and pool (default 1)")
+    run.add_argument("--router", type=_router, default="round-robin",
+                     help=f"how the router picks a replica: {', '.join(ROUTERS)} (default round-robin)")
+    run.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC", help=SLO_HELP)
     run.add_argument("--out", type=Path, help="write the run record here (per-step rows; per-token rows with --tokens)")
     run.add_argument("--tokens", action="store_true", help="with --out, also write every token's time")
     run.add_argument("--no-fast-forward", action="store_true",
@@ -116,6 +126,16 @@ def parser() -> argparse.ArgumentParser:
                        help="backends (default paged,padded)")
     sweep.add_argument("--prefill", type=_list(_policy), default=["padded"], metavar="P1,P2,...",
                        help="prefill policies: padded, packed, chunked:N (default padded)")
+    sweep.add_argument("--replicas", type=_list(count_arg), default=[1], metavar="N1,N2,...",
+                       help="fleet sizes: engines behind a router (default 1); with more than one, the sweep also "
+                            "says the fewest replicas that hold each rate")
+    sweep.add_argument("--router", type=_list(_router), default=["round-robin"], metavar="R1,R2,...",
+                       help=f"routers: {', '.join(ROUTERS)} (default round-robin)")
+    sweep.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC",
+                       help=SLO_HELP + "; capacity is then defined by the SLOs")
+    sweep.add_argument("--on", choices=("local", "modal"), default="local",
+                       help="where the points run: local worker processes (default) or Modal containers "
+                            "(sim/modal_app.py; needs the modal package and a Modal token)")
     sweep.add_argument("--trace", type=Path, help="a request-trace file, scaled in time to each rate "
                                                   "(default: the seeded Poisson trace --n, --seed)")
     sweep.add_argument("--n", type=count_arg, default=DEFAULT_N, help="requests per point (default %(default)s)")
@@ -159,9 +179,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                     fast_forward=not args.no_fast_forward, noise_seed=args.noise_seed,
                     policy=PrefillPolicy.parse(args.prefill))
     with tqdm(total=len(trace), unit="req", desc="simulating", disable=len(trace) < 20_000) as bar:
-        result = simulate(trace, CostModel(table, args.strict), cfg, on_finish=bar.update)
+        cost = CostModel(table, args.strict)
+        result = simulate(trace, cost, cfg, on_finish=bar.update) if args.replicas == 1 else \
+            simulate_fleet(trace, cost, cfg, args.replicas, args.router, on_finish=bar.update)
     rate = trace.meta.get("rate") or trace.offered_rate  # None for a closed run: no stability verdict
-    s = summary(result.record, rate)
+    s = summary(result.record, rate, args.slo)
     if args.out:
         _write_record(result.record, args.out, args.tokens, s)
     kind = trace.meta.get("kind", "trace file" if args.trace else "trace")
@@ -169,6 +191,8 @@ def cmd_run(args: argparse.Namespace) -> int:
           (f", seed {trace.meta['seed']}" if "seed" in trace.meta else "") + f" (trace {trace.trace_id})")
     print(f"engine   {args.backend}, {args.prefill} prefill, max batch {args.max_batch}, pool {pool_blocks} blocks "
           f"({how}); {table.summary()}")
+    if args.replicas > 1:
+        print(f"fleet    {args.replicas} replicas of that engine behind a {args.router} router")
     if rate:
         verdict = "stable" if s["stable"] else "NOT stable"
         print(f"served   {_fmt(s['served_rate'])} req/s against {_fmt(s['expected_rate'])} offered: {verdict} "
@@ -183,8 +207,13 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{_fmt(s['padding_waste_p50'])}/{_fmt(s['padding_waste_p95'])} padded positions per prompt token")
     waited = "no request waited" if math.isnan(s["rows_while_queued"]) else \
         f"{s['rows_while_queued']:.1f} while requests waited"
-    print(f"rows     {_fmt(s['mean_running_rows'], '.1f')} of {args.max_batch} running on average, {waited}; the queue "
-          f"head waited for KV blocks with rows free {_fmt(s['head_blocked_frac'], '.0%')} of step time")
+    print(f"rows     {_fmt(s['mean_running_rows'], '.1f')} of {args.max_batch} running on average"
+          f"{' per replica' * (args.replicas > 1)}, {waited}; the queue head waited for KV blocks with rows free "
+          f"{_fmt(s['head_blocked_frac'], '.0%')} of step time")
+    if args.slo:
+        print(slo_line(s, args.slo))
+    if args.replicas > 1:
+        print(replica_table(per_replica(result.record, rate, args.slo)))
     rejected = len(result.record.rejected)
     if rejected:
         print(f"rejected {rejected} requests the engine refuses (see rejected.csv)")
@@ -204,8 +233,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise InputError("every request of this trace arrives at once, so it cannot be scaled to arrival rates; "
                          "simulate it with `sim run --trace`", path=args.trace)
     requests = workload.base or poisson_trace(1.0, args.n, args.seed)  # the same requests at every rate
-    configs = list(dict.fromkeys(Config(b, m, g, p) for b in args.backend for p in args.prefill for m in args.max_batch
-                                 for g in args.pool_gib))
+    configs = list(dict.fromkeys(Config(b, m, g, p, n, r) for b in args.backend for p in args.prefill
+                                 for m in args.max_batch for g in args.pool_gib for r in args.router
+                                 for n in args.replicas))
     rates = None if args.rates is None else sorted(set(args.rates))
     for c in configs:
         pool_blocks = c.pool_blocks(table.block_size)
@@ -220,23 +250,45 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"rates: auto. Each configuration's capacity is estimated from one saturated run (all its requests "
               f"queued at t=0); its {AUTO_POINTS} rates span {AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x that estimate")
     t0 = time.perf_counter()
-    results, warned = run_sweep(table, configs, rates, workload, strict=args.strict, noise_seed=args.noise_seed,
-                                jobs=args.jobs)
+    with _points_on(args.on) as remote:
+        results, warned = run_sweep(table, configs, rates, workload, strict=args.strict, noise_seed=args.noise_seed,
+                                    jobs=args.jobs, slos=args.slo, remote=remote)
     for w in warned:
         _warn(w)
-    print(report(results))
+    print(report(results, args.slo))
+    fewest = fewest_replicas(results, args.slo) if len(set(args.replicas)) > 1 else None
+    if fewest is not None:
+        print("\n" + "\n".join(fewest_lines(fewest, args.slo)))
     meta = {"table": {"id": table.table_id, "device": table.device_name, "gpu_uuid": table.gpu_uuid,
                       "path": str(args.table or inputs.SHIPPED_TABLE)},
             "workload": {"trace_file": str(args.trace), "trace_id": requests.trace_id} if args.trace else
             {"kind": "poisson", "n": args.n, "seed": args.seed},
             "rates": "auto" if rates is None else rates, "block_size": table.block_size,
-            "noise_seed": args.noise_seed, "strict": args.strict, "warnings": warned,
+            "noise_seed": args.noise_seed, "strict": args.strict, "warnings": warned, "on": args.on,
+            "slos": [str(slo) for slo in args.slo], "capacity_by": "slos" if args.slo else "stability",
+            **({"fewest_replicas": fewest} if fewest is not None else {}),
             "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance()}
-    files = write_files(args.out, results, meta)
+    files = write_files(args.out, results, meta, args.slo)
     events = sum(r["sim_events"] for res in results for r in res.rows)
     print(f"\n{sum(len(res.rows) for res in results)} points, {events:,} events in {time.perf_counter() - t0:.1f} s; "
           f"wrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+@contextmanager
+def _points_on(where: str) -> Iterator[RemoteMap | None]:
+    """None for local worker processes; for Modal, a map onto its containers while its app runs."""
+    if where == "local":
+        yield None
+        return
+    try:
+        from . import modal_app
+    except ModuleNotFoundError as e:
+        if e.name != "modal":
+            raise
+        raise InputError("--on modal needs the modal package: pip install -e '.[modal]', then modal setup") from None
+    with modal_app.mapper() as remote:
+        yield remote
 
 
 def main(argv: list[str] | None = None) -> int:

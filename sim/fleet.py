@@ -212,7 +212,8 @@ def simulate_fleet(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(), 
     for i, inbox in enumerate(dispatcher.inboxes):
         sched = Scheduler(cfg.max_batch, BlockPool(pool_blocks, table.block_size), table.max_tokens, cfg.policy)
         timer = ReplicaTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed, i)
-        loop = StepLoop(sched, ReplicaRecorder(writer, cfg.backend, dispatcher.loads[i], i, cfg.detail), timer, inbox, on_finish)
+        recorder = ReplicaRecorder(writer, cfg.backend, dispatcher.loads[i], i, cfg.detail)
+        loop = StepLoop(sched, recorder, timer, inbox, on_finish)
         env.process(_replica(env, loop, timer, inbox))
         loops.append(loop)
         timers.append(timer)

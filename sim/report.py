@@ -9,15 +9,17 @@ import math
 from pathlib import Path
 
 from traces.csvio import atomic_write_text
+from traces.metrics import GOODPUT_FRACTION, slo_keys
+from traces.slo import SLO, describe
 
 from .sweep import ConfigResult
 
 SAG = 0.95  # past capacity, a served rate below this fraction of the peak is a sag worth explaining
 MEMORY_BOUND = 0.10  # the head blocked by blocks this much of step time (with rows free) is memory-bound
 
-CSV_COLUMNS = ("backend", "max_batch", "pool_gib", "pool_blocks", "rate", "trace_id", "n", "served_rate",
-               "expected_rate", "stable", "served_ok", "trend_rise_s", "queue_wait_p50", "queue_wait_p95",
-               "ttft_p50", "ttft_p95", "tpot_p50", "group_size_p50", "group_size_p95", "group_size_max",
+CSV_COLUMNS = ("backend", "max_batch", "pool_gib", "replicas", "router", "pool_blocks", "rate", "trace_id", "n",
+               "served_rate", "expected_rate", "stable", "served_ok", "trend_rise_s", "queue_wait_p50",
+               "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "group_size_p50", "group_size_p95", "group_size_max",
                "padding_waste_p50", "padding_waste_p95", "mean_running_rows", "rows_while_queued",
                "head_blocked_frac", "sim_events", "sim_wall_s")
 # (heading, row key, format) for the printed table
@@ -26,6 +28,7 @@ _TABLE = (("rate", "rate", "{:.3g}"), ("served", "served_rate", "{:.2f}"), ("wai
           ("TPOT p50", "tpot_p50", "{:.3f}"), ("group p50/p95/max", None, None), ("waste p50/p95", None, None),
           ("rows", "mean_running_rows", "{:.1f}"), ("blocked", "head_blocked_frac", "{:.0%}"),
           ("stable", "stable", None))
+_SLO_TABLE = (("goodput", "goodput", "{:.2f}"), ("SLOs", "slo_ok", None))
 
 
 def _cell(row: dict, key: str | None, fmt: str | None, heading: str) -> str:
@@ -39,10 +42,11 @@ def _cell(row: dict, key: str | None, fmt: str | None, heading: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
 
 
-def table(res: ConfigResult) -> str:
+def table(res: ConfigResult, slos: tuple[SLO, ...] = ()) -> str:
     """The configuration's points, one line per rate (times in seconds, rates in requests per second)."""
-    cells = [[h for h, _, _ in _TABLE]] + [[_cell(r, k, f, h) for h, k, f in _TABLE] for r in _by_rate(res)]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(_TABLE))]
+    cols = _TABLE + (_SLO_TABLE if slos else ())
+    cells = [[h for h, _, _ in cols]] + [[_cell(r, k, f, h) for h, k, f in cols] for r in _by_rate(res)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells)
 
 
@@ -50,13 +54,27 @@ def _by_rate(res: ConfigResult) -> list[dict]:
     return sorted(res.rows, key=lambda r: r["rate"])
 
 
-def capacity(res: ConfigResult) -> str:
-    lo, hi = res.bracket
+def _bracket(lo: float | None, hi: float | None, rates: list[float], held: str, missed: str) -> str:
     if hi is None:
-        return f"stable at every tested rate: capacity is above {max(res.rates):.3g} req/s"
+        return f"{held} at every tested rate: capacity is above {max(rates):.3g} req/s"
     if lo is None:
-        return f"unstable at every tested rate: capacity is below {hi:.3g} req/s"
+        return f"{missed} at every tested rate: capacity is below {hi:.3g} req/s"
     return f"capacity between {lo:.3g} and {hi:.3g} req/s"
+
+
+def capacity(res: ConfigResult, slos: tuple[SLO, ...] = ()) -> str:
+    """The capacity bracket by stability, or with SLOs by the SLOs first and by stability beside it."""
+    by_stability = _bracket(*res.bracket, res.rates, "stable", "unstable")
+    if not slos:
+        return by_stability
+    by_slos = _bracket(*res.slo_bracket, res.rates, "SLOs met", "SLOs missed")
+    return f"by the SLOs {by_slos}; by stability {by_stability}"
+
+
+def slo_definition(slos: tuple[SLO, ...]) -> str:
+    return (f"capacity by the SLOs: the highest rate at which {describe(slos)}, for all but "
+            f"{1 - GOODPUT_FRACTION:.0%} of requests (goodput within {1 - GOODPUT_FRACTION:.0%} of the served rate), "
+            f"the served rate keeps up with the offered and every percentile named is within its limit")
 
 
 def mechanism(res: ConfigResult) -> list[str]:
@@ -92,12 +110,12 @@ def mechanism(res: ConfigResult) -> list[str]:
     return lines
 
 
-def report(results: list[ConfigResult]) -> str:
-    parts = []
+def report(results: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> str:
+    parts = [slo_definition(slos)] if slos else []
     for res in results:
         estimate = f" (saturated estimate {res.estimate:.3g} req/s)" if res.estimate else ""
-        parts.append(f"\n{res.config.label} ({res.pool_blocks} blocks): {capacity(res)}{estimate}")
-        parts.append(table(res))
+        parts.append(f"\n{res.config.label} ({res.pool_blocks} blocks): {capacity(res, slos)}{estimate}")
+        parts.append(table(res, slos))
         parts.extend(f"  - {line}" for line in mechanism(res))
     return "\n".join(parts)
 
@@ -112,22 +130,27 @@ def _json_safe(value):
     return value
 
 
-def write_files(out_dir: Path, results: list[ConfigResult], meta: dict) -> list[Path]:
-    """sweep.csv (a row per point), sweep.json (meta, configurations with bracket and mechanism, points), sweep.png."""
+def write_files(out_dir: Path, results: list[ConfigResult], meta: dict, slos: tuple[SLO, ...] = ()) -> list[Path]:
+    """sweep.csv (a row per point), sweep.json (meta, configurations with bracket and mechanism, points), sweep.png.
+    With SLOs, the points gain their SLO scores and the configurations their bracket by the SLOs."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [r for res in results for r in _by_rate(res)]
+    columns = CSV_COLUMNS + tuple(slo_keys(slos))
     buf = io.StringIO()
-    w = csv.DictWriter(buf, CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w = csv.DictWriter(buf, columns, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
     atomic_write_text(out_dir / "sweep.csv", buf.getvalue())
     configs = [{"label": res.config.label, "backend": res.config.backend, "max_batch": res.config.max_batch,
-                "pool_gib": res.config.pool_gib, "pool_blocks": res.pool_blocks, "rates": res.rates,
+                "pool_gib": res.config.pool_gib, "replicas": res.config.replicas, "router": res.config.router,
+                "pool_blocks": res.pool_blocks, "rates": res.rates,
                 "capacity_estimate": res.estimate, "capacity_lo": res.bracket[0], "capacity_hi": res.bracket[1],
-                "capacity": capacity(res), "mechanism": mechanism(res)} for res in results]
+                **({"slo_capacity_lo": res.slo_bracket[0], "slo_capacity_hi": res.slo_bracket[1]} if slos else {}),
+                "capacity_by": "slos" if slos else "stability",
+                "capacity": capacity(res, slos), "mechanism": mechanism(res)} for res in results]
     doc = {"schema": "sim-sweep", "version": 1, **meta, "configurations": configs,
            "trace_ids": sorted({r["trace_id"] for r in rows}),
-           "points": [{k: r.get(k) for k in CSV_COLUMNS} for r in rows]}
+           "points": [{k: r.get(k) for k in columns} for r in rows]}
     atomic_write_text(out_dir / "sweep.json", json.dumps(_json_safe(doc), indent=1) + "\n")
     plot(results, out_dir / "sweep.png")
     return [out_dir / "sweep.csv", out_dir / "sweep.json", out_dir / "sweep.png"]
