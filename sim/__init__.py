@@ -10,6 +10,7 @@ with step costs from a GPU cost table. It imports no torch.
 
 `python -m sim` runs the default sweep; `python -m sim --help` lists the commands.
 """
+from .fleet import simulate_fleet
 from .simulator import DETAILS, SimConfig, SimResult, simulate
 
-__all__ = ["DETAILS", "SimConfig", "SimResult", "simulate"]
+__all__ = ["DETAILS", "SimConfig", "SimResult", "simulate", "simulate_fleet"]

@@ -19,6 +19,7 @@ from .importers import (FORMATS, MAX_BUDGET, MAX_PROMPT, TIME_UNITS, ImportOptio
                         import_table, time_unit_warning)
 from .prompts import PROMPT_NAMES
 from .records import read_run, unfinished
+from .slo import SLO, parse_slos
 from .timeline import write_timeline
 from .trace_io import read_trace, write_trace
 from .workload import DEFAULT_BUDGET, DEFAULT_N, Trace, closed_mixed, closed_uniform, poisson_trace
@@ -37,6 +38,17 @@ def checked(kind: type, ok: Callable[[float], bool], need: str) -> Callable[[str
     return parse
 
 
+def slo_arg(text: str) -> tuple[SLO, ...]:
+    """SLOs as traces/slo.py writes them, refused with what is wrong."""
+    try:
+        return parse_slos(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+SLO_HELP = ("service-level objectives, NAME[_pNN]=SECONDS,...: NAME ttft, tpot or e2el (e2e), each a per-request "
+            "limit that goodput counts; a _pNN suffix also holds that percentile to the limit "
+            "(e.g. ttft_p99=2,tpot_p99=0.05,e2e_p99=20)")
 rate_arg = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of requests per second")
 count_arg = checked(int, lambda v: v >= 1, "a whole number >= 1")
 seed_arg = checked(int, lambda v: v >= 0, "a whole number >= 0")
