@@ -18,6 +18,7 @@ from costs.shapes import BACKENDS
 from costs.table import save_cost_table
 from traces.errors import InputError
 from traces.model_spec import MODELS
+from traces.outpath import check_out_file
 
 from .accuracy import report
 from .plan import FULL, H200_SPEEDS, QUICK, describe, make_plan, max_rows, run_plan
@@ -75,6 +76,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.out is not None:
+        check_out_file(args.out)  # a table that cannot be written would throw the whole calibration away
     if args.refit is not None:
         if args.out is None or (args.out.exists() and not args.force):
             raise InputError("--refit needs --out NEW.json (a new file, or --force)")
@@ -91,8 +94,6 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         pass  # writes nothing
     elif args.out is None:
         raise InputError("--out TABLE.json is required (the cost table to write), except with --check-stationary")
-    elif args.out.is_dir():
-        raise InputError("is a directory; --out names the cost table file to write", path=args.out)
     elif args.out.exists() and not args.force:
         raise InputError("already exists; pass --force to replace it", path=args.out)
     plan = QUICK if args.quick else FULL

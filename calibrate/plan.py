@@ -59,7 +59,7 @@ FULL = Plan("full", max_prompt=4096, max_budget=256, widths=WIDTHS, lengths=LENG
             stationary_prefill=24, stationary_decode=6)
 QUICK = Plan("quick", max_prompt=32, max_budget=5, widths=(1, 2), lengths=(16, 32), prefill_reps=2,
              decode_rows=(1, 2), decode_lengths=(16,), mixed_runs=1, decode_budget=5, window=32, max_rows=2,
-             policy_runs=2, chunk=16, check_prefill=2, check_decode=1, check_reps=2, stationary_prefill=2,
+             policy_runs=1, chunk=16, check_prefill=2, check_decode=1, check_reps=2, stationary_prefill=2,
              stationary_decode=1)
 
 
@@ -222,7 +222,8 @@ def stationarity_runs(plan: Plan, max_batch: int, backends: Sequence[str], polic
         runs.append(Run("stationary-prefill", prompts, 1, backends[0], reps=3, label=f"stationarity prefill {w} x {n}"))
     runs += [Run("stationary-prefill", r.prompts, 1, r.backend, reps=3, policy=r.policy,
                  label=r.label.replace("stationary-prefill", "stationarity"))
-             for r in policy_runs(plan, max_batch, backends[0], policies, "stationary-prefill", 2, seed=4)]
+             for r in policy_runs(plan, max_batch, backends[0], policies, "stationary-prefill", min(2, plan.policy_runs),
+                                  seed=4)]
     for _ in range(plan.stationary_decode):
         r = int(rng.integers(1, rows_max + 1))
         prompts = tuple(int(p) for p in rng.integers(17, plan.max_prompt + 1, r))

@@ -1,10 +1,9 @@
 """A measured run's cost-table points: prefill repetitions and decode step windows, as median and spread.
 
 A decode run's steps are used without the first SETTLE_S seconds after its prefill and without its last step
-(where every row retires; that step measures the overhead instead). After a large prefill the H200 runs decode
-steps up to 25% slower for some 50-100 ms before they settle (measured: a 32 x 4096 group's first decode step
-3.65 ms, 2.84 ms at 60 ms, 2.79 ms from 120 ms on), while an engine serving arrivals spends nearly all its
-steps settled; a table built from the transient predicted the validation runs' steps 5% slow.
+(where every row retires; that step measures the overhead instead). After a large prefill the GPU runs decode
+steps slower for a short while before they settle, while an engine serving arrivals spends nearly all its steps
+settled; a table built from the transient predicts serving steps too slow.
 """
 from __future__ import annotations
 

@@ -150,8 +150,9 @@ class CostModel:
 
     def __init__(self, table: CostTable | dict, strict: bool = False):
         if isinstance(table, dict):  # a table's JSON object (synthetic, or edited in memory): identified by its
-            from .table import as_cost_table, table_id  # content and checked, here
-            table = as_cost_table({**table, "table_id": table_id(table)})
+            # content and checked here; whether to trust a failed stationarity check is the loader's question
+            from .table import as_cost_table, table_id
+            table = as_cost_table({**table, "table_id": table_id(table)}, allow_nonstationary=True)
         self.table = table
         self.strict = strict
         p = table.fit["prefill"]
@@ -214,7 +215,12 @@ class CostModel:
         # Between two measured row counts, weigh their two predictions.
         i = int(np.clip(np.searchsorted(r, rows), 1, len(r) - 1))
         w = (rows - r[i - 1]) / (r[i] - r[i - 1])
-        return at(i - 1) * (1 - w) + at(i) * w
+        cost = at(i - 1) * (1 - w) + at(i) * w
+        if rows > r[-1]:
+            # Past the widest measured batch the line through the last two row counts goes on; where noise made
+            # the last one the cheaper, it would make every added row cheaper still. Never below the last.
+            return np.maximum(cost, at(len(r) - 1))
+        return cost
 
     def decode_stretch(self, backend: str, rows: int, kv_tokens: int, kv_max: int, k: int) -> list[float]:
         """k consecutive decode steps of the same rows from this shape, each row one token longer a step:

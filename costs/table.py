@@ -30,6 +30,9 @@ STATIONARITY_LIMIT = 1.15  # the p95 of first-run / repeat step times a table ma
 _POINT_KEYS = {1: {"prefill": ("width", "padded_len")}, 2: {"prefill": ("rows", "tokens", "attn")}}
 _DECODE_KEYS = ("rows", "kv_tokens", "kv_max", "kv_read")
 _STAT_KEYS = ("median_s", "p10_s", "p90_s", "n")
+# A measured table's sizes are far below these. Past them, checking the fit (which prices every batch size up to
+# max_batch) would take minutes, and token counts would leave int64.
+SIZE_LIMITS = {"block_size": 2 ** 16, "max_batch": 1024, "max_tokens": 2 ** 24}
 PREFILL_PARAMS = ("floor_s", "floor_per_row_s", "base_s", "per_token_s", "per_token2_s", "sharpness")
 
 
@@ -153,8 +156,8 @@ def check_table(table: dict, path: str | Path | None = None) -> dict:
         _need(model, k, "model.", path, str)
     for k in ("block_size", "max_batch", "max_tokens"):
         v = _need(table, k, "", path, int)
-        if isinstance(v, bool) or v <= 0:
-            raise InputError(f"{k} must be a positive integer", path=path)
+        if isinstance(v, bool) or not 0 < v <= SIZE_LIMITS[k]:
+            raise InputError(f"{k} must be a positive integer up to {SIZE_LIMITS[k]}, got {v}", path=path)
     points = _need(_need(table, "prefill", "", path, dict), "points", "prefill.", path, list)
     _check_points(points, _POINT_KEYS[version]["prefill"], "prefill.points", path)
     if version >= 2:
@@ -296,7 +299,7 @@ def load_cost_table(path: str | Path, *, allow_nonstationary: bool = False) -> C
     path = Path(path)
     try:
         table = json.loads(read_text(path))
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: brackets nested thousands deep
         raise InputError(f"not valid JSON ({e})", path=path) from None
     return as_cost_table(table, path, allow_nonstationary=allow_nonstationary)
 

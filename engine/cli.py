@@ -1,16 +1,31 @@
-"""`python -m engine`: run traces on the real engine, or run the parity gate."""
+"""`python -m engine`: run traces on the real engine, or run the parity gate.
+
+Every option, the workload and --out are checked before the model loads (minutes on a GPU, longer on the CPU):
+a problem is one line on stderr and exit status 2.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
 
 from costs.shapes import BACKENDS
-from traces.cli import workload_from_args, workload_options
+from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, seed_arg, slo_arg,
+                        workload_from_args, workload_options)
 from traces.errors import InputError
 from traces.model_spec import MODELS
+from traces.outpath import check_out_dir
+from traces.records import TABLES
+from traces.workload import Trace
+
+DTYPES = ("float16", "bfloat16", "float32")
+DEFAULTS = {"tiny": {"max_prompt": 96, "max_budget": 32}, None: {"max_prompt": 4096, "max_budget": 256}}
+_device = checked(str, lambda v: re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None, "a device: cuda, cuda:N or cpu")
+# The kernels tile a block with tl.arange, which takes only powers of two.
+_block_size = checked(int, lambda v: v >= 1 and v & (v - 1) == 0, "a power of two (16, 32, 64, ...)")
 
 
 def engine_options() -> argparse.ArgumentParser:
@@ -19,62 +34,124 @@ def engine_options() -> argparse.ArgumentParser:
     g.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-1.5b",
                    help="model configuration (tiny: a 2-layer Qwen2 for CPU demos and tests)")
     g.add_argument("--checkpoint", metavar="DIR", help="local HF checkpoint directory (default: seeded random weights)")
-    g.add_argument("--weights-seed", type=int, default=0, help="seed of the random weights (default 0)")
-    g.add_argument("--device", default="cuda", help="cuda (default) or cpu (Triton interpreter: tiny model only)")
-    g.add_argument("--dtype", default=None, help="float16 on a GPU, float32 on the CPU (default)")
-    g.add_argument("--max-batch", type=int, default=32, help="batch rows (default 32)")
-    g.add_argument("--pool-gib", type=float, help="KV pool size in GiB (default: sized from free GPU memory)")
-    g.add_argument("--pool-blocks", type=int, help="KV pool size in blocks")
-    g.add_argument("--block-size", type=int, default=64, help="tokens per KV block (default 64)")
-    g.add_argument("--max-prompt", type=int, default=None, help="longest prompt (default 4096; 96 for --model tiny)")
-    g.add_argument("--max-budget", type=int, default=None, help="largest token budget (default 256; 32 for tiny)")
+    g.add_argument("--weights-seed", type=seed_arg, default=0, help="seed of the random weights (default 0)")
+    g.add_argument("--device", type=_device, default="cuda",
+                   help="cuda (default), cuda:N or cpu (Triton interpreter: tiny model only)")
+    g.add_argument("--dtype", choices=DTYPES, default=None, help="float16 on a GPU, float32 on the CPU (default)")
+    g.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default 32)")
+    pool = g.add_mutually_exclusive_group()
+    pool.add_argument("--pool-gib", type=gib_arg, help="KV pool size in GiB (default: sized from free GPU memory)")
+    pool.add_argument("--pool-blocks", type=blocks_arg, help="KV pool size in blocks")
+    g.add_argument("--block-size", type=_block_size, default=64, help="tokens per KV block (default 64)")
+    g.add_argument("--max-prompt", type=count_arg, default=None, help="longest prompt (default 4096; 96 for --model tiny)")
+    g.add_argument("--max-budget", type=count_arg, default=None, help="largest token budget (default 256; 32 for tiny)")
     g.add_argument("--backends", default=",".join(BACKENDS), help="decode backends to compile (default paged,padded)")
     g.add_argument("--expect-gpu", metavar="NAME", help="refuse to run on any other device, e.g. 'NVIDIA H200'")
     return p
 
 
-def build_engine(args: argparse.Namespace):
-    from .engine import Engine, EngineConfig  # torch is imported only once a command needs the engine
-    tiny = args.model == "tiny"
+def check_options(args: argparse.Namespace) -> None:
+    """Fill in the model's defaults and refuse what the engine could not run, before anything loads."""
+    defaults = DEFAULTS.get(args.model, DEFAULTS[None])
+    args.max_prompt = args.max_prompt or defaults["max_prompt"]
+    args.max_budget = args.max_budget or defaults["max_budget"]
+    positions = MODELS[args.model]["max_position_embeddings"]
+    if args.max_prompt + args.max_budget > positions:
+        raise InputError(f"--max-prompt {args.max_prompt} + --max-budget {args.max_budget} is beyond --model "
+                         f"{args.model}'s {positions} positions")
     backends = tuple(b for b in args.backends.split(",") if b)
     bad = [b for b in backends if b not in BACKENDS]
-    if bad:
-        raise InputError(f"unknown backend(s) {bad}; choose from {', '.join(BACKENDS)}")
+    if bad or not backends:
+        raise InputError(f"--backends {args.backends!r}: choose from {', '.join(BACKENDS)}")
+    args.backends = ",".join(backends)
+
+
+def check_workload(trace: Trace, args: argparse.Namespace) -> None:
+    """Refuse a workload with a request the engine would refuse (it records such a request as rejected and
+    serves the rest, which on a whole-workload mismatch is a run of nothing), naming the first one."""
+    from engine.block_pool import BlockPool, unbounded_pool
+    from engine.scheduler import Scheduler
+
+    if not trace.requests:
+        raise InputError("the workload has no requests")
+    sched = Scheduler(1, BlockPool(unbounded_pool(trace.requests, 1, args.block_size), args.block_size),
+                      args.max_prompt + args.max_budget)
+    try:
+        for req in trace.requests:
+            sched.submit(req)
+    except InputError as e:
+        raise InputError(f"the workload does not fit the engine (--model {args.model}, --max-prompt "
+                         f"{args.max_prompt}, --max-budget {args.max_budget}): {e}") from None
+
+
+def build_engine(args: argparse.Namespace):
+    from .engine import Engine, EngineConfig  # torch is imported only once a command needs the engine
     cfg = EngineConfig(max_batch=args.max_batch, block_size=args.block_size, pool_gib=args.pool_gib,
-                       pool_blocks=args.pool_blocks, max_prompt=args.max_prompt or (96 if tiny else 4096),
-                       max_budget=args.max_budget or (32 if tiny else 256), backends=backends,
+                       pool_blocks=args.pool_blocks, max_prompt=args.max_prompt,
+                       max_budget=args.max_budget, backends=tuple(args.backends.split(",")),
                        checkpoint=args.checkpoint, seed=args.weights_seed,
                        dtype=args.dtype or ("float32" if args.device == "cpu" else "float16"), device=args.device,
                        spec=dict(MODELS[args.model]), expect_gpu=args.expect_gpu)
     return Engine(cfg)
 
 
-def _run(args: argparse.Namespace) -> None:
-    from traces.metrics import summary
+def _out_dirs(args: argparse.Namespace) -> list[Path]:
+    """Where each recorded run goes: --out itself, or run-1, run-2, ... under it with --repeat above 1."""
+    if not args.out:
+        return []
+    out = Path(args.out)
+    return [out / f"run-{i}" for i in range(1, args.repeat + 1)] if args.repeat > 1 else [out]
+
+
+def _run(args: argparse.Namespace) -> int:
+    from traces.metrics import slo_keys, summary
+    from traces.timeline import write_timeline
+
+    from .scheduler import PrefillPolicy
+    check_options(args)
+    PrefillPolicy.parse(args.prefill)
+    outs = _out_dirs(args)
+    for out in outs:
+        check_out_dir(out)
+        if any((out / f"{t}.csv").exists() for t in TABLES):
+            raise InputError("already holds a run record; choose a new output directory", path=out)
     trace = workload_from_args(args)
+    check_workload(trace, args)
     engine = build_engine(args)
     runs = args.warmup + args.repeat
     walls = []
     for i in range(runs):
         warm = i < args.warmup
-        out = None if warm or not args.out else Path(args.out) / (f"run-{i - args.warmup + 1}" if args.repeat > 1 else "")
-        rec = engine.run(trace, out, args.backend, tokens=not args.no_tokens, policy=args.prefill,
-                         extra_meta={"repeat": None if warm else i - args.warmup + 1, "warmup_runs": args.warmup})
-        s = summary(rec)
+        out = None if warm or not outs else outs[i - args.warmup]
+        try:
+            rec = engine.run(trace, out, args.backend, tokens=not args.no_tokens, policy=args.prefill,
+                             extra_meta={"repeat": None if warm else i - args.warmup + 1, "warmup_runs": args.warmup})
+        except KeyboardInterrupt:
+            kept = f"; its completed rows are kept in {out} (meta.json says status running)" if out else ""
+            print(f"\nengine: interrupted during {'warm-up ' if warm else ''}run {i + 1} of {runs}{kept}",
+                  file=sys.stderr)
+            return 130
+        s = summary(rec, slos=args.slo)
         if not warm:
             walls.append(s["wall_time_s"])
-        print(("warm-up " if warm else "") + json.dumps({k: s[k] for k in ("n", "served_rate", "wall_time_s", "queue_wait_p50",
-                                                                       "ttft_p50", "tpot_p50", "decode_tok_s")}))
+            recorded = rec
+        keys = ("n", "served_rate", "wall_time_s", "queue_wait_p50", "ttft_p50", "tpot_p50", "decode_tok_s") + \
+            tuple(k for k in slo_keys(args.slo) if k in s)
+        print(("warm-up " if warm else "") + json.dumps({k: s[k] for k in keys}))
         if len(rec.rejected):
             print(f"{len(rec.rejected)} request(s) refused:", *rec.rejected.reason, sep="\n  ")
     if len(walls) > 1:
         print(f"median wall time over {len(walls)} recorded runs: {statistics.median(walls):.3f} s")
     if args.out:
         print(f"records: {args.out}")
+    if args.trace_events:  # the last recorded run
+        print(f"timeline: {write_timeline([recorded], args.trace_events)}")
+    return 0
 
 
 def _gate(args: argparse.Namespace) -> int:
     from .parity import run_gate
+    check_options(args)
     engine = build_engine(args)
     mismatches, compared = run_gate(engine, args.budget)
     real = [m for m in mismatches if not m.near_tie]
@@ -97,12 +174,17 @@ def parser() -> argparse.ArgumentParser:
                    help="prefill policy: padded, packed or chunked:N (default padded)")
     r.add_argument("--out", metavar="DIR", help="write the run record here (rows appended as they complete)")
     r.add_argument("--no-tokens", action="store_true", help="do not record per-token times")
-    r.add_argument("--warmup", type=int, default=0, help="unrecorded runs first (closed controls: 2)")
-    r.add_argument("--repeat", type=int, default=1, help="recorded runs (closed controls: 5); median wall time printed")
+    r.add_argument("--trace-events", metavar="FILE",
+                   help="write the last recorded run as Chrome trace-event JSON for ui.perfetto.dev")
+    r.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC",
+                   help=SLO_HELP + " (scored as the simulator scores)")
+    r.add_argument("--warmup", type=seed_arg, default=0, help="unrecorded runs first (closed controls: 2)")
+    r.add_argument("--repeat", type=count_arg, default=1,
+                   help="recorded runs (closed controls: 5); median wall time printed")
     r.set_defaults(func=_run)
     g = sub.add_parser("gate", parents=[engine_options()],
                        help="token parity against HF transformers' greedy generate, and paged against padded")
-    g.add_argument("--budget", type=int, default=12, help="tokens per request (default 12)")
+    g.add_argument("--budget", type=count_arg, default=12, help="tokens per request (default 12)")
     g.set_defaults(func=_gate)
     return p
 
@@ -114,3 +196,6 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # while loading: nothing was recorded yet (a run says itself what it kept)
+        print("\nengine: interrupted", file=sys.stderr)
+        return 130

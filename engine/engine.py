@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ from .scheduler import PrefillPolicy
 from .serve import serve
 from .weights import load_model
 
-POLICIES_BUILT = ("padded",)  # the prefill policies this engine can run
+POLICIES_BUILT = ("padded", "packed", "chunked")  # the prefill policies this engine can run
 
 GRAPH_RESERVE_BYTES = 2 << 30  # CUDA graphs' private memory and allocator slack, kept out of the default pool
 POOL_FRACTION = 0.9
@@ -158,10 +159,14 @@ class Engine:
 
     def run(self, trace: Trace, out_dir: str | Path | None, backend: str = "paged", tokens: bool = True,
             pool_blocks: int | None = None, max_batch: int | None = None, progress: bool = True,
-            extra_meta: dict | None = None, policy: str = "padded") -> RunRecord:
+            extra_meta: dict | None = None, policy: str = "padded", arrivals=None, replica: int = 0,
+            clock=None, on_finish: Callable[[list[int]], None] | None = None) -> RunRecord:
         """Replay `trace` in real time from now; rows are appended to `out_dir` as they complete.
 
-        `pool_blocks` and `max_batch` may narrow the engine's own for this run (a smaller pool, fewer rows).
+        `pool_blocks` and `max_batch` may narrow the engine's own for this run (a smaller pool, fewer rows). As a
+        replica behind a router (engine/fleet.py), `arrivals` hands over the requests routed here as they come,
+        `clock` is the fleet's, and `trace` is the whole fleet's (its metadata). `on_finish` gets the ids of the
+        requests each step finished.
         """
         if backend not in self.cfg.backends:
             raise InputError(f"backend {backend!r} was not compiled at engine start ({', '.join(self.cfg.backends)})")
@@ -178,14 +183,20 @@ class Engine:
                 "trace": trace.meta, "max_batch": max_batch, "pool_blocks": pool_blocks, **(extra_meta or {})}
         writer = RunWriter(out_dir, meta)
         bar = None
+
+        def finished(done) -> None:
+            if bar:
+                bar.update(len(done))
+            if on_finish:
+                on_finish([s.req.request_id for s in done])
         if progress:
             from tqdm import tqdm
             bar = tqdm(total=len(trace), desc=f"{backend} {trace.meta.get('kind', 'trace')}", unit="req", leave=False)
         try:
-            sched = serve(trace, self.runner, Recorder(writer, backend, tokens), max_batch, pool_blocks, prefill,
-                          on_finish=bar.update if bar else None)
+            sched = serve(trace, self.runner, Recorder(writer, backend, tokens, replica=replica), max_batch, pool_blocks,
+                          prefill, clock=clock, arrivals=arrivals, on_finish=finished)
         finally:
             if bar:
                 bar.close()
-        writer.close(rejected=len(trace) - sched.submitted)
+        writer.close(rejected=len(writer.record().rejected) if arrivals else len(trace) - sched.submitted)
         return writer.record()

@@ -6,8 +6,9 @@ scratch block that pads block tables, so the `padded` decode backend can read pa
 Decode: one graph per (backend, row count) up to max batch; a step is one host-to-device copy and one replay.
 
 Prefill: the step's sequences are packed back to back (a padded group's rows at the padded length, its padding
-computed and never stored) and attend through one varlen Triton kernel, so the cost of a step is set by its
-token count and its sequences' lengths, never by a plan built for a shape. The token count is rounded up to a
+computed and never stored; a chunk's earlier positions read from the pool) and attend through one varlen Triton
+kernel, so the cost of a step is set by its token count and its sequences' lengths, never by a plan built for a
+shape. The token count is rounded up to a
 bucket: up to GRAPH_TOKENS tokens each bucket is a captured graph (small prefills would otherwise pay for some
 three hundred eager launches); above it the step runs eagerly at the bucket's size, and every bucket's matrix
 products were run once at start, so no step is the first to load a kernel. Nothing a step does depends on what
@@ -51,24 +52,30 @@ def _prompt_ids(length: int, vocab: int) -> np.ndarray:
 
 class PrefillInputs:
     """One int32 buffer, copied to the device in one go: [ids | positions | slots] for `tokens` token slots,
-    then [seq_start | seq_len] for `seqs` sequences, [block_seq | block_q] for the kernel's programs, and the
-    index of each sequence's last computed token (its logits row)."""
+    then [seq_start | seq_len] for `seqs` sequences, [block_seq | block_q] for the kernel's programs, the index of
+    each sequence's last computed token (its logits row), and each sequence's prefix in the pool with its block
+    table (chunked prefill)."""
 
-    def __init__(self, tokens: int, seqs: int, programs: int, device: torch.device, pinned: bool):
-        self.tokens, self.seqs, self.programs = tokens, seqs, programs
-        n = 3 * tokens + 3 * seqs + 2 * programs
-        self.host = torch.zeros(n, dtype=torch.int32, pin_memory=pinned)
-        self.np = self.host.numpy()
-        self.dev = torch.zeros(n, dtype=torch.int32, device=device)
+    NAMES = ("ids", "pos", "slots", "start", "length", "bseq", "bq", "last", "prefix", "tables")
+
+    def __init__(self, tokens: int, seqs: int, programs: int, max_blocks: int, device: torch.device, pinned: bool):
         t, s, p = tokens, seqs, programs
-        cut = np.cumsum([0, t, t, t, s, s, p, p, s])
-        self._cuts = cut
-        self.views = [self.dev[a:b] for a, b in zip(cut[:-1], cut[1:])]  # ids, pos, slots, start, len, bseq, bq, last
+        cut = np.cumsum([0, t, t, t, s, s, p, p, s, s, s * max_blocks])
+        self.host = torch.zeros(int(cut[-1]), dtype=torch.int32, pin_memory=pinned)
+        self.np = self.host.numpy()
+        self.dev = torch.zeros(int(cut[-1]), dtype=torch.int32, device=device)
+        self.views = [self.dev[a:b] for a, b in zip(cut[:-1], cut[1:])]
         self.host_views = [self.np[a:b] for a, b in zip(cut[:-1], cut[1:])]
+        self.views[-1] = self.views[-1].view(s, max_blocks)
+        self.host_views[-1] = self.host_views[-1].reshape(s, max_blocks)
+
+    def named(self) -> dict[str, np.ndarray]:
+        return dict(zip(self.NAMES, self.host_views))
 
     def for_bucket(self, bucket: int, programs: int) -> list[torch.Tensor]:
-        ids, pos, slots, start, length, bseq, bq, last = self.views
-        return [ids[:bucket], pos[:bucket], slots[:bucket], start, length, bseq[:programs], bq[:programs], last]
+        ids, pos, slots, start, length, bseq, bq, last, prefix, tables = self.views
+        return [ids[:bucket], pos[:bucket], slots[:bucket], start, length, bseq[:programs], bq[:programs], last,
+                prefix, tables]
 
 
 class ModelRunner:
@@ -109,10 +116,11 @@ class ModelRunner:
         self.max_seqs = b + 1  # the step's sequences, and the bucket's padding as one more
         # Static inputs: one set for the graphs' buckets, one for the eager ones (each at its largest bucket), so no
         # step allocates pinned or device memory of a size it has not seen.
-        self._prefill_in = PrefillInputs(graph_top, self.max_seqs, self._programs(graph_top), dev, pinned) \
-            if graph_top else None
+        self._prefill_in = PrefillInputs(graph_top, self.max_seqs, self._programs(graph_top), self.max_blocks, dev,
+                                         pinned) if graph_top else None
         top = self.buckets[-1]
-        self._eager_in = PrefillInputs(top, self.max_seqs, self._programs(top), dev, pinned) if top > graph_top else None
+        self._eager_in = PrefillInputs(top, self.max_seqs, self._programs(top), self.max_blocks, dev, pinned) \
+            if top > graph_top else None
         self.prefill_tokens = torch.zeros(self.max_seqs, dtype=torch.int64, device=dev)
         if use_graphs:
             self._capture(backends, graph_top)
@@ -195,24 +203,23 @@ class ModelRunner:
 
     def _prefill_forward(self, bucket: int, inputs: list[torch.Tensor] | None = None) -> None:
         m = self.model
-        ids, pos, slots, start, length, bseq, bq, last = inputs or \
+        ids, pos, slots, start, length, bseq, bq, last, prefix, tables = inputs or \
             self._prefill_in.for_bucket(bucket, self._programs(bucket))
-        attend = m.prefill_attend(start, length, bseq, bq, self.block_m)
+        attend = m.prefill_attend(start, length, bseq, bq, self.block_m, (prefix, tables, self.k_cache, self.v_cache))
         logits = m.forward(ids, pos, slots, self.k_cache, self.v_cache, attend, last)
         self.prefill_tokens.copy_(logits.argmax(-1))
 
     def _fill_idle_prefill(self, bucket: int) -> None:
         """Inputs that run a bucket's full work (one sequence of its length) and store nothing: for warm-ups."""
         pi = self._prefill_in
-        ids, pos, slots, start, length, bseq, bq, last = pi.host_views
-        p = plan([bucket], self.block_m, len(bseq))
-        ids[:], pos[:], slots[:] = 0, 0, -1
-        pos[:bucket] = np.arange(bucket) % self.max_tokens  # a bucket may be longer than the model's positions
-        start[:] = 0
-        length[:] = 0
-        length[0] = bucket
-        bseq[:], bq[:] = p.block_seq, p.block_q
-        last[:] = bucket - 1
+        h = pi.named()
+        p = plan([bucket], self.block_m, len(h["bseq"]))
+        h["ids"][:], h["pos"][:], h["slots"][:] = 0, 0, -1
+        h["pos"][:bucket] = np.arange(bucket) % self.max_tokens  # a bucket may be longer than the model's positions
+        h["start"][:], h["length"][:], h["prefix"][:] = 0, 0, 0
+        h["length"][0] = bucket
+        h["bseq"][:], h["bq"][:] = p.block_seq, p.block_q
+        h["last"][:] = bucket - 1
         pi.dev.copy_(pi.host)
 
     def _warm_eager(self, graph_top: int) -> None:
@@ -234,9 +241,9 @@ class ModelRunner:
         bucket = self.bucket(total)
         graph = self.prefill_graphs.get(bucket)
         pi = self._prefill_in if graph is not None else self._eager_in
-        ids, pos, slots, start, length, bseq, bq, last = pi.host_views
+        ids, pos, slots, start, length, bseq, bq, last, prefix, tables = pi.host_views
         ids[:bucket], pos[:bucket], slots[:bucket] = 0, 0, -1
-        start[:], length[:], last[:] = 0, 0, 0
+        start[:], length[:], last[:], prefix[:] = 0, 0, 0, 0
         completes, off = [], 0
         for i, s in enumerate(work.seqs):
             p, n, c = work.prefix[i], work.new[i], work.computed[i]
@@ -245,6 +252,9 @@ class ModelRunner:
             j = np.arange(p, p + n)
             slots[off:off + n] = np.asarray(s.block_table, dtype=np.int32)[j // bs] * bs + j % bs
             start[i], length[i] = off, c
+            if p:  # a later chunk attends to the prompt's earlier positions through its block table
+                prefix[i] = p
+                tables[i, :len(s.block_table)] = s.block_table
             if work.completes(i):
                 last[len(completes)] = off + n - 1
                 completes.append(s)
@@ -262,4 +272,6 @@ class ModelRunner:
             graph.replay()
         else:
             self._prefill_forward(bucket, pi.for_bucket(bucket, programs))
-        return self.prefill_tokens[:len(completes)].tolist()
+        # Read them all: the step's one host sync, also when no prompt completes (a chunk of a longer one), so the
+        # step's time is its own and not the next step's.
+        return self.prefill_tokens.tolist()[:len(completes)]

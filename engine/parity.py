@@ -1,7 +1,8 @@
 """The parity gate: the paged engine against HF transformers' greedy `generate`, token for token.
 
 Scenarios follow the write-up's gate: single requests, a uniform batch, a mixed batch, 8 requests queued
-through 4 rows; and the `paged` backend against the `padded` one. On the CPU in float32 the tokens must
+through 4 rows; the `paged` backend against the `padded` one; and packed and chunked prefill (prompts cut into
+chunks of an eighth of the longest prompt) against padded prefill. On the CPU in float32 the tokens must
 match exactly. In fp16 on a GPU two correct implementations can differ where the reference's top two
 logits nearly tie, so a mismatch is reported with the reference's top-2 margin at that step, and a
 near-tie flip is counted apart from a real mismatch, never hidden.
@@ -67,8 +68,13 @@ def _first_difference(have: list[int], want: list[int]) -> int | None:
     return i if i is not None or len(have) == len(want) else min(len(have), len(want))
 
 
+def gate_policies(max_prompt: int) -> tuple[str, ...]:
+    """The prefill policies the gate compares with padded: packed, and chunks small enough to split long prompts."""
+    return ("packed", f"chunked:{max(16, max_prompt // 8)}")
+
+
 def run_gate(engine: Engine, budget: int = 12, log=print) -> tuple[list[Mismatch], int]:
-    """Every scenario on every compiled backend, against the reference and against each other.
+    """Every scenario on every compiled backend and prefill policy, against the reference and against each other.
 
     Returns the mismatches and the number of tokens compared.
     """
@@ -79,6 +85,11 @@ def run_gate(engine: Engine, budget: int = 12, log=print) -> tuple[list[Mismatch
         for backend in engine.cfg.backends:
             rec = engine.run(trace, None, backend, max_batch=rows, progress=False)
             got[backend] = rec.tokens.sort_values(["request_id", "index"]).groupby("request_id").token_id.apply(list)
+        base = engine.cfg.backends[0]
+        policies = {}
+        for policy in gate_policies(engine.cfg.max_prompt):
+            rec = engine.run(trace, None, base, max_batch=rows, progress=False, policy=policy)
+            policies[policy] = rec.tokens.sort_values(["request_id", "index"]).groupby("request_id").token_id.apply(list)
         for r in trace.requests:
             key = (r.prompt_tokens, r.budget)
             if key not in ref:
@@ -87,6 +98,8 @@ def run_gate(engine: Engine, budget: int = 12, log=print) -> tuple[list[Mismatch
             pairs = [(b, got[b][r.request_id], want) for b in got]
             if len(got) == 2:
                 pairs.append(("paged-vs-padded", got["paged"][r.request_id], got["padded"][r.request_id]))
+            pairs += [(f"{policy}-vs-padded", tokens[r.request_id], got[base][r.request_id])
+                      for policy, tokens in policies.items()]
             for label, have, other in pairs:
                 compared += len(other)
                 i = _first_difference(have, other)
@@ -94,6 +107,7 @@ def run_gate(engine: Engine, budget: int = 12, log=print) -> tuple[list[Mismatch
                     mismatches.append(Mismatch(name, label, r.request_id, i, have[i] if i < len(have) else -1,
                                                other[i] if i < len(other) else -1, margins[min(i, len(margins) - 1)], diff))
         bad = [m for m in mismatches if m.scenario == name]
-        log(f"{name:14s} rows={rows:2d} requests={len(trace):2d} backends={'+'.join(got)}  "
+        log(f"{name:14s} rows={rows:2d} requests={len(trace):2d} backends={'+'.join(got)} "
+            f"prefill=padded+{'+'.join(policies)}  "
             f"mismatches={len(bad)} (near ties {sum(m.near_tie for m in bad)})")
     return mismatches, compared

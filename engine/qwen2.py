@@ -95,9 +95,15 @@ class PagedQwen2:
                             self.prefill_attend(start, length, bseq, bq, block_m), last)
 
     def prefill_attend(self, seq_start: torch.Tensor, seq_len: torch.Tensor, block_seq: torch.Tensor,
-                       block_q: torch.Tensor, block_m: int) -> Attend:
-        """Causal attention within each packed sequence (seq_start, seq_len), over the kernel's work list."""
+                       block_q: torch.Tensor, block_m: int, prefix: tuple | None = None) -> Attend:
+        """Causal attention within each packed sequence (seq_start, seq_len), over the kernel's work list; with
+        `prefix` = (prefix_len, block_tables, k_cache, v_cache), also over each sequence's positions in the pool."""
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            o = prefill_attention(q, k, v, seq_start, seq_len, block_seq, block_q, self.scale, block_m=block_m)
+            pool = {}
+            if prefix is not None:
+                prefix_len, tables, k_cache, v_cache = prefix
+                pool = dict(prefix_len=prefix_len, block_tables=tables, k_cache=k_cache[i], v_cache=v_cache[i])
+            o = prefill_attention(q, k, v, seq_start, seq_len, block_seq, block_q, self.scale, block_m=block_m,
+                                  **pool)
             return o.view(q.shape[0], self.hq * self.head_dim)
         return attend

@@ -31,8 +31,8 @@ class Runner(Protocol):
 class WallClock:
     """Seconds since the run started; waits sleep, then spin the last stretch for sub-ms accuracy."""
 
-    def __init__(self):
-        self.t0 = time.perf_counter()
+    def __init__(self, t0: float | None = None):
+        self.t0 = time.perf_counter() if t0 is None else t0  # perf_counter is one clock for every process here
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -70,12 +70,14 @@ class EngineTimer:
         pass  # writing the records took real time, which the clock already shows
 
 
-def serve(trace: Trace, runner: Runner, recorder: Recorder, max_batch: int, pool_blocks: int | None = None,
-          policy: PrefillPolicy = PADDED, clock=None, on_finish: Callable[[int], None] | None = None) -> Scheduler:
-    """Replay `trace` (arrival times from the run's start) through the engine; rows go to `recorder`."""
+def serve(trace: Trace | None, runner: Runner, recorder: Recorder, max_batch: int, pool_blocks: int | None = None,
+          policy: PrefillPolicy = PADDED, clock=None, on_finish: Callable[[list[Seq]], None] | None = None,
+          arrivals=None) -> Scheduler:
+    """Replay `trace` (arrival times from the run's start) through the engine, or serve what `arrivals` hands
+    over as it comes (a replica behind a router); rows go to `recorder`."""
     clock = clock or WallClock()
     sched = Scheduler(max_batch, BlockPool(pool_blocks or runner.num_blocks, runner.block_size), runner.max_tokens,
                       policy)
     timer = EngineTimer(runner, recorder.backend, clock)
-    drive(StepLoop(sched, recorder, timer, TraceArrivals(trace.requests), on_finish), timer)
+    drive(StepLoop(sched, recorder, timer, arrivals or TraceArrivals(trace.requests), on_finish), timer)
     return sched

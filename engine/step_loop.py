@@ -89,7 +89,7 @@ class TraceArrivals:
 
 class StepLoop:
     def __init__(self, sched: Scheduler, recorder: Recorder, timer: StepTimer, arrivals,
-                 on_finish: Callable[[int], None] | None = None):
+                 on_finish: Callable[[list[Seq]], None] | None = None):
         self.sched, self.rec, self.timer, self.arrivals, self.on_finish = sched, recorder, timer, arrivals, on_finish
         self.passes = 0  # passes that did work
 
@@ -154,12 +154,16 @@ class StepLoop:
             if rows:
                 stretch = (step, shape, [decode_start] + ends[:-1], ends[:-1], len(done))
             if done and self.on_finish:
-                self.on_finish(len(done))
+                self.on_finish(done)
             step += max(k, 1)
 
 
 def drive(loop: StepLoop, timer: StepTimer) -> None:
-    """Run a loop to the end on a clock that can wait (the engine's wall clock, or a virtual one)."""
+    """Run a loop to the end on a clock that can wait (the engine's wall clock, or a virtual one); when the loop
+    cannot know when the next request comes (a replica fed by a router), its arrivals wait for one."""
     for t in loop.run():
-        timer.wait_until(t)
+        if t is None:
+            loop.arrivals.wait()
+        else:
+            timer.wait_until(t)
 

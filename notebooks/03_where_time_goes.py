@@ -36,13 +36,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from calibrate.cost_model import CostModel
+from costs.model import CostModel
+from costs.shapes import PrefillShape
 from sim import SimConfig, simulate
-from traces.metrics import summary
-from sim.validate import build_trace, load_plan, run_dir
-from traces.metrics import SPIKE_FACTOR, admission_groups, token_gaps
+from traces.metrics import SPIKE_FACTOR, admission_groups, groups_by_depth, prefill_spikes, summary, token_gaps
 from traces.records import read_run
 from traces.workload import poisson_trace
+from validate.points import build_trace, load_plan, run_dir
 
 table, table_file = S.load_table()
 vdir = S.validation_dir()
@@ -91,14 +91,7 @@ for p in curve_points:
     for k, rec in enumerate(complete_runs(p), start=1):
         pool_blocks = rec.meta["pool_blocks"]
         real_rows.append({"point": p.id, "repeat": k, **mechanism(rec, p.trace["rate"])})
-        g = admission_groups(rec)["groups"]
-        req = rec.requests.dropna(subset=["admitted"])
-        # Queue depth when the group was admitted: requests arrived and not yet admitted, the group included.
-        t = req.groupby("group_id").admitted.min().reindex(g.group_id).to_numpy()
-        arrived = np.searchsorted(np.sort(rec.requests.arrival.to_numpy()), t, side="right")
-        admitted_before = np.searchsorted(np.sort(req.admitted.to_numpy()), t, side="left")
-        real_groups.append(g.assign(rate=p.trace["rate"], point=p.id, repeat=k, depth=arrived - admitted_before,
-                                    duration=g.end - g.start))
+        real_groups.append(admission_groups(rec)["groups"].assign(rate=p.trace["rate"], point=p.id, repeat=k))
 if not real_rows:
     S.missing(vdir / "real" / curve_points[0].id, S.MAKE_REAL)
 real = pd.DataFrame(real_rows)
@@ -153,7 +146,7 @@ for ax in axes.flat:
 axes[0, 0].text(plan["capacity_sim"], 0.03, "  past the planned capacity", transform=axes[0, 0].get_xaxis_transform(),
                 fontsize=8, color="0.4")
 fig.suptitle(f"Against arrival rate: served rate, queue, admission groups, padding, prefill time "
-             f"({table['device']['name']})")
+             f"({table.device_name})")
 peak = rmed["served_rate"]["median"]
 last = peak.index.max()
 sag = peak.max() - peak[last]
@@ -178,9 +171,8 @@ fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.8))
 norm = plt.Normalize(groups.rate.min(), groups.rate.max())
 jit = np.random.default_rng(0).uniform(-0.08, 0.08, len(groups))  # a little spread to show the count
 sc = a1.scatter(groups.depth, groups["size"] * np.exp(jit), c=groups.rate, cmap="viridis", norm=norm, s=8, alpha=0.6)
-edges = 2.0 ** np.arange(0, np.log2(max(groups.depth.max(), 1)) + 2)  # depth bins 1, 2-3, 4-7, 8-15, ...
-binned = groups.groupby(np.searchsorted(edges, groups.depth, side="right") - 1)["size"].mean()
-a1.plot(np.sqrt(edges[binned.index] * (2 * edges[binned.index] - 1)), binned, "o-", color="black", lw=1.4, ms=4,
+binned = groups_by_depth(groups)  # depth bins 1, 2-3, 4-7, 8-15, ...
+a1.plot(np.sqrt(binned.depth_lo * binned.depth_hi), binned.size_mean, "o-", color="black", lw=1.4, ms=4,
         label="mean group size per depth bin (1, 2-3, 4-7, ...)")
 a1.set_xscale("symlog", linthresh=1)
 a1.set_yscale("log", base=2)
@@ -203,7 +195,7 @@ a2.set_title("Padding against group size")
 a2.legend(loc="upper left")
 a3.scatter(groups.padded_tokens, groups.duration * 1e3, c=groups.rate, cmap="viridis", norm=norm, s=8, alpha=0.6,
            label="real prefill steps")
-model = [cost.prefill(int(w), int(n)) * 1e3 for w, n in zip(groups["size"], groups.padded_len)]
+model = [cost.prefill(PrefillShape.padded(int(w), int(n))) * 1e3 for w, n in zip(groups["size"], groups.padded_len)]
 a3.scatter(groups.padded_tokens, model, marker="x", s=10, color="0.3", lw=0.6, label="cost model, same shape")
 a3.set_xscale("log")
 a3.set_yscale("log")
@@ -242,24 +234,7 @@ if not druns or druns[0].tokens.empty:
 def line_up(rec) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """The run's gaps and spikes, each spike with the prefill step that ran inside its gap (NaN where none did)."""
     tg = token_gaps(rec)
-    tok = rec.tokens.sort_values(["request_id", "index"])
-    rid, when = tok.request_id.to_numpy(), tok.time.to_numpy(float)
-    same = rid[1:] == rid[:-1]
-    gaps = pd.DataFrame({"request_id": rid[1:][same], "time": when[1:][same], "gap": np.diff(when)[same]})
-    pre = rec.steps[rec.steps.kind == "prefill"].assign(duration=lambda d: d.end - d.start)
-    spikes = tg["spikes"].copy()
-    # The prefill that overlaps the gap most, if at least half of it falls inside the gap.
-    spikes["prefill"] = -1
-    if len(pre) and len(spikes):
-        t, gap = spikes.time.to_numpy()[:, None], spikes.gap.to_numpy()[:, None]
-        start, end = pre.start.to_numpy()[None, :], pre.end.to_numpy()[None, :]
-        overlap = np.minimum(end, t) - np.maximum(start, t - gap)
-        best = overlap.argmax(axis=1)
-        ok = overlap[np.arange(len(spikes)), best] > 0.5 * (end - start)[0, best]
-        spikes["prefill"] = np.where(ok, pre.index.to_numpy()[best], -1)
-    spikes = spikes.join(pre[["rows", "padded_len", "duration", "start"]], on="prefill")
-    spikes["padded_tokens"] = spikes["rows"] * spikes.padded_len
-    return gaps, spikes, tg
+    return tg["gaps"], prefill_spikes(rec, tg["spikes"]), tg
 
 
 gaps, spikes, tg = line_up(druns[0])

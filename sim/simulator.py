@@ -176,7 +176,8 @@ def simulate(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
     recorder = Recorder(writer, cfg.backend, tokens=cfg.detail == "tokens", decode_steps=cfg.detail != "summary")
     sched = Scheduler(cfg.max_batch, BlockPool(pool_blocks, table.block_size), table.max_tokens, cfg.policy)
     timer = SimTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed)
-    loop = StepLoop(sched, recorder, timer, TraceArrivals(trace.requests), on_finish)
+    loop = StepLoop(sched, recorder, timer, TraceArrivals(trace.requests),
+                    (lambda done: on_finish(len(done))) if on_finish else None)
     env = simpy.Environment()
     env.process(_process(env, loop, timer))
     env.run()

@@ -1,19 +1,14 @@
 """The costs package: cost tables (format, checks, versions), step shapes and the cost model's pricing."""
 from __future__ import annotations
 
-import copy
-import json
-import math
 import subprocess
 import sys
 
-import pytest
 
 from costs.model import CostModel, tile_work
 from costs.shapes import DecodeShape, PrefillShape
-from costs.synthetic import constant_table, linear_table
-from costs.table import CostTable, StationarityWarning, as_cost_table, load_cost_table, save_cost_table, table_id
-from traces.errors import InputError
+from costs.synthetic import linear_table
+from costs.table import load_cost_table, save_cost_table
 
 
 def test_cost_table_round_trips(tmp_path):

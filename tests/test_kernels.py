@@ -511,3 +511,27 @@ def test_prefill_attention_replays_in_cuda_graph():
         assert torch.equal(out.isnan(), want.isnan()), "wrote outside the sequences or missed a row"
         covered = ~want.isnan()
         torch.testing.assert_close(out.float()[covered], want[covered], rtol=2e-3, atol=2e-3)
+
+
+def test_prefill_attention_of_a_chunk_reads_its_prefix_from_the_pool():
+    """A prompt prefilled in chunks: the last chunk's queries over the earlier positions in the paged pool and the
+    chunk's own keys equal the same queries of the whole prompt attended at once."""
+    gen = torch.Generator().manual_seed(26)
+    hq, hkv, d, page = 4, 2, 16, 16
+    whole, chunk = 70, 23  # a prefix of 47: two full pages and part of a third
+    prefix = whole - chunk
+    q, k, v, starts = pack_sequences([whole], hq, hkv, d, torch.float32, gen)
+    want = causal_reference(q, k, v, starts, [whole], d ** -0.5)[prefix:]
+    blocks = [3, 0, 5]  # the prompt's block table, out of order on purpose
+    k_cache = torch.full((6, hkv, page, d), float("nan"))
+    v_cache = torch.full_like(k_cache, float("nan"))
+    for pos in range(prefix):
+        k_cache[blocks[pos // page], :, pos % page] = k[pos].cpu()
+        v_cache[blocks[pos // page], :, pos % page] = v[pos].cpu()
+    p = plan([chunk], default_block_m(DEVICE))
+    idx = [torch.from_numpy(a).to(DEVICE) for a in (p.seq_start, p.seq_len, p.block_seq, p.block_q)]
+    got = prefill_attention(q[prefix:].contiguous(), k[prefix:].contiguous(), v[prefix:].contiguous(), *idx,
+                            d ** -0.5, prefix_len=torch.tensor([prefix], dtype=torch.int32, device=DEVICE),
+                            block_tables=torch.tensor([blocks + [0]], dtype=torch.int32, device=DEVICE),
+                            k_cache=k_cache.to(DEVICE), v_cache=v_cache.to(DEVICE))
+    torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=1e-5)

@@ -231,11 +231,13 @@ TRACE_HEADER = '# {"schema": "request-trace", "version": 1}\n'
 TRACE_COLUMNS = "request_id,arrival_s,prompt_tokens,budget,prompt\n"
 
 
-def test_a_repeated_request_id_is_left_to_the_engine_to_refuse(tmp_path):
-    # The engine and the simulator refuse the second request at submit and serve the rest (issue 3).
+def test_a_repeated_request_id_is_refused_at_read_naming_the_second_line(tmp_path):
+    # Was left to the engine (which served one of the two) and the simulator (which named no file or line).
     p = tmp_path / "dup.csv"
-    p.write_text(TRACE_HEADER + TRACE_COLUMNS + "0,0.5,16,64,p16\n0,0.6,16,64,p16\n")
-    assert [r.request_id for r in read_trace(p).requests] == [0, 0]
+    p.write_text(TRACE_HEADER + TRACE_COLUMNS + "0,0.5,16,64,p16\n1,0.55,16,64,p16\n0,0.6,16,64,p16\n")
+    with pytest.raises(InputError, match=r"request id 0 is repeated \(first on line 3\)") as err:
+        read_trace(p)
+    assert str(p) in str(err.value) and "line 5" in str(err.value) and "'request_id'" in str(err.value)
 
 
 @pytest.mark.parametrize("text, line, column", [

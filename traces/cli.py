@@ -1,4 +1,5 @@
-"""`python -m traces`: make the seeded workload traces, import public ones, and summarise a trace file."""
+"""`python -m traces`: make the seeded workload traces, import public ones, summarise a trace file, and look
+inside run records: where their time goes (explain) and their steps and rows on a timeline (timeline)."""
 from __future__ import annotations
 
 import argparse
@@ -12,9 +13,14 @@ from typing import Callable
 import numpy as np
 
 from .errors import InputError
+from .explain import DEFAULT_WINDOWS, explain
+from .explain_report import report, report_pair
 from .importers import (FORMATS, MAX_BUDGET, MAX_PROMPT, TIME_UNITS, ImportOptions, import_azure, import_lengths,
                         import_table, time_unit_warning)
 from .prompts import PROMPT_NAMES
+from .records import read_run, unfinished
+from .slo import SLO, parse_slos
+from .timeline import write_timeline
 from .trace_io import read_trace, write_trace
 from .workload import DEFAULT_BUDGET, DEFAULT_N, Trace, closed_mixed, closed_uniform, poisson_trace
 
@@ -32,9 +38,31 @@ def checked(kind: type, ok: Callable[[float], bool], need: str) -> Callable[[str
     return parse
 
 
+def slo_arg(text: str) -> tuple[SLO, ...]:
+    """SLOs as traces/slo.py writes them, refused with what is wrong."""
+    try:
+        return parse_slos(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+SLO_HELP = ("service-level objectives, NAME[_pNN]=SECONDS,...: NAME ttft, tpot or e2el (e2e), each a per-request "
+            "limit that goodput counts; a _pNN suffix also holds that percentile to the limit "
+            "(e.g. ttft_p99=2,tpot_p99=0.05,e2e_p99=20)")
 rate_arg = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of requests per second")
 count_arg = checked(int, lambda v: v >= 1, "a whole number >= 1")
 seed_arg = checked(int, lambda v: v >= 0, "a whole number >= 0")
+
+# Sizes past which a run would not fit in memory or its counts would not be exact; each is far above real use.
+MAX_REQUESTS = 10_000_000  # the simulator holds about 1.5 KB a request: 10 million is ~15 GB
+MAX_BATCH = 1_000_000  # batch rows: the engine captures a graph per row count, the simulator keeps a row each
+MAX_POOL_BLOCKS = 2 ** 50  # block counts stay exact in a float64 (2**53) through every sum of them
+MAX_POOL_GIB = 2.0 ** 40  # an exbibyte in GiB: about 6e14 blocks of 64 Qwen2.5-1.5B tokens, below MAX_POOL_BLOCKS
+requests_arg = checked(int, lambda v: 1 <= v <= MAX_REQUESTS, f"a whole number of requests from 1 to {MAX_REQUESTS:,}")
+batch_arg = checked(int, lambda v: 1 <= v <= MAX_BATCH, f"a whole number of batch rows from 1 to {MAX_BATCH:,}")
+gib_arg = checked(float, lambda v: math.isfinite(v) and 0 < v <= MAX_POOL_GIB,
+                  f"a positive number of GiB up to {MAX_POOL_GIB:.4g}")
+blocks_arg = checked(int, lambda v: 1 <= v <= MAX_POOL_BLOCKS, f"a whole number of blocks from 1 to {MAX_POOL_BLOCKS:,}")
 
 
 def _window(text: str) -> tuple[float, float]:
@@ -52,10 +80,11 @@ def workload_options() -> argparse.ArgumentParser:
     w = g.add_mutually_exclusive_group(required=True)
     w.add_argument("--rate", type=rate_arg, help="a seeded Poisson trace at this many requests per second")
     w.add_argument("--trace", metavar="FILE", help="a request-trace file (python -m traces ...)")
-    w.add_argument("--closed-mixed", type=count_arg, metavar="N", help="N requests of a mixed draw, all at t=0")
+    w.add_argument("--closed-mixed", type=requests_arg, metavar="N", help="N requests of a mixed draw, all at t=0")
     w.add_argument("--closed-uniform", choices=PROMPT_NAMES, metavar="PROMPT",
                    help=f"--n copies of one prompt ({', '.join(PROMPT_NAMES)}), all at t=0")
-    g.add_argument("--n", type=count_arg, default=DEFAULT_N, help=f"requests for --rate/--closed-uniform (default {DEFAULT_N})")
+    g.add_argument("--n", type=requests_arg, default=DEFAULT_N,
+                   help=f"requests for --rate/--closed-uniform (default {DEFAULT_N})")
     g.add_argument("--seed", type=seed_arg, default=0, help="seed of the mixed draw and arrival gaps (default 0)")
     g.add_argument("--budget", type=count_arg, default=DEFAULT_BUDGET,
                    help=f"tokens per request for --closed-uniform (default {DEFAULT_BUDGET})")
@@ -158,6 +187,36 @@ def _show(args: argparse.Namespace) -> None:
     print(summary(read_trace(args.file)))
 
 
+def _records(paths: list[str]) -> list:
+    """The run records at `paths`, warning (not refusing) about any its run never closed."""
+    records = [read_run(p) for p in paths]
+    for path, rec in zip(paths, records):
+        warning = unfinished(rec)
+        if warning:
+            print(f"warning: {path}: {warning}", file=sys.stderr)
+    return records
+
+
+def _explain(args: argparse.Namespace) -> None:
+    if len(args.runs) > 2:
+        raise InputError(f"explain takes one or two run records, got {len(args.runs)}")
+    if args.png and Path(args.png).is_dir():
+        raise InputError("is a directory, not a PNG file to write", path=args.png)
+    explained = [explain(rec, args.windows) for rec in _records(args.runs)]
+    print(report(explained[0], args.runs[0]) if len(explained) == 1 else report_pair(*explained, tuple(args.runs)))
+    if args.png:
+        from .explain_plot import plot  # matplotlib only when a figure is asked for
+        kinds = [str(e.meta.get("kind", "record")) for e in explained]
+        names = kinds if len(kinds) == 1 else [f"{tag} ({k})" for tag, k in zip("AB", kinds)]
+        print(f"wrote {plot(explained, names, args.png)}")
+
+
+def _timeline(args: argparse.Namespace) -> None:
+    records = _records(args.runs)
+    out = write_timeline(records, args.json_out, args.names, args.every_step)
+    print(f"wrote {out}: {len(records)} record(s); open it in ui.perfetto.dev or chrome://tracing")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m traces", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -168,7 +227,7 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("poisson", parents=[out], help="the seeded Poisson arrival trace (rate, n, seed)")
     s.add_argument("--rate", type=rate_arg, required=True, help="arrivals per second")
-    s.add_argument("--n", type=count_arg, default=DEFAULT_N, help=f"requests (default {DEFAULT_N})")
+    s.add_argument("--n", type=requests_arg, default=DEFAULT_N, help=f"requests (default {DEFAULT_N})")
     s.add_argument("--seed", type=seed_arg, default=0, help="seed of the mixed draw and the arrival gaps (default 0)")
     s.set_defaults(func=_poisson)
 
@@ -176,7 +235,7 @@ def parser() -> argparse.ArgumentParser:
     which = s.add_mutually_exclusive_group(required=True)
     which.add_argument("--mixed", action="store_true", help="a mixed draw of prompts and budgets")
     which.add_argument("--prompt", choices=PROMPT_NAMES, help="every request has this prompt")
-    s.add_argument("--n", type=count_arg, required=True, help="requests")
+    s.add_argument("--n", type=requests_arg, required=True, help="requests")
     s.add_argument("--seed", type=seed_arg, help="seed of the mixed draw (default 0)")
     s.add_argument("--budget", type=count_arg, help=f"tokens each --prompt request generates (default {DEFAULT_BUDGET})")
     s.set_defaults(func=_closed)
@@ -212,7 +271,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--input", required=True, metavar="COL", help="prompt tokens")
     s.add_argument("--output", required=True, metavar="COL", help="output tokens")
     s.add_argument("--rate", type=rate_arg, required=True, help="arrivals per second")
-    s.add_argument("--n", type=count_arg, default=DEFAULT_N, help=f"requests to draw (default {DEFAULT_N})")
+    s.add_argument("--n", type=requests_arg, default=DEFAULT_N, help=f"requests to draw (default {DEFAULT_N})")
     s.add_argument("--seed", type=seed_arg, default=0, help="seed of the row draw and the arrival gaps (default 0)")
     s.add_argument("--format", choices=FORMATS, help="file format (default: from the suffix, .jsonl or .csv)")
     s.set_defaults(func=_import_lengths)
@@ -220,6 +279,30 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="summarise a trace file")
     s.add_argument("file")
     s.set_defaults(func=_show)
+
+    s = sub.add_parser("explain", help="where a run record's wall time goes; two records side by side",
+                       description="Split a run record's wall time (first arrival to last finish) into decode, "
+                                   "prefill of real prompt tokens, prefill padding, retire overhead, untimed gaps "
+                                   "and idle, overall and by window, with admission groups against queue depth, "
+                                   "head-of-line blocking and rows running. Two records (a real and a simulated "
+                                   "run of one trace) print side by side with their differences.")
+    s.add_argument("runs", nargs="+", metavar="RUN_DIR", help="one or two run-record directories")
+    s.add_argument("--windows", type=count_arg, default=DEFAULT_WINDOWS, metavar="N",
+                   help=f"split the wall time into N equal windows (default {DEFAULT_WINDOWS})")
+    s.add_argument("--png", metavar="FILE", help="also draw the explanation into this PNG")
+    s.set_defaults(func=_explain)
+
+    s = sub.add_parser("timeline", help="run records as a Chrome trace-event JSON for Perfetto",
+                       description="Write run records as Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing): "
+                                   "one process per record with a steps track, one track per batch row, and queue "
+                                   "depth and free KV blocks as counters.")
+    s.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run-record directories")
+    s.add_argument("--out", dest="json_out", required=True, metavar="FILE.json", help="the JSON file to write")
+    s.add_argument("--names", type=lambda t: [n.strip() for n in t.split(",")], metavar="A,B,...",
+                   help="process names, one per record (default: each record's kind, engine or sim)")
+    s.add_argument("--every-step", action="store_true",
+                   help="one event per decode step (default: one per stretch of decode steps of the same rows)")
+    s.set_defaults(func=_timeline)
     return p
 
 

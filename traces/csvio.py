@@ -6,6 +6,7 @@ files it does not understand instead of misreading them.
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import math
@@ -91,15 +92,17 @@ class AppendWriter:
 
 
 def read_bytes(path: Path) -> bytes:
-    """A whole file's bytes, or an InputError saying why they cannot be read."""
+    """A whole file's bytes (a .gz file's decompressed: committed records keep their large tables so), or an
+    InputError saying why they cannot be read."""
     try:
-        return Path(path).read_bytes()
+        data = Path(path).read_bytes()
+        return gzip.decompress(data) if Path(path).suffix == ".gz" else data
     except FileNotFoundError:
         raise InputError("file not found", path=path) from None
     except IsADirectoryError:
         raise InputError("is a directory, not a file", path=path) from None
-    except OSError as e:
-        raise InputError(f"cannot read the file ({e.strerror or e})", path=path) from None
+    except (OSError, EOFError) as e:  # gzip's errors are OSErrors too, or EOF for a cut-off file
+        raise InputError(f"cannot read the file ({getattr(e, 'strerror', None) or e})", path=path) from None
 
 
 def decode_text(data: bytes, path: Path, encoding: str = "utf-8") -> str:

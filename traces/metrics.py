@@ -9,7 +9,7 @@ Per request
     TPOT = (finished - first_token) / (output_tokens - 1), NaN for single-token requests.
 Served rate = requests served / (last finished - first arrival).
 
-Stability at offered rate r. DESIGN.md asks for the served rate within 3% of r and a queue wait not trending
+Stability at offered rate r. docs/DESIGN.md asks for the served rate within 3% of r and a queue wait not trending
 upward. A 400-request Poisson sample offers a few percent more or less than r, and the last request's time in
 system is a noticeable part of a short run, so both halves are refined:
     expected  = n / (last arrival - first arrival + median sojourn of the first 10% of requests by arrival),
@@ -23,13 +23,37 @@ is NaN and compares False, so an empty run is not stable.
 Capacity bracket from (rate, stable) pairs: hi = the lowest unstable rate, lo = the highest stable rate below
 hi; None where there is none.
 
-Admission groups (one prefill step each): size = rows; padding waste = (rows x padded_len - prompt_tokens) /
-prompt_tokens, padded positions per real prompt token.
+Admission groups (the requests one pass admitted; one prefill step each, under padded and packed prefill):
+size = rows; padding waste = (tokens - prompt_tokens) / prompt_tokens, padded positions per real prompt token
+(tokens: the positions the step computed, padding included); queue depth at admission = requests arrived by the
+group's admission and not admitted before it, the group included.
 Inter-token gaps (tokens table): the gaps between a request's consecutive token times; its baseline = the
-median of its gaps; a spike = a gap over 3x its request's baseline.
+median of its gaps; a spike = a gap over 3x its request's baseline. A spike is lined up with the prefill step
+that overlaps its gap most, when at least SPIKE_PREFILL_SHARE of that step lies inside the gap.
+Retirement overhead of a decode step that retired rows = its duration - the median duration of the
+RETIRE_NEIGHBOURS decode steps of the same row count that retired none nearest by start time, floored at zero:
+a decode step's row ends where the next pass starts, so it holds the time spent retiring rows and writing their
+records.
+Running rows: a request holds a row from admission to finish.
 Closed runs: wall time = last finished - first arrival; decode tokens/s = sum(output_tokens - 1) / the summed
 durations of the decode steps.
 Percentiles are numpy's linear ones over the finite values (p50 = median); an empty set gives NaN.
+
+SLOs (traces/slo.py). A served request meets an SLO when its metric is within the limit; a single-token request
+has no TPOT and meets any TPOT limit (vLLM's benchmark counts its TPOT as 0). attainment = the fraction of served
+requests meeting the SLO; goodput = requests meeting every SLO / the span of served rate (last finished - first
+arrival), so goodput / served rate = good_fraction, the fraction that met them all. A point meets its SLOs
+(slo_ok) when
+    goodput >= 0.99 x served rate (good_fraction >= 0.99: at most 1% of the served requests missed one),
+    served_ok (above: the served rate kept up with the offered rate, so what was served is what was offered), and
+    each SLO with a percentile has that percentile of its metric within the limit.
+The goodput is held to the served rate, not to r, for the reason served_ok is refined: over one run's span the
+served rate of a sample that kept up differs from r by a few percent, more than the 1% the objective allows.
+SLO capacity is the bracket of the (rate, slo_ok) pairs, found as the stability bracket is.
+
+Fleets (records with a `replica` column of more than one value). Served rate, stability and the latency figures
+are the fleet's, over all its requests; occupancy is per replica (each has its own rows, pool and FIFO queue),
+time-weighted over the replicas' spans; per_replica() gives each replica's own summary.
 """
 from __future__ import annotations
 
@@ -40,11 +64,15 @@ import numpy as np
 import pandas as pd
 
 from .records import RunRecord
+from .slo import SLO
 
 SERVED_FRACTION = 0.97
+GOODPUT_FRACTION = 0.99
 RISE_TOL_S = 1.0
 EARLY_FRACTION = 0.1
 SPIKE_FACTOR = 3.0
+SPIKE_PREFILL_SHARE = 0.5  # of a prefill step that must lie inside a gap for the spike to be put down to it
+RETIRE_NEIGHBOURS = 8  # decode steps the retirement overhead's reference is the median of
 # Theil-Sen is quadratic in its points; past this many requests it runs on an evenly spaced subsample by
 # arrival, which estimates the same slope and keeps a 100k-request summary fast.
 TREND_POINTS = 1000
@@ -140,26 +168,80 @@ def capacity_bracket(points: Iterable[tuple[float, bool]]) -> tuple[float | None
     return (max(below) if below else None), hi
 
 
+def queue_depth(rec: RunRecord, t) -> np.ndarray:
+    """Requests arrived by each time in `t` and not admitted before it: the queue an admission at that time drew
+    from, the admitted group included."""
+    r = rec.requests
+    t = np.asarray(t, float)
+    arrived = np.searchsorted(np.sort(r["arrival"].to_numpy(float)), t, side="right")
+    admitted_before = np.searchsorted(np.sort(r["admitted"].dropna().to_numpy(float)), t, side="left")
+    return arrived - admitted_before
+
+
 def admission_groups(rec: RunRecord) -> dict:
-    """Group size p50/p95/max and padding waste p50/p95, plus 'groups': one row per prefill step for plots."""
+    """Group size p50/p95/max and padding waste p50/p95, plus 'groups': one row per prefill step (a chunk, under
+    chunked prefill) with its size, positions, waste, duration, the part of it spent on padding (padding_s: the
+    duration split by positions) and the queue depth when its group was admitted (NaN for a group whose requests
+    the record lacks)."""
     p = rec.steps[rec.steps["kind"] == "prefill"]
     size = p["rows"].to_numpy(float)
-    padded = size * p["padded_len"].to_numpy(float)
+    computed = p["tokens"].to_numpy(float)
     real = p["prompt_tokens"].to_numpy(float)
+    duration = (p["end"] - p["start"]).to_numpy(float)
+    admitted = rec.requests.groupby("group_id")["admitted"].min().reindex(p["group_id"]).to_numpy(float)
+    known = np.isfinite(admitted)
+    depth = np.full(len(p), math.nan)
+    depth[known] = queue_depth(rec, admitted[known])
     groups = pd.DataFrame({"group_id": p["group_id"].to_numpy(), "step": p["step"].to_numpy(),
                            "start": p["start"].to_numpy(float), "end": p["end"].to_numpy(float),
                            "size": p["rows"].to_numpy(), "padded_len": p["padded_len"].to_numpy(),
-                           "prompt_tokens": p["prompt_tokens"].to_numpy(), "padded_tokens": padded,
-                           "waste": (padded - real) / real})
+                           "prompt_tokens": p["prompt_tokens"].to_numpy(), "padded_tokens": computed,
+                           "waste": (computed - real) / real, "duration": duration,
+                           "padding_s": duration * np.divide(computed - real, computed, out=np.zeros_like(real),
+                                                             where=computed > 0),
+                           "depth": depth})
     return {"group_size_p50": _pct(size, 50), "group_size_p95": _pct(size, 95), "group_size_max": _pct(size, 100),
             "padding_waste_p50": _pct(groups["waste"], 50), "padding_waste_p95": _pct(groups["waste"], 95),
             "groups": groups}
 
 
+def groups_at_admission(rec: RunRecord) -> pd.DataFrame:
+    """One row per admission group (the requests one pass admitted), whatever the prefill policy: group_id,
+    admitted, size, prompt_tokens (of its requests in the record), padding (positions its prefill steps computed
+    beyond real prompt tokens), waste = padding / prompt_tokens, padding_s (the padding's share of those steps'
+    time, split by positions) and depth (queue depth at admission)."""
+    r = rec.requests.dropna(subset=["admitted"])
+    g = r.groupby("group_id").agg(admitted=("admitted", "min"), size=("group_size", "first"),
+                                  prompt_tokens=("prompt_tokens", "sum"))
+    steps = admission_groups(rec)["groups"]
+    pad = (steps["padded_tokens"] - steps["prompt_tokens"]).groupby(steps["group_id"]).sum()
+    g["padding"] = pad.reindex(g.index, fill_value=0).to_numpy(float)
+    g["waste"] = g["padding"] / g["prompt_tokens"]
+    g["padding_s"] = steps.groupby("group_id")["padding_s"].sum().reindex(g.index, fill_value=0.0)
+    g["depth"] = queue_depth(rec, g["admitted"].to_numpy(float))
+    return g.reset_index()
+
+
+def groups_by_depth(groups: pd.DataFrame) -> pd.DataFrame:
+    """groups_at_admission's (or admission_groups') groups binned by queue depth at admission, each bin from a
+    power of two (depth_lo) to just below the next (depth_hi): groups, size_mean, size_p50, size_max, waste_p50,
+    waste_p95 and padding_s (summed)."""
+    g = groups[groups["depth"] >= 1]
+    lo = 2.0 ** np.floor(np.log2(g["depth"].to_numpy(float)))
+    rows = []
+    for b, part in g.groupby(lo, sort=True):
+        rows.append({"depth_lo": int(b), "depth_hi": int(2 * b - 1), "groups": len(part),
+                     "size_mean": float(part["size"].mean()), "size_p50": _pct(part["size"], 50),
+                     "size_max": _pct(part["size"], 100), "waste_p50": _pct(part["waste"], 50),
+                     "waste_p95": _pct(part["waste"], 95), "padding_s": float(part["padding_s"].sum())})
+    return pd.DataFrame(rows, columns=["depth_lo", "depth_hi", "groups", "size_mean", "size_p50", "size_max",
+                                       "waste_p50", "waste_p95", "padding_s"])
+
+
 def token_gaps(rec: RunRecord) -> dict:
     """Inter-token gaps: baseline_p50 (median of per-request baselines), gap_max (the largest gap between any
-    request's consecutive tokens), n_spikes, spike_gap_p50, spike_gap_max, and 'spikes' (request_id, index, gap,
-    baseline, time of the token that ended the gap) to line up with prefills.
+    request's consecutive tokens), n_spikes, spike_gap_p50, spike_gap_max, 'gaps' (request_id, index, gap, time of
+    the token that ended the gap) and 'spikes' (the same with the request's baseline) to line up with prefills.
     """
     rid, index = rec.tokens["request_id"].to_numpy(), rec.tokens["index"].to_numpy()
     # One integer key sorts (request, index) some 20x faster than a two-column sort at 16M tokens.
@@ -172,10 +254,59 @@ def token_gaps(rec: RunRecord) -> dict:
     per_request = pd.Series(gap).groupby(codes).median().to_numpy()
     baseline = per_request[codes]
     spike = gap > SPIKE_FACTOR * baseline
+    gaps = pd.DataFrame({"request_id": rid, "index": index, "gap": gap, "time": time})
     spikes = pd.DataFrame({"request_id": rid[spike], "index": index[spike], "gap": gap[spike],
                            "baseline": baseline[spike], "time": time[spike]})
     return {"baseline_p50": _pct(per_request, 50), "gap_max": _pct(gap, 100), "n_spikes": int(spike.sum()),
-            "spike_gap_p50": _pct(spikes["gap"], 50), "spike_gap_max": _pct(spikes["gap"], 100), "spikes": spikes}
+            "spike_gap_p50": _pct(spikes["gap"], 50), "spike_gap_max": _pct(spikes["gap"], 100), "gaps": gaps,
+            "spikes": spikes}
+
+
+def prefill_spikes(rec: RunRecord, spikes: pd.DataFrame | None = None) -> pd.DataFrame:
+    """token_gaps' spikes (or `spikes`), each with the prefill step that ran inside its gap: 'prefill' is that
+    step's index in rec.steps (-1 where none did), with its rows, padded_len, duration, start and padded_tokens
+    (positions computed; NaN where none)."""
+    spikes = (token_gaps(rec)["spikes"] if spikes is None else spikes).copy()
+    pre = rec.steps[rec.steps["kind"] == "prefill"].assign(duration=lambda d: d["end"] - d["start"],
+                                                             padded_tokens=lambda d: d["tokens"])
+    spikes["prefill"] = -1
+    if len(pre) and len(spikes):
+        t, gap = spikes["time"].to_numpy(float)[:, None], spikes["gap"].to_numpy(float)[:, None]
+        start, end = pre["start"].to_numpy(float)[None, :], pre["end"].to_numpy(float)[None, :]
+        overlap = np.minimum(end, t) - np.maximum(start, t - gap)
+        best = overlap.argmax(axis=1)
+        ok = overlap[np.arange(len(spikes)), best] > SPIKE_PREFILL_SHARE * (end - start)[0, best]
+        spikes["prefill"] = np.where(ok, pre.index.to_numpy()[best], -1)
+    return spikes.join(pre[["rows", "padded_len", "duration", "start", "padded_tokens"]], on="prefill")
+
+
+def retire_overhead(rec: RunRecord, neighbours: int = RETIRE_NEIGHBOURS) -> pd.DataFrame:
+    """One row per decode step that retired rows (index: its index in rec.steps): retired, duration, reference
+    (the median duration of the `neighbours` decode steps of the same row count that retired none, nearest by
+    start time; NaN where the run has none) and overhead = duration - reference, floored at zero (zero without
+    a reference)."""
+    d = rec.steps[rec.steps["kind"] == "decode"]
+    out = pd.DataFrame({"retired": d["retired"].to_numpy(), "duration": (d["end"] - d["start"]).to_numpy(float)},
+                       index=d.index)
+    out = out[d["retired"].to_numpy() > 0].assign(reference=math.nan)
+    for _, same in d.groupby("rows"):
+        ref = same[same["retired"] == 0].sort_values("start", kind="stable")
+        ret = same[same["retired"] > 0]
+        if ret.empty or ref.empty:
+            continue
+        ref_start, ref_dur = ref["start"].to_numpy(float), (ref["end"] - ref["start"]).to_numpy(float)
+        t = ret["start"].to_numpy(float)
+        # The nearest `neighbours` in start order lie within that many places either side of t's insertion point;
+        # earlier candidates come first, so a tie in distance goes to the earlier step.
+        idx = np.searchsorted(ref_start, t)[:, None] + np.arange(-neighbours, neighbours)[None, :]
+        valid = (idx >= 0) & (idx < len(ref_start))
+        idx = np.clip(idx, 0, len(ref_start) - 1)
+        dist = np.where(valid, np.abs(ref_start[idx] - t[:, None]), np.inf)
+        pick = np.argsort(dist, axis=1, kind="stable")[:, :neighbours]
+        near = np.take_along_axis(np.where(valid, ref_dur[idx], np.nan), pick, axis=1)
+        out.loc[ret.index, "reference"] = np.nanmedian(near, axis=1)
+    out["overhead"] = (out["duration"] - out["reference"]).clip(lower=0).fillna(0.0)
+    return out
 
 
 def closed_run(rec: RunRecord) -> dict:
@@ -187,9 +318,18 @@ def closed_run(rec: RunRecord) -> dict:
             "ttft_p50": _pct(served["first_token"] - served["arrival"], 50)}
 
 
-def _mean(values: np.ndarray, weights: np.ndarray) -> float:
-    total = weights.sum()
-    return float((values * weights).sum() / total) if total > 0 else math.nan
+def running_rows(rec: RunRecord) -> pd.DataFrame:
+    """The rows held over the run (first arrival to last finish) as segments of constant count: start, end, rows."""
+    served = _served(rec)
+    if served.empty:
+        return pd.DataFrame({"start": [], "end": [], "rows": []})
+    t0, t1 = float(served["arrival"].min()), float(served["finished"].max())
+    admitted = np.sort(rec.requests["admitted"].dropna().to_numpy(float))
+    finished = np.sort(rec.requests["finished"].dropna().to_numpy(float))
+    t = np.unique(np.concatenate(([t0, t1], admitted, finished)))
+    t = t[(t >= t0) & (t <= t1)]
+    held = np.searchsorted(admitted, t[:-1], side="right") - np.searchsorted(finished, t[:-1], side="right")
+    return pd.DataFrame({"start": t[:-1], "end": t[1:], "rows": held})
 
 
 def occupancy(rec: RunRecord) -> dict:
@@ -201,12 +341,27 @@ def occupancy(rec: RunRecord) -> dict:
     rows_while_queued  running rows averaged over the time some request was queued (NaN if none was);
     head_blocked_frac  of the time any row was running, the fraction in which the queue head needed more
                        blocks than were free while a batch row was free: the pool, not the batch, held it back.
+    A fleet's figures are per replica: each replica's integrals over its own span, summed over the replicas.
     """
-    r = rec.requests.sort_values(["arrival", "request_id"], kind="stable")
-    n = len(r)
     pool, max_batch = rec.meta.get("pool_blocks"), rec.meta.get("max_batch")
-    if n == 0 or pool is None or max_batch is None:
-        return {"mean_running_rows": math.nan, "rows_while_queued": math.nan, "head_blocked_frac": math.nan}
+    nan = {"mean_running_rows": math.nan, "rows_while_queued": math.nan, "head_blocked_frac": math.nan}
+    if pool is None or max_batch is None:
+        return nan
+    parts = [p for _, r in rec.requests.groupby("replica", sort=True)
+             if (p := _occupancy_integrals(r, pool, max_batch)) is not None]
+    if not parts:
+        return nan
+    sums = [sum(p[k] for p in parts) for k in range(6)]  # the sum of one term is that term, bit for bit
+    return {"mean_running_rows": _ratio(sums[0], sums[1]), "rows_while_queued": _ratio(sums[2], sums[3]),
+            "head_blocked_frac": _ratio(sums[4], sums[5])}
+
+
+def _occupancy_integrals(requests: pd.DataFrame, pool: int, max_batch: int) -> tuple[float, ...] | None:
+    """One engine's (running x dt, dt, running x dt while queued, dt while queued, dt blocked, dt running) sums."""
+    r = requests.sort_values(["arrival", "request_id"], kind="stable")
+    n = len(r)
+    if n == 0:
+        return None
     arrival = r["arrival"].to_numpy(float)
     admitted = np.nan_to_num(r["admitted"].to_numpy(float), nan=math.inf)  # never admitted: queued to the end
     finished = np.nan_to_num(r["finished"].to_numpy(float), nan=math.inf)  # never finished: running to the end
@@ -215,7 +370,7 @@ def occupancy(rec: RunRecord) -> dict:
     end = finished[np.isfinite(finished)].max(initial=arrival.max())
     t = t[(t >= arrival.min()) & (t <= end)]
     if t.size < 2:
-        return {"mean_running_rows": math.nan, "rows_while_queued": math.nan, "head_blocked_frac": math.nan}
+        return None
     dt, t = np.diff(t), t[:-1]  # the state is constant on each [t, t + dt)
     admitted_by = np.searchsorted(admitted, t, side="right")  # FIFO: the first k in arrival order
     fin_order = np.argsort(finished, kind="stable")
@@ -226,16 +381,52 @@ def occupancy(rec: RunRecord) -> dict:
     head = np.minimum(admitted_by, n - 1)
     queued = (admitted_by < n) & (arrival[head] <= t)
     blocked = queued & (running < max_batch) & (blocks[head] > pool - used)
-    return {"mean_running_rows": _mean(running, dt), "rows_while_queued": _mean(running, dt * queued),
-            "head_blocked_frac": _mean(blocked, dt * (running > 0))}
+    busy = dt * (running > 0)
+    while_queued = dt * queued
+    return (float((running * dt).sum()), float(dt.sum()), float((running * while_queued).sum()),
+            float(while_queued.sum()), float((blocked * busy).sum()), float(busy.sum()))
 
 
-def summary(rec: RunRecord, rate: float | None = None) -> dict:
+def slo_scores(rec: RunRecord, slos: tuple[SLO, ...]) -> dict:
+    """goodput, and per SLO attain_<metric> (the fraction of served requests within its limit) and, for an SLO
+    with a percentile, that percentile as <metric>_p<NN>; tails_ok: every such percentile within its limit."""
+    m = request_metrics(rec)
+    good = np.ones(len(m), dtype=bool)
+    out: dict = {}
+    tails_ok = True
+    for slo in slos:
+        values = m[slo.column].to_numpy(float)
+        ok = ~(values > slo.limit_s)  # NaN (a single-token request's TPOT) is not over any limit
+        good &= ok
+        out[f"attain_{slo.metric}"] = _ratio(float(ok.sum()), len(m))
+        if slo.percentile is not None:
+            tail = _pct(values, slo.percentile)  # over the requests that have the metric
+            out[slo.name] = tail
+            tails_ok = tails_ok and bool(tail <= slo.limit_s)  # NaN (no requests) is not within it
+    served = _served(rec)
+    out["goodput"] = _ratio(float(good.sum()), _wall_time(served)) if len(served) else math.nan
+    out["good_fraction"] = _ratio(float(good.sum()), len(m))
+    out["tails_ok"] = tails_ok
+    return out
+
+
+def slo_keys(slos: tuple[SLO, ...]) -> list[str]:
+    """The keys summary() adds for these SLOs, in a stable order (sweep.csv's extra columns)."""
+    keys = ["goodput", "good_fraction", "slo_ok"]
+    for slo in slos:
+        keys.append(f"attain_{slo.metric}")
+        if slo.percentile is not None:
+            keys.append(slo.name)
+    return keys
+
+
+def summary(rec: RunRecord, rate: float | None = None, slos: tuple[SLO, ...] = ()) -> dict:
     """The headline figures every report uses, flat and JSON-friendly (NaN where a run has none).
 
     Keys: n, served_rate, queue_wait_p50/p95, ttft_p50/p95, tpot_p50, group_size_p50/p95/max,
     padding_waste_p50/p95, wall_time_s, decode_tok_s, mean_running_rows, rows_while_queued, head_blocked_frac;
-    with a rate (given, or meta['trace']['rate']) also rate, stable, served_ok, trend_rise_s, expected_rate.
+    with a rate (given, or meta['trace']['rate']) also rate, stable, served_ok, trend_rise_s, expected_rate;
+    with SLOs also slo_scores()'s keys (but tails_ok), and with both slo_ok (the module docstring).
     """
     m = request_metrics(rec)
     groups = admission_groups(rec)
@@ -250,4 +441,34 @@ def summary(rec: RunRecord, rate: float | None = None) -> dict:
         s = stability(rec, rate)
         out.update(rate=float(rate), stable=s["stable"], served_ok=s["served_ok"], trend_rise_s=s["trend_rise_s"],
                    expected_rate=s["expected_rate"])
+    if slos:
+        scores = slo_scores(rec, slos)
+        tails_ok = scores.pop("tails_ok")
+        out.update(scores)
+        if rate is not None:
+            out["slo_ok"] = bool(scores["good_fraction"] >= GOODPUT_FRACTION and out["served_ok"] and tails_ok)
     return out
+
+
+def replica_records(rec: RunRecord) -> dict[int, RunRecord]:
+    """Each replica's part of a run record (an idle replica of meta['replicas'] gets an empty one)."""
+    ids = set(range(int(rec.meta.get("replicas", 1)))) | set(rec.requests["replica"].astype(int))
+    parts = {}
+    for i in sorted(ids):
+        requests = rec.requests[rec.requests["replica"] == i]
+        tokens = rec.tokens[rec.tokens["request_id"].isin(requests["request_id"])]
+        parts[i] = RunRecord(rec.meta, requests, rec.steps[rec.steps["replica"] == i], tokens, rec.rejected.iloc[:0])
+    return parts
+
+
+def per_replica(rec: RunRecord, rate: float | None = None, slos: tuple[SLO, ...] = ()) -> pd.DataFrame:
+    """summary() of each replica's own requests and steps, a row per replica: `replica`, `share` (its fraction of
+    the served requests), and with a rate its offered share of it as `rate`."""
+    rate = rate if rate is not None else _meta_rate(rec)
+    total = len(_served(rec))
+    rows = []
+    for i, part in replica_records(rec).items():
+        share = _ratio(len(_served(part)), total)
+        rows.append({"replica": i, "share": share,
+                     **summary(part, None if rate is None else rate * share, slos)})
+    return pd.DataFrame(rows)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-# Qwen2.5-1.5B (DESIGN.md). Costs depend on these shapes, not on the weights' values.
+# Qwen2.5-1.5B (docs/DESIGN.md). Costs depend on these shapes, not on the weights' values.
 QWEN25_1P5B = {
     "name": "Qwen2.5-1.5B",
     "hidden_size": 1536,

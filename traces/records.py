@@ -1,7 +1,7 @@
 """Run records, one schema for real and simulated runs.
 
 A run is a directory: meta.json (how and where it was made), requests.csv, steps.csv, tokens.csv and
-rejected.csv. Rows are appended and flushed as they complete, so a run killed halfway keeps every
+rejected.csv (a finished record may keep any of them gzipped, NAME.csv.gz). Rows are appended and flushed as they complete, so a run killed halfway keeps every
 finished row; meta.json says "running" until the run closes it.
 
 Version 2 adds to each prefill step the positions it computed (`tokens`: padding included) and its causal
@@ -201,11 +201,22 @@ def read_run(run_dir: str | Path) -> RunRecord:
     frames = {}
     for t, cols in TABLES.items():
         p = run_dir / f"{t}.csv"
+        if not p.exists() and p.with_name(f"{t}.csv.gz").exists():  # a finished record, compressed for keeping
+            p = p.with_name(f"{t}.csv.gz")
         old = version == 1 and t in _ADDED
         want = tuple(c for c in cols if c not in _ADDED[t]) if old else cols
         rows = read_table(p, f"{SCHEMA}/{t}", (version,), want, appended=True)[1] if p.exists() else []
         frames[t] = _upgrade(t, _frame(t, rows, want)) if old else _frame(t, rows)
     return RunRecord(meta, **frames)
+
+
+def unfinished(rec: RunRecord) -> str | None:
+    """What to warn about a record whose run never closed it (killed, or still running); None for a closed one."""
+    status = rec.meta.get("status")
+    if status == "complete":
+        return None
+    return (f"the record is unfinished (status {status!r}): it holds the run up to its last finished request; "
+            f"requests still queued or running then are not in it")
 
 
 def _upgrade(table: str, df: pd.DataFrame) -> pd.DataFrame:

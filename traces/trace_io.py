@@ -28,6 +28,7 @@ def read_trace(path: str | Path) -> Trace:
     path = Path(path)
     header, rows = read_table(path, SCHEMA, (VERSION,), COLUMNS)
     reqs, last = [], 0.0
+    first_line: dict[int, int] = {}  # request id -> the line that gave it
     for line, (rid, arrival, ptoks, budget, prompt) in enumerate(rows, start=3):
         try:
             a = float(arrival)
@@ -41,6 +42,12 @@ def read_trace(path: str | Path) -> Trace:
         last = a
         req = Request(parse_int(rid, path, line, "request_id", 0), a, parse_int(ptoks, path, line, "prompt_tokens", 1),
                       parse_int(budget, path, line, "budget", 1), prompt)
+        # Refused here, where the file and line are known: the engine would serve one of the two and the
+        # simulator refuse the trace, neither saying where the repeat is.
+        if req.request_id in first_line:
+            raise InputError(f"request id {req.request_id} is repeated (first on line {first_line[req.request_id]})",
+                             path=path, row=line, column="request_id")
+        first_line[req.request_id] = line
         # The engine prefills a named prompt's own tokens, so its name and length must agree.
         if prompt and PROMPT_LENGTHS.get(prompt) != req.prompt_tokens:
             raise InputError(f"prompt {prompt!r} does not have {req.prompt_tokens} tokens (the named prompts are "
@@ -49,6 +56,5 @@ def read_trace(path: str | Path) -> Trace:
     meta = header.get("meta", {})
     if not isinstance(meta, dict):
         raise InputError("the header's 'meta' is not a JSON object", path=path, row=1)
-    # A repeated request id is left to the engine and the simulator, which refuse the second one at submit
-    # and serve the rest. The trace id is recomputed from the rows, so a hand-edited file gets the id of what it now holds.
+    # The trace id is recomputed from the rows, so a hand-edited file gets the id of what it now holds.
     return Trace(reqs, meta)

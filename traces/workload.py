@@ -97,6 +97,51 @@ def _requests(draw: list[tuple[str, int]], arrivals: list[float]) -> list[Reques
     return [Request(i, a, PROMPT_LENGTHS[p], b, p) for i, ((p, b), a) in enumerate(zip(draw, arrivals))]
 
 
+def _uniform(seed: int, stream: int, n: int) -> np.ndarray:
+    """n uniforms in (0, 1) from raw words (the same on every NumPy version)."""
+    return ((_raw(seed, stream, n) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+
+# Length mixes for synthetic workloads (the sag search): named so a trace can be rebuilt from its metadata.
+PROMPT_MIXES = ("five", "loguniform", "bimodal")
+BUDGET_MIXES = ("lattice", "uniform", "short", "fixed:N")
+
+
+def synthetic_lengths(n: int, seed: int, prompts: str, budgets: str) -> list[tuple[int, int]]:
+    """n (prompt tokens, budget) pairs. prompts: "five" (the five prompts, uniformly), "loguniform" (16..4096,
+    uniform in the logarithm), "bimodal" (16 or 4096, even odds); budgets: "lattice" (64, 128, 192 or 256),
+    "uniform" (1..256), "short" (exponential with mean 12, plus 1: code completion's short outputs, capped at 256),
+    "fixed:N" (every request N)."""
+    u, w = _uniform(seed, 3, n), _uniform(seed, 4, n)
+    lengths = list(PROMPT_LENGTHS.values())
+    if prompts == "five":
+        p = [lengths[int(x * len(lengths))] for x in u]
+    elif prompts == "loguniform":
+        p = [int(round(16 * 256 ** x)) for x in u]
+    elif prompts == "bimodal":
+        p = [16 if x < 0.5 else 4096 for x in u]
+    else:
+        raise ValueError(f"unknown prompt mix {prompts!r}; choose from {', '.join(PROMPT_MIXES)}")
+    if budgets == "lattice":
+        b = [BUDGETS[int(x * len(BUDGETS))] for x in w]
+    elif budgets == "uniform":
+        b = [1 + int(x * 256) for x in w]
+    elif budgets == "short":
+        b = [min(256, 1 + int(-12 * math.log(x))) for x in w]
+    elif budgets.startswith("fixed:") and budgets[6:].isdigit() and int(budgets[6:]) >= 1:
+        b = [int(budgets[6:])] * n
+    else:
+        raise ValueError(f"unknown budget mix {budgets!r}; choose from {', '.join(BUDGET_MIXES)}")
+    return list(zip(p, b))
+
+
+def synthetic_trace(rate: float, n: int, seed: int, prompts: str, budgets: str) -> Trace:
+    """Poisson arrivals (as poisson_trace's) carrying synthetic_lengths: the same (n, seed, mixes) at every rate."""
+    reqs = [Request(i, a, p, b) for i, ((p, b), a) in
+            enumerate(zip(synthetic_lengths(n, seed, prompts, budgets), poisson_arrivals(rate, n, seed)))]
+    return Trace(reqs, {"kind": "synthetic", "rate": rate, "n": n, "seed": seed, "prompts": prompts, "budgets": budgets})
+
+
 def poisson_trace(rate: float, n: int = DEFAULT_N, seed: int = 0) -> Trace:
     """The seeded arrival trace (rate, n, seed): Poisson arrivals carrying a mixed draw."""
     reqs = _requests(mixed_draw(n, seed), poisson_arrivals(rate, n, seed))

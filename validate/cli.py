@@ -15,7 +15,7 @@ from pathlib import Path
 from traces.cli import count_arg, seed_arg
 from traces.errors import InputError
 
-GROUPS = ("public", "policies")
+GROUPS = ("public", "policies", "fleet")
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -48,6 +48,15 @@ def parser() -> argparse.ArgumentParser:
     pred.add_argument("--seed", type=seed_arg, default=0, help="workload seed (default %(default)s)")
     pred.add_argument("--force", action="store_true", help="replace existing predictions")
 
+    sag = sub.add_parser("sag", help="search the simulator for served-rate sags past capacity (CPU)")
+    sag.add_argument("--out", type=Path, default=Path("results/sag"), help="directory (default %(default)s)")
+    sag.add_argument("--table", type=Path, help="cost table (default: the shipped H200 table)")
+    sag.add_argument("--jobs", type=count_arg, help="worker processes (default: every core)")
+    sag.add_argument("--force", action="store_true", help="replace an existing search")
+    sag.add_argument("--compare", type=Path, metavar="VALIDATION",
+                     help="instead of searching: compare the candidates' real runs in VALIDATION with their predictions")
+    sag.add_argument("--allow-nonstationary", action="store_true", help="with --compare: as for report")
+
     plan = sub.add_parser("plan", parents=[common], help="choose the points and write their predictions (CPU)")
     plan.add_argument("--table", type=Path, help="the frozen cost table (default: the shipped H200 table)")
     plan.add_argument("--n", type=count_arg, default=400, help="requests per arrival point (default %(default)s)")
@@ -57,46 +66,85 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--skip", type=_skip, default=(), metavar="GROUP,...",
                       help=f"leave out point groups ({', '.join(GROUPS)}); the plan records what it left out")
     plan.add_argument("--sag", type=Path, metavar="JSON", help="sag candidates to run (results/sag/candidates.json)")
+    plan.add_argument("--predictions", type=Path, metavar="DIR",
+                      help="the blind prefill-policy predictions (results/predictions): their points are run too")
     plan.add_argument("--force", action="store_true", help="replace an existing plan")
+    plan.add_argument("--allow-nonstationary", action="store_true",
+                      help="plan from a table whose stationarity check failed (the plan and report say so)")
 
     real = sub.add_parser("real", parents=[common], help="run the plan's points on the engine (GPU; resumes)")
     real.add_argument("--expect-gpu", metavar="NAME", help="refuse any other device, e.g. 'NVIDIA H200'")
     real.add_argument("--only", metavar="ID1,ID2", type=lambda t: [x for x in t.split(",") if x],
                       help="run only these points")
     real.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
-                      help="run the I-th of N shares of the plan's engines (one process per GPU)")
+                      help="run the I-th of N shares of the plan's single-engine points (one process per GPU)")
+    real.add_argument("--fleet", metavar="DEV1,DEV2", type=lambda t: t.split(","),
+                      help="run the plan's fleet points instead, one replica on each of these CUDA devices (repeat a "
+                           "device to put two replicas on one GPU)")
+
+    pol = sub.add_parser("policies", parents=[common], help="the prefill policies: blind, re-calibrated, measured (CPU)")
+    pol.add_argument("--predictions", type=Path, default=Path("results/predictions"),
+                     help="the blind predictions' directory; the report goes there (default %(default)s)")
+    pol.add_argument("--table", type=Path, help="the plan's (re-calibrated) table")
+    pol.add_argument("--allow-nonstationary", action="store_true", help="as for report")
+    pol.add_argument("--force", action="store_true", help="replace an existing report")
 
     report = sub.add_parser("report", parents=[common], help="predicted beside measured (CPU)")
     report.add_argument("--table", type=Path, help="the plan's cost table (default: the shipped H200 table)")
     report.add_argument("--force", action="store_true", help="replace an existing report")
+    report.add_argument("--allow-nonstationary", action="store_true",
+                        help="grade against a table whose stationarity check failed (the report says so)")
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    said: set[str] = set()
+
+    def warn(message, *_, **__) -> None:
+        if str(message) not in said:  # every simulated point would say the same thing again
+            said.add(str(message))
+            print(f"validate: warning: {message}", file=sys.stderr)
     with warnings.catch_warnings():
-        warnings.showwarning = lambda message, *_, **__: print(f"validate: warning: {message}", file=sys.stderr)
+        warnings.showwarning = warn
         try:
             if args.step == "predict":
                 from .predict import make_predictions
                 doc = make_predictions(args.table, args.out, azure=args.azure, n=args.n, seed=args.seed,
                                        force=args.force)
                 print(f"wrote {args.out / 'predictions.json'} and predictions.md: {len(doc['points'])} points")
+            elif args.step == "sag" and args.compare:
+                from .sag import compare_real
+                print(f"wrote {compare_real(args.compare, args.out, args.table, args.allow_nonstationary)}")
+            elif args.step == "sag":
+                from .sag import search, write_report
+                doc = search(args.table, args.out, jobs=args.jobs, force=args.force,
+                             progress=lambda m: print(m, file=sys.stderr))
+                print(f"wrote {write_report(doc, args.out)}, search.json, candidates.json and sag.png")
             elif args.step == "plan":
                 from .plan import make_plan
                 points = make_plan(args.table, args.out, n=args.n, seed=args.seed, azure=args.azure,
-                                   sharegpt=args.sharegpt, skip=args.skip, sag=args.sag, force=args.force)
+                                   sharegpt=args.sharegpt, skip=args.skip, sag=args.sag,
+                                   predictions=args.predictions, force=args.force,
+                                   allow_nonstationary=args.allow_nonstationary)
                 print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
                 for p in points:
                     print(f"  {p.id:40s} {p.role:10s} {p.backend} {p.prefill} rows {p.max_batch} "
                           f"pool {p.pool_gib or 'engine'} x{p.repeats}" + (f" after {p.warmup} warm-up" if p.warmup else "")
                           + (" (fresh engine)" if p.fresh else ""))
+            elif args.step == "policies":
+                from .policies import write
+                print(f"wrote {write(args.out, args.predictions, args.table, args.allow_nonstationary, args.force)}")
             elif args.step == "real":
                 from .real import run_real
-                run_real(args.out, args.expect_gpu, args.only, args.shard)
+                if args.fleet:
+                    from .real import run_fleet
+                    run_fleet(args.out, args.fleet, args.expect_gpu, args.only)
+                else:
+                    run_real(args.out, args.expect_gpu, args.only, args.shard)
             else:
                 from .report import write_report
-                print(f"wrote {write_report(args.out, args.table, force=args.force)}")
+                print(f"wrote {write_report(args.out, args.table, force=args.force, allow_nonstationary=args.allow_nonstationary)}")
         except InputError as e:
             print(f"validate: error: {e}", file=sys.stderr)
             return 2

@@ -23,6 +23,7 @@ import numpy as np
 from costs.model import CostModel
 from engine.scheduler import PrefillPolicy
 from sim import inputs
+from sim.fleet import simulate_fleet
 from sim.simulator import SimConfig, simulate
 from sim.sweep import Config, Workload, run_sweep
 from traces.csvio import atomic_write_text
@@ -31,11 +32,10 @@ from traces.importers import ImportOptions, import_azure, import_lengths
 from traces.metrics import closed_run, summary, token_gaps
 from traces.provenance import provenance
 from traces.trace_io import write_trace
-from traces.workload import Trace
+from traces.workload import Trace, poisson_trace
 
 from .points import Point, build_trace
 
-POLICIES = ("packed", "chunked:512")
 ENGINE_START_S = 40.0  # for the time estimate only
 
 
@@ -53,27 +53,31 @@ def capacity(table, config: Config, workload: Workload) -> float:
     return lo or fine[0].rates[0]
 
 
-def predict(table, p: Point, trace: Trace) -> dict:
-    """The simulator's summary of point p (a pool that never binds stands for the engine's own large pool)."""
+def predict(table, p: Point, root: Path) -> dict:
+    """The simulator's summary of point p (a pool that never binds stands for the engine's own large pool), with
+    the closed-run figures and, where every token's time is kept, the largest gap between an incumbent's tokens."""
     from engine.block_pool import blocks_for_gib
 
+    trace = build_trace(p.trace, root)
     pool = blocks_for_gib(p.pool_gib, table.block_size) if p.pool_gib else None
     cfg = SimConfig(p.backend, p.max_batch, pool, detail="tokens" if p.tokens else "steps",
                     policy=PrefillPolicy.parse(p.prefill))
-    rec = simulate(trace, CostModel(table), cfg).record
+    if p.replicas > 1:
+        rec = simulate_fleet(trace, CostModel(table), cfg, p.replicas, p.router).record
+    else:
+        rec = simulate(trace, CostModel(table), cfg).record
     rate = trace.meta.get("rate") or trace.offered_rate
     s = summary(rec, rate)
     if rate is None:
         s.update(closed_run(rec))
     if p.tokens:
-        g = token_gaps(rec)
-        s.update(largest_gap_s=float(g["spike_gap_max"]) if g["n_spikes"] else float(g["baseline_p50"]))
+        s["gap_max"] = token_gaps(rec)["gap_max"]
     return {k: (None if isinstance(v, float) and v != v else v) for k, v in s.items()}
 
 
 def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0, azure: Path | None = None,
               sharegpt: Path | None = None, skip: tuple[str, ...] = (), sag: Path | None = None,
-              force: bool = False) -> list[Point]:
+              predictions: Path | None = None, force: bool = False, allow_nonstationary: bool = False) -> list[Point]:
     """Points chosen the way a user would: from the simulator's own sweep of the table."""
     out = Path(out)
     if (out / "plan.json").exists() and not force:
@@ -86,7 +90,10 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
                              "the plan records")
         if path is not None and not Path(path).is_file():
             raise InputError("not found", path=path)
-    table = inputs.load_table(table_path, 64)
+    if "policies" not in skip and predictions is None:
+        raise InputError("the prefill-policy points are the blind predictions' (python -m validate predict): give "
+                         "their directory with --predictions DIR, or pass --skip policies, which the plan records")
+    table = inputs.load_table(table_path, 64, allow_nonstationary)
     workload = Workload(n, seed)
     cap = capacity(table, Config("paged", 32, 64.0), workload)
     small_cap = capacity(table, Config("paged", 32, 0.5), workload)
@@ -113,27 +120,22 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
         scap = capacity(table, Config("paged", 32, 64.0), Workload(base=lengths))
         for f, role in ((0.7, "below"), (1.3, "past")):
             points.append(_scaled(lengths, f * scap, f"sharegpt-{role}", traces_dir, "public"))
+    blind = {}
     if "policies" not in skip:
-        for policy in POLICIES:
-            tag = policy.replace(":", "")
-            pcap = capacity(table, Config("paged", 32, 64.0, policy), workload)
-            points.append(Point(f"{tag}-closed-mixed-32", "policy", closed["closed-mixed-32"][0], warmup=2, repeats=3,
-                                tokens=True, prefill=policy))
-            points += [Point(f"{tag}-rate-{_round(f * pcap):g}", "policy", poisson(_round(f * pcap)), prefill=policy)
-                       for f in (0.6, 1.0, 1.6)]
-            if window is not None:
-                p = _scaled(window, wcap, f"{tag}-azure-conv-near", traces_dir, "policy")
-                p.prefill, p.fresh = policy, False
-                points.append(p)
+        added, blind = _blind_points(Path(predictions), traces_dir)
+        points += added
     if sag is not None:
         points += _sag_points(sag)
-    predictions = {p.id: predict(table, p, build_trace(p.trace, out)) for p in points}
-    estimate = _estimate_s(points, predictions)
+    if "fleet" not in skip:
+        points += fleet_points(table, n, seed)
+    predicted = {p.id: predict(table, p, out) for p in points}
+    estimate = _estimate_s(points, predicted)
     plan = {"table": {"id": table.table_id, "created_at": table.created_at, "device": table.device_name,
-                      "gpu_uuid": table.gpu_uuid, "path": str(table.path)},
+                      "gpu_uuid": table.gpu_uuid, "path": str(table.path), "stationarity": table.stationarity and
+                      {k: table.stationarity[k] for k in ("passed", "limit", "prefill", "decode")}},
             "planned_at": time.time(), "capacity_sim": cap, "small_pool_capacity_sim": small_cap, "n": n, "seed": seed,
             "skipped": list(skip), "estimated_gpu_s": estimate,
-            "points": [asdict(p) for p in points], "predictions": predictions, **provenance()}
+            "points": [asdict(p) for p in points], "predictions": predicted, "blind": blind, **provenance()}
     atomic_write_text(out / "plan.json", json.dumps(plan, indent=1, default=float) + "\n")
     return points
 
@@ -160,6 +162,72 @@ def _scaled(base: Trace, rate: float, name: str, traces_dir: Path, role: str) ->
     write_trace(trace, path)
     return Point(f"{name}-{rate:g}", role, {"kind": "file", "path": str(path.relative_to(traces_dir.parent))},
                  fresh=role == "public")
+
+
+FLEET = dict(replicas=2, n_factor=2, routers=("round-robin", "least-outstanding", "least-tokens"),
+             differ=(("bimodal", "lattice"), ("loguniform", "uniform"), ("five", "lattice")))
+
+
+def _fleet_rates(table, cfg: SimConfig, trace_of, replicas: int, router: str) -> float:
+    """The fleet's highest stable rate in the simulator, from its saturated estimate and a scan around it."""
+    from sim.inputs import closed
+    from traces.metrics import served_rate
+    cost = CostModel(table)
+    est = served_rate(simulate_fleet(closed(trace_of(1.0)), cost, cfg, replicas, router).record)
+    stable = [r for r in np.round(np.geomspace(0.5 * est, 1.5 * est, 16), 2)
+              if summary(simulate_fleet(trace_of(r), cost, cfg, replicas, router).record, r)["stable"]]
+    return float(max(stable, default=0.5 * est))
+
+
+def fleet_points(table, n: int, seed: int) -> list[Point]:
+    """Two replicas: the seeded workload at three fleet rates (below, near, past the fleet's capacity) under two
+    routers, and the workload and rate, of a few, where the simulated routers differ most in TTFT p95, under the
+    best and the worst router there."""
+    from traces.workload import synthetic_trace
+
+    cfg, k, nf = SimConfig(), FLEET["replicas"], n * FLEET["n_factor"]
+    cap = _fleet_rates(table, cfg, lambda r: poisson_trace(r, nf, seed), k, "round-robin")
+    points = [Point(f"fleet-{router}-rate-{_round(f * cap):g}", "fleet",
+                    {"kind": "poisson", "rate": _round(f * cap), "n": nf, "seed": seed}, replicas=k, router=router)
+              for router in FLEET["routers"][:2] for f in (0.6, 1.0, 1.5)]
+    best = None
+    cost = CostModel(table)
+    for prompts, budgets in FLEET["differ"]:
+        wcap = _fleet_rates(table, cfg, lambda r: synthetic_trace(r, nf, seed, prompts, budgets), k, "round-robin")
+        for f in (0.8, 1.0, 1.2):
+            rate = _round(f * wcap)
+            trace = synthetic_trace(rate, nf, seed, prompts, budgets)
+            p95 = {r: summary(simulate_fleet(trace, cost, cfg, k, r).record, rate)["ttft_p95"] for r in FLEET["routers"]}
+            spread = max(p95.values()) / max(min(p95.values()), 1e-3)
+            if best is None or spread > best[0]:
+                best = (spread, prompts, budgets, rate, min(p95, key=p95.get), max(p95, key=p95.get))
+    _, prompts, budgets, rate, good, bad = best
+    points += [Point(f"fleet-differ-{router}-{prompts}-{budgets}-rate-{rate:g}", "fleet",
+                     {"kind": "synthetic", "rate": rate, "n": nf, "seed": seed, "prompts": prompts, "budgets": budgets},
+                     replicas=k, router=router) for router in (good, bad)]
+    return points
+
+
+def _blind_points(root: Path, traces_dir: Path) -> tuple[list[Point], dict]:
+    """The points the blind predictions were made for (their trace files copied beside the plan's), and those
+    predictions with the table and commit they came from."""
+    try:
+        doc = json.loads((root / "predictions.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"cannot read the blind predictions ({e})", path=root / "predictions.json") from None
+    points = []
+    for d in doc["points"]:
+        p = Point(**d)
+        if p.trace["kind"] == "file":
+            src = root / p.trace["path"]
+            dst = traces_dir / Path(p.trace["path"]).name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(src.read_bytes())
+            p.trace = {"kind": "file", "path": str(dst.relative_to(traces_dir.parent))}
+        points.append(p)
+    blind = {"table": doc["table"], "git_commit": doc.get("git_commit"), "predicted_at": doc["predicted_at"],
+             "predictions": doc["predictions"]}
+    return points, blind
 
 
 def _sag_points(path: Path) -> list[Point]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from traces.errors import InputError
 from traces.records import RunRecord, read_run
 from traces.trace_io import read_trace
-from traces.workload import Trace, closed_mixed, closed_uniform, poisson_trace
+from traces.workload import Trace, closed_mixed, closed_uniform, poisson_trace, synthetic_trace
 
 ABS_FLOOR = {"queue_wait_p50": 0.02}  # seconds: below this a relative error of a near-zero wait means little
 
@@ -28,6 +28,8 @@ class Point:
     tokens: bool = False  # record every token's time (the closed controls, for the inter-token gaps)
     prefill: str = "padded"
     fresh: bool = False  # run on a freshly started engine (the first pass of its trace)
+    replicas: int = 1  # more than one: a fleet behind `router` (engine/fleet.py; sim/fleet.py predicts it)
+    router: str = "round-robin"
 
 
 def build_trace(spec: dict, root: Path) -> Trace:
@@ -38,6 +40,8 @@ def build_trace(spec: dict, root: Path) -> Trace:
         return closed_mixed(spec["n"], spec["seed"])
     if kind == "closed-uniform":
         return closed_uniform(spec["prompt"], spec["n"], spec["budget"])
+    if kind == "synthetic":
+        return synthetic_trace(spec["rate"], spec["n"], spec["seed"], spec["prompts"], spec["budgets"])
     if kind == "file":
         return read_trace(root / spec["path"])
     raise InputError(f"unknown trace kind {kind!r} in the validation plan")

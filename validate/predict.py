@@ -16,34 +16,17 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-from costs.model import CostModel
-from engine.scheduler import PrefillPolicy
 from sim import inputs
-from sim.simulator import SimConfig, simulate
 from sim.sweep import Config, Workload
 from traces.csvio import atomic_write_text
 from traces.errors import InputError
-from traces.metrics import closed_run, summary, token_gaps
 from traces.provenance import provenance
 
-from .plan import _azure_window, _round, _scaled, capacity
-from .points import Point, build_trace
+from .plan import _azure_window, _round, _scaled, capacity, predict
+from .points import Point
 
 POLICIES = ("padded", "packed", "chunked:512")
 KEYS = ("served_rate", "queue_wait_p50", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s", "gap_max")
-
-
-def predict_point(table, p: Point, root: Path) -> dict:
-    """The simulator's figures for point p, every token's time kept (the incumbents' largest gap needs them)."""
-    trace = build_trace(p.trace, root)
-    cfg = SimConfig(p.backend, p.max_batch, None, detail="tokens", policy=PrefillPolicy.parse(p.prefill))
-    rec = simulate(trace, CostModel(table), cfg).record
-    rate = trace.meta.get("rate") or trace.offered_rate
-    s = summary(rec, rate)
-    if rate is None:
-        s.update(closed_run(rec))
-    s["gap_max"] = token_gaps(rec)["gap_max"]
-    return {k: s[k] for k in KEYS + (("stable",) if rate is not None else ())}
 
 
 def make_predictions(table_path: Path | None, out: Path, *, azure: Path | None, n: int = 400, seed: int = 0,
@@ -73,7 +56,8 @@ def make_predictions(table_path: Path | None, out: Path, *, azure: Path | None, 
             p = _scaled(window, wcap, f"{tag}-azure-conv", out / "traces", "policy")
             p.prefill, p.tokens = policy, True
             points.append(p)
-        predictions = {p.id: predict_point(table, p, out) for p in points}
+        predictions = {p.id: {k: v for k, v in predict(table, p, out).items() if k in KEYS + ("stable",)}
+                       for p in points}
     derived = sorted({str(w.message) for w in caught if "no measured" in str(w.message)})
     doc = {"table": {"id": table.table_id, "created_at": table.created_at, "device": table.device_name,
                      "gpu_uuid": table.gpu_uuid, "policies_measured": list(table.policies)},

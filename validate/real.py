@@ -2,11 +2,11 @@
 
 Points are run in plan order; a point marked `fresh` starts a new engine and runs first on it, so that its trace
 is the first thing that engine ever serves. Points with complete records are kept, not re-run; an interrupted
-point is run again from its start. `--shard i/n` runs every n-th engine's worth of points (one process per GPU).
+point is run again from its start. `--shard i/n` runs the i-th of n shares of the engines' points, shares of about
+equal predicted GPU time (one process per GPU).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from traces.errors import InputError
@@ -30,6 +30,20 @@ def engine_batches(points: list[Point]) -> list[list[Point]]:
     return fresh or batches
 
 
+def shares(batches: list[list[Point]], n: int, predictions: dict) -> list[list[list[Point]]]:
+    """The engines' batches in n shares of about equal GPU time (by the plan's own predicted wall times), the
+    longest batch first to the least loaded share."""
+    def seconds(b: list[Point]) -> float:
+        return sum((p.warmup + p.repeats) * (predictions[p.id].get("wall_time_s") or 0.0) for p in b)
+    out: list[list[list[Point]]] = [[] for _ in range(n)]
+    load = [0.0] * n
+    for b in sorted(batches, key=seconds, reverse=True):
+        j = load.index(min(load))
+        out[j].append(b)
+        load[j] += seconds(b)
+    return out
+
+
 def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = None,
              shard: tuple[int, int] = (0, 1)) -> None:
     """Every point (and repeat) of this shard on the engine."""
@@ -38,13 +52,14 @@ def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = 
     from tqdm import tqdm
 
     plan, points = load_plan(out)
+    points = [p for p in points if p.replicas == 1]
     if only:
         unknown = sorted(set(only) - {p.id for p in points})
         if unknown:
             raise InputError(f"the plan has no point(s) {', '.join(unknown)}", path=Path(out) / "plan.json")
         points = [p for p in points if p.id in only]
     i, n = shard
-    batches = [b for j, b in enumerate(engine_batches(points)) if j % n == i]
+    batches = shares(engine_batches(points), n, plan["predictions"])[i]
     todo = [[(p, k) for p in b for k in range(1, p.repeats + 1) if not is_complete(run_dir(out, p, k))] for b in batches]
     todo = [t for t in todo if t]
     if not todo:
@@ -71,3 +86,27 @@ def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = 
             bar.update()
         engine.close()
     bar.close()
+
+
+def run_fleet(out: Path, devices: list[str], expect_gpu: str | None = None, only: list[str] | None = None) -> None:
+    """The plan's fleet points, each on fresh replica processes, one per device (engine/fleet.py). Two replicas on
+    one GPU share it: each then gets half of what one engine would size its pool from."""
+    from engine.fleet import serve_fleet
+
+    plan, points = load_plan(out)
+    points = [p for p in points if p.replicas > 1 and (not only or p.id in only)]
+    shared = len(set(devices)) < len(devices)
+    for p in points:
+        if len(devices) != p.replicas:
+            raise InputError(f"point {p.id} has {p.replicas} replicas; --fleet names {len(devices)} devices")
+        d = run_dir(out, p, 1)
+        if is_complete(d):
+            continue
+        if d.exists():  # an interrupted fleet run: start it again
+            import shutil
+            shutil.rmtree(d)
+        cfg = {"expect_gpu": expect_gpu, "max_batch": p.max_batch, **({"pool_gib": 24.0} if shared else {})}
+        serve_fleet(build_trace(p.trace, out), d, p.router, devices, cfg,
+                    {"backend": p.backend, "tokens": p.tokens, "policy": p.prefill,
+                     "extra_meta": {"validation_point": p.id, "repeat": 1, "plan_table_id": plan["table"]["id"],
+                                    "shared_gpu": shared}})

@@ -3,14 +3,16 @@
 Layout: a step's tokens are packed back to back. q [T, Hq, D] and out [T, Hq, D] are contiguous; k [T, Hkv, D]
 and v [T, Hkv, D] may have any row stride (v is typically a column slice of the fused QKV projection's output)
 but each row's heads are contiguous. Sequence s owns tokens seq_start[s] .. seq_start[s] + seq_len[s] - 1, and its
-query r (0-based in the sequence) attends to its keys 0..r; seq_len 0 is an empty slot.
+query r (0-based in the sequence) attends to its keys 0..r; seq_len 0 is an empty slot. A sequence may also have a
+prefix: positions computed by earlier steps (a chunked prompt's earlier chunks), read from the layer's paged KV
+pool through its block table and visible to all of its queries.
 
 Work list: program i of grid axis 0 takes the BLOCK_M queries from block_q[i] of sequence block_seq[i] (-1: no
 work), and grid axis 1 the query heads. `plan` builds the list on the host with numpy.
 
 Graph-capture contract: the kernel reads every data-dependent bound (sequences, work list) on the device, takes no
 integer argument that varies with the step's shape (so it compiles once), and the call allocates nothing when
-`out` is given and never reads a value back to the host. A graph captured with a work list of
+`out` and the prefix tensors are given and never reads a value back to the host. A graph captured with a work list of
 max_programs(tokens, sequences, block_m) entries therefore replays any step whose tokens and sequences fit those
 bounds: the host copies that step's plan, padded with -1, into the captured index tensors. Rows of `out` that no
 program covers (a token bucket's padding) are left untouched.
@@ -69,9 +71,36 @@ def _attend_keys(acc, l_i, m_i, q, k_base, v_base, k_stride, v_stride, qk_scale,
 
 
 @triton.jit
+def _prefix_keys(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_row, prefix, qk_scale, kv_head,
+                 NUM_KV_HEADS: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """Online softmax of the query tile over the sequence's first `prefix` positions, already in the paged pool
+    (a chunk's earlier chunks): every query sees all of them. One pool block (PAGE positions) at a time."""
+    offs_p = tl.arange(0, PAGE)
+    offs_d = tl.arange(0, HEAD_DIM)
+    tile = kv_head * (PAGE * HEAD_DIM) + offs_p[:, None] * HEAD_DIM + offs_d[None, :]
+    for j in range(0, prefix, PAGE):
+        base = tl.load(table_row + j // PAGE).to(tl.int64) * (NUM_KV_HEADS * PAGE * HEAD_DIM)
+        valid = j + offs_p < prefix
+        k = tl.load(k_cache_ptr + base + tile, mask=valid[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + base + tile, mask=valid[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, start_ptr, len_ptr, block_seq_ptr, block_q_ptr, qk_scale,
-                    k_stride, v_stride, NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    k_stride, v_stride, prefix_ptr, tables_ptr, table_stride, k_cache_ptr, v_cache_ptr,
+                    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV_HEADS: tl.constexpr, PAGE: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
     work = tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.load(block_seq_ptr + work)
@@ -98,6 +127,10 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, start_ptr, len_ptr, block_seq_
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    # A chunk's earlier positions are in the pool, visible to every query; a whole prompt has none.
+    acc, l_i, m_i = _prefix_keys(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, tables_ptr + seq * table_stride,
+                                 tl.load(prefix_ptr + seq), qk_scale, kv_head, NUM_KV_HEADS, PAGE, HEAD_DIM,
+                                 DOT_PRECISION)
     # Key tiles wholly before the first query are visible to the whole tile and inside the sequence: no mask.
     # The rest, up to the causal limit of the last query, straddle the diagonal or the sequence end.
     diag = (q_lo // BLOCK_N) * BLOCK_N
@@ -165,11 +198,16 @@ def plan(lengths: Sequence[int], block_m: int, num_programs: int | None = None) 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_start: torch.Tensor,
                       seq_len: torch.Tensor, block_seq: torch.Tensor, block_q: torch.Tensor, scale: float, *,
-                      out: torch.Tensor | None = None, block_m: int | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, block_m: int | None = None,
+                      prefix_len: torch.Tensor | None = None, block_tables: torch.Tensor | None = None,
+                      k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of each packed sequence's queries over its own keys; returns out [T, Hq, D] in q's dtype.
 
     q [T, Hq, D] contiguous; k, v [T, Hkv, D] with any row stride, heads contiguous. seq_start, seq_len [>= S] and
     block_seq, block_q [NB] (from `plan`, made with this block_m) are int32 on q's device; NB is the grid.
+    With a prefix (a chunk of a longer prompt): sequence s's queries also attend to its first prefix_len[s]
+    positions, read from the layer's paged caches k_cache, v_cache [blocks, Hkv, block size, D] through
+    block_tables [>= S, max blocks] (int32), all visible to every query of the chunk.
     """
     _, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -182,11 +220,19 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_sta
     on_gpu = q.device.type == "cuda"
     block_m = default_block_m(q.device) if block_m is None else block_m
     block_n = GPU_BLOCK_N if on_gpu else INTERPRET_BLOCK_N
+    if prefix_len is None:  # no sequence has a prefix: zero lengths, and stand-ins for the pool that is never read
+        prefix_len = torch.zeros_like(seq_len)
+        block_tables = torch.zeros((seq_len.shape[0], 1), dtype=torch.int32, device=q.device)
+        k_cache = v_cache = k.new_empty((1, num_kv_heads, INTERPRET_BLOCK_N, head_dim))
+    assert prefix_len.dtype == block_tables.dtype == torch.int32 and block_tables.stride(1) == 1
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[1] == num_kv_heads
     # Row strides are fixed by the model, so they cost no recompiles; Triton specialises them on divisibility by
     # 16, and only then can the K/V tile loads vectorise into the asynchronous copies that pipeline the key loop.
     _prefill_kernel[(block_seq.shape[0], num_q_heads)](
         q, k, v, out, seq_start, seq_len, block_seq, block_q, scale * _LOG2E, k.stride(0), v.stride(0),
+        prefix_len, block_tables, block_tables.stride(0), k_cache, v_cache,
         NUM_Q_HEADS=num_q_heads, GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=block_m,
-        BLOCK_N=block_n, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp16 ignores it
+        BLOCK_N=block_n, NUM_KV_HEADS=num_kv_heads, PAGE=k_cache.shape[2],
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp16 ignores it
         num_warps=GPU_NUM_WARPS, num_stages=GPU_NUM_STAGES)
     return out

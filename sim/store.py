@@ -1,0 +1,88 @@
+"""A sweep's points file: every finished point (and capacity estimate) appended and flushed as it comes back, so an
+interrupted sweep keeps its work and `--resume` runs only what is missing.
+
+The file is JSON lines. The first names the sweep's setup (table, workload, configurations, rates, seeds, noise,
+strictness): a resume must be the same sweep, or its points would be mixed with another's. Each further line is
+one result under its key. A last line cut off by a kill is dropped on reading.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from traces.csvio import read_text
+from traces.errors import InputError
+
+SCHEMA = "sim-sweep-points"
+VERSION = 1
+FILE = "sweep.points.jsonl"
+
+
+def key_text(key: tuple) -> str:
+    """A key as text: the same key always gives the same text (floats written exactly)."""
+    return json.dumps(key, sort_keys=True, separators=(",", ":"))
+
+
+class PointStore:
+    """Results by key, kept in `path` (None: in memory only). A new store starts the file; resume=True reads the
+    one there. Every value is kept as it reads back from JSON, so a resumed sweep sees exactly what a whole one does."""
+
+    def __init__(self, path: str | Path | None, setup: dict, *, resume: bool = False):
+        self.path = Path(path) if path is not None else None
+        self.setup = setup
+        self.done: dict[str, object] = {}
+        self._f = None
+        if self.path is None:
+            return
+        if resume:
+            self._read()
+            self._f = open(self.path, "a", encoding="utf-8")
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "w", encoding="utf-8")
+            self._line({"schema": SCHEMA, "version": VERSION, "setup": setup})
+
+    def _read(self) -> None:
+        if not self.path.exists():
+            raise InputError("no interrupted sweep to resume here (no points file); run without --resume",
+                             path=self.path)
+        lines = read_text(self.path).split("\n")
+        complete = lines[:-1]  # what follows the last newline was cut off mid-write (or is empty)
+        try:
+            head = json.loads(complete[0]) if complete else None
+        except json.JSONDecodeError:
+            head = None
+        if not isinstance(head, dict) or head.get("schema") != SCHEMA or head.get("version") != VERSION:
+            raise InputError(f"is not a {SCHEMA} v{VERSION} file", path=self.path, row=1)
+        if head.get("setup") != json.loads(json.dumps(self.setup)):
+            differs = sorted(k for k in set(head["setup"]) | set(self.setup)
+                             if head["setup"].get(k) != json.loads(json.dumps(self.setup.get(k))))
+            raise InputError(f"was written by another sweep (its {', '.join(differs)} differ from this command's); "
+                             f"resume with the same options, or pass --force to start over", path=self.path, row=1)
+        for n, line in enumerate(complete[1:], start=2):
+            try:
+                entry = json.loads(line)
+                self.done[entry["key"]] = entry["value"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise InputError("is not a sweep point (the file was edited?)", path=self.path, row=n) from None
+
+    def _line(self, obj: dict) -> None:
+        if self._f is None:
+            return
+        self._f.write(json.dumps(obj, sort_keys=True, allow_nan=True) + "\n")
+        self._f.flush()  # a kill of this process loses no finished point
+
+    def __contains__(self, key: tuple) -> bool:
+        return key_text(key) in self.done
+
+    def get(self, key: tuple):
+        return self.done[key_text(key)]
+
+    def add(self, key: tuple, value) -> None:
+        text = key_text(key)
+        self.done[text] = json.loads(json.dumps(value))
+        self._line({"key": text, "value": value})
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()

@@ -1,0 +1,107 @@
+"""The validation pipeline on the CPU: blind predictions, a plan with its predictions frozen in, stand-in "real"
+records (simulator runs with step-time noise, written as the engine writes them), the report and its protocol
+checks. A small synthetic Azure-format CSV and ShareGPT-format CSV stand in for the public traces."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from costs.model import CostModel
+from costs.synthetic import linear_table
+from costs.table import save_cost_table
+from engine.block_pool import blocks_for_gib
+from engine.scheduler import PrefillPolicy
+from sim.fleet import simulate_fleet
+from sim.simulator import SimConfig, simulate
+from traces.errors import InputError
+from traces.provenance import now_iso
+from traces.records import RunWriter
+from validate.cli import main
+from validate.points import build_trace, load_plan, run_dir
+
+N = 40
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("inputs")
+    save_cost_table({**linear_table(), "created_at": "2026-01-01T00:00:00+00:00"}, d / "table.json")
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:{15 + i // 60:02d}:{i % 60:02d}.0000000,{50 + 37 * i % 900},{10 + 13 * i % 240}"
+             for i in range(120)]
+    (d / "azure.csv").write_text("\n".join(rows) + "\n")
+    (d / "sharegpt.csv").write_text("num_prefill_tokens,num_decode_tokens\n" +
+                                    "".join(f"{30 + 41 * i % 1500},{5 + 17 * i % 300}\n" for i in range(200)))
+    return d
+
+
+def fill_real(out, table, created_at=None, plan_table=None):
+    plan, points = load_plan(out)
+    cost = CostModel(table)
+    for p in points:
+        trace = build_trace(p.trace, out)
+        for k in range(1, p.repeats + 1):
+            pool = blocks_for_gib(p.pool_gib) if p.pool_gib else None
+            cfg = SimConfig(p.backend, p.max_batch, pool, noise_seed=k, detail="tokens" if p.tokens else "steps",
+                            policy=PrefillPolicy.parse(p.prefill))
+            rec = (simulate_fleet(trace, cost, cfg, p.replicas, p.router) if p.replicas > 1 else
+                   simulate(trace, cost, cfg)).record
+            meta = {**rec.meta, "kind": "engine", "device": {"name": "stand-in", "uuid": "GPU-x"},
+                    "plan_table_id": plan_table or plan["table"]["id"], "created_at": created_at or now_iso()}
+            w = RunWriter(run_dir(out, p, k), meta)
+            for t in ("requests", "steps", "tokens", "rejected"):
+                w.add_many(t, getattr(rec, t).itertuples(index=False, name=None))
+            w.close()
+
+
+@pytest.mark.slow
+def test_predict_plan_real_report_end_to_end(inputs, tmp_path, capsys):
+    table = inputs / "table.json"
+    pred = tmp_path / "predictions"
+    assert main(["predict", "--table", str(table), "--azure", str(inputs / "azure.csv"), "--n", str(N),
+                 "--out", str(pred)]) == 0
+    doc = json.loads((pred / "predictions.json").read_text())
+    assert {p["prefill"] for p in doc["points"]} == {"padded", "packed", "chunked:512"}
+    assert main(["predict", "--table", str(table), "--azure", str(inputs / "azure.csv"), "--out", str(pred)]) == 2
+    assert "already holds predictions" in capsys.readouterr().err
+
+    out = tmp_path / "validation"
+    argv = ["plan", "--table", str(table), "--n", str(N), "--azure", str(inputs / "azure.csv"),
+            "--sharegpt", str(inputs / "sharegpt.csv"), "--predictions", str(pred), "--out", str(out)]
+    assert main(argv) == 0
+    plan, points = load_plan(out)
+    assert plan["table"]["id"] and set(plan["predictions"]) == {p.id for p in points}
+    assert {p.role for p in points} >= {"below", "near", "past", "closed", "public", "policy", "fleet"}
+    assert {p.router for p in points if p.role == "fleet"} >= {"round-robin", "least-outstanding"}
+    assert all(p.fresh for p in points if p.role == "public")
+    assert plan["blind"]["predictions"] == doc["predictions"]  # graded as they were made
+    assert main(argv) == 2 and "already holds a validation plan" in capsys.readouterr().err
+
+    from costs.table import load_cost_table
+    fill_real(out, load_cost_table(table))
+    assert main(["report", "--table", str(table), "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    for target in ("served rate, public traces", "blind prediction, served rate", "capacity bracket",
+                   "fleet of two: served rate"):
+        assert target in report
+    assert (out / "validation.png").stat().st_size > 20_000
+    assert main(["report", "--table", str(table), "--out", str(out)]) == 2  # no silent rewrite
+
+
+@pytest.mark.slow
+def test_a_run_made_before_the_table_or_for_another_plan_is_refused(inputs, tmp_path, capsys):
+    table = inputs / "table.json"
+    out = tmp_path / "validation"
+    assert main(["plan", "--table", str(table), "--n", str(N), "--skip", "public,policies,fleet", "--out", str(out)]) == 0
+    from costs.table import load_cost_table
+    fill_real(out, load_cost_table(table), created_at="2020-01-01T00:00:00+00:00")
+    with pytest.raises(InputError, match="made before cost table"):
+        from validate.report import compare
+        compare(out, table)
+
+
+def test_a_plan_without_the_public_traces_must_say_so(inputs, tmp_path, capsys):
+    assert main(["plan", "--table", str(inputs / "table.json"), "--out", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err
+    assert "need --azure PATH and --sharegpt PATH" in err and err.count("\n") == 1

@@ -1,0 +1,48 @@
+"""Checks on where a command will write, made before it computes anything: a later failure to write would throw
+away the work, and a traceback names no option."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import InputError
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """The nearest part of `path` (itself or a parent) that exists; the current directory for a bare relative name."""
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_creatable(path: Path, directory: Path) -> None:
+    """`directory` (not there yet, or a directory) can be made and written into, so `path` can be written: its
+    nearest existing part is a writable directory. access(2) also answers for root, whom permissions do not stop
+    but a read-only filesystem does."""
+    base = _existing_ancestor(directory)
+    if not base.is_dir():
+        raise InputError(f"cannot be written: {base} is a file, not a directory", path=path)
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise InputError(f"cannot be written: {base} is not writable (permissions, or a read-only filesystem)",
+                         path=path)
+
+
+def check_out_dir(path: str | Path) -> Path:
+    """An output directory: absent (it will be made) or a directory, and writable."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError("is a file; the output must be a directory", path=path)
+    _check_creatable(path, path)
+    return path
+
+
+def check_out_file(path: str | Path) -> Path:
+    """An output file: not a directory, in a directory that exists or can be made, and writable."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError("is a directory; the output must be a file", path=path)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise InputError("is not writable", path=path)
+    _check_creatable(path, path.parent)
+    return path
