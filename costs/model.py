@@ -248,6 +248,8 @@ class CostModel:
         if u is None:
             return [y - cb for y in b[kv_max:end]]
         a, ca = d.knots[i - 1].upto(end), d.per_token[i - 1] * short
+        if rows > d.rows[-1]:  # decode()'s floor past the widest measured batch: never below the last row count
+            return [max((x - ca) * u + (y - cb) * w, y - cb) for x, y in zip(a[kv_max:end], b[kv_max:end])]
         return [(x - ca) * u + (y - cb) * w for x, y in zip(a[kv_max:end], b[kv_max:end])]
 
     def check_positive(self, path=None) -> None:
