@@ -26,13 +26,14 @@ import math
 import warnings
 from bisect import bisect_left
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
 from traces.errors import InputError
 
 from .shapes import PrefillShape
-from .table import PREFILL_PARAMS, CostTable
+from .table import PREFILL_PARAMS, CostTable, as_cost_table, table_id
 
 
 class ExtrapolationWarning(UserWarning):
@@ -145,16 +146,19 @@ def prefill_ranges(table: CostTable) -> dict[str, list[float]]:
     return {k: p[k] for k in ("rows", "tokens", "span")}
 
 
+_POSITIVE: set[str] = set()  # ids of the tables whose fitted steps were found positive in this process
+
+
 class CostModel:
-    """Step durations in seconds from a checked cost table's fit."""
+    """Step durations in seconds from a checked cost table's fit; a table whose fitted steps are not positive
+    durations over its own range is refused (checked once a process: a sweep builds a model per worker)."""
 
     def __init__(self, table: CostTable | dict, strict: bool = False):
         if isinstance(table, dict):  # a table's JSON object (synthetic, or edited in memory): identified by its
             # content and checked here; whether to trust a failed stationarity check is the loader's question
-            from .table import as_cost_table, table_id
             table = as_cost_table({**table, "table_id": table_id(table)}, allow_nonstationary=True)
         self.table = table
-        self.strict = strict
+        self.strict = False  # check_positive looks past the measured range on purpose
         p = table.fit["prefill"]
         self._prefill_params = tuple(p[k] for k in PREFILL_PARAMS)
         self._ranges = prefill_ranges(table)
@@ -165,8 +169,14 @@ class CostModel:
         self.decode_sigma = {b: d["sigma"] for b, d in decode.items()}
         self.retire_s = table.retire_s
         self.backends = tuple(decode)
-        self._warned: set[str] = set()
+        self._warned: set[str] = set()  # which extrapolations were warned about
         self._prefill = lru_cache(maxsize=65536)(self._prefill_cost)
+        tid = table.raw.get("table_id")  # a table still being built (calibration) has none yet
+        if tid is None or tid not in _POSITIVE:
+            self.check_positive(table.path)
+            if tid is not None:
+                _POSITIVE.add(tid)
+        self.strict, self._warned = strict, set()  # the check's look past the range is not the run's
 
     def _outside(self, what: str) -> None:
         if self.strict:
@@ -252,7 +262,7 @@ class CostModel:
             return [max((x - ca) * u + (y - cb) * w, y - cb) for x, y in zip(a[kv_max:end], b[kv_max:end])]
         return [(x - ca) * u + (y - cb) * w for x, y in zip(a[kv_max:end], b[kv_max:end])]
 
-    def check_positive(self, path=None) -> None:
+    def check_positive(self, path: Path | None = None) -> None:
         """Refuse a table whose fitted steps are not positive, finite durations over its own range."""
         t = self.table
         lengths = np.unique(np.geomspace(1, t.max_tokens, 24).round())
