@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import math
 import warnings
+from bisect import bisect_left
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
 from traces.errors import InputError
 
 from .shapes import PrefillShape
-from .table import PREFILL_PARAMS, CostTable
+from .table import PREFILL_PARAMS, CostTable, as_cost_table, table_id
 
 
 class ExtrapolationWarning(UserWarning):
@@ -80,14 +82,59 @@ class PrefillRounding:
 
 def interp(knots: list[list[float]], length):
     """Piecewise-linear in the length through the knots, extended along the end segments."""
-    x = np.array([k[0] for k in knots], float)
-    y = np.array([k[1] for k in knots], float)
+    return _interp(np.array([k[0] for k in knots], float), np.array([k[1] for k in knots], float), length)
+
+
+def _interp(x: np.ndarray, y: np.ndarray, length):
     if len(x) == 1:
         return np.full_like(np.asarray(length, float), y[0])
     length = np.asarray(length, float)
     lo = y[0] + (length - x[0]) * (y[1] - y[0]) / (x[1] - x[0])
     hi = y[-1] + (length - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2])
     return np.where(length < x[0], lo, np.where(length > x[-1], hi, np.interp(length, x, y)))
+
+
+class _Knots:
+    """One row count's knots, read from the table once; and interp at every whole length up to the longest asked
+    for so far, as Python floats, so that pricing a stretch of decode steps looks its lengths up instead of calling
+    numpy (whose per-call overhead is most of the cost of a stretch of a few steps). The values are interp's own,
+    computed by it on arrays, so a lookup equals interp at that length to the bit."""
+
+    def __init__(self, knots: list[list[float]]):
+        self.x = np.array([k[0] for k in knots], float)
+        self.y = np.array([k[1] for k in knots], float)
+        self._at: list[float] = []  # interp at lengths 0, 1, 2, ...
+
+    def upto(self, end: int) -> list[float]:
+        """interp at lengths 0, 1, ..., at least up to end - 1."""
+        if end > len(self._at):  # grown by doubling: a run asks for a few thousand lengths in all
+            new = np.arange(len(self._at), max(end, 2 * len(self._at), 1024)).astype(float)
+            self._at += _interp(self.x, self.y, new).tolist()
+        return self._at
+
+
+class _DecodeFit:
+    """One backend's decode fit, read from the table once (not on every step)."""
+
+    def __init__(self, d: dict):
+        self.rows: list[int] = d["rows"]
+        self.knots = [_Knots(ks) for ks in d["knots"]]
+        self.per_token = [float(v) for v in d["per_token_s"]]
+        self.top = max(k[-1][0] for k in d["knots"])  # the longest length measured at any row count
+        self.weights: dict[int, tuple] = {}  # rows -> how decode() weighs the measured row counts (row_weights)
+
+    def row_weights(self, rows: int) -> tuple:
+        """(i, None, None) for a measured row count i, whose neighbour has weight 0 (x * 0.0 adds nothing to a
+        duration: at most the sign of a zero one, which no end time can show); else (i, 1 - w, w): decode()'s
+        at(i - 1) * (1 - w) + at(i) * w. Computed once per row count."""
+        r = self.rows
+        if len(r) == 1:
+            return 0, None, None
+        i = min(max(bisect_left(r, rows), 1), len(r) - 1)  # decode()'s np.clip(np.searchsorted(...)) on a list
+        if rows == r[i] or rows == r[i - 1]:
+            return (i if rows == r[i] else i - 1), None, None
+        w = (rows - r[i - 1]) / (r[i] - r[i - 1])
+        return i, 1 - w, w
 
 
 def prefill_ranges(table: CostTable) -> dict[str, list[float]]:
@@ -99,27 +146,37 @@ def prefill_ranges(table: CostTable) -> dict[str, list[float]]:
     return {k: p[k] for k in ("rows", "tokens", "span")}
 
 
+_POSITIVE: set[str] = set()  # ids of the tables whose fitted steps were found positive in this process
+
+
 class CostModel:
-    """Step durations in seconds from a checked cost table's fit."""
+    """Step durations in seconds from a checked cost table's fit; a table whose fitted steps are not positive
+    durations over its own range is refused (checked once a process: a sweep builds a model per worker)."""
 
     def __init__(self, table: CostTable | dict, strict: bool = False):
         if isinstance(table, dict):  # a table's JSON object (synthetic, or edited in memory): identified by its
             # content and checked here; whether to trust a failed stationarity check is the loader's question
-            from .table import as_cost_table, table_id
             table = as_cost_table({**table, "table_id": table_id(table)}, allow_nonstationary=True)
         self.table = table
-        self.strict = strict
+        self.strict = False  # check_positive looks past the measured range on purpose
         p = table.fit["prefill"]
         self._prefill_params = tuple(p[k] for k in PREFILL_PARAMS)
         self._ranges = prefill_ranges(table)
         self.rounding = PrefillRounding(table.raw.get("engine"))
         self.prefill_sigma = p["sigma"]
-        self._decode = table.fit["decode"]
-        self.decode_sigma = {b: d["sigma"] for b, d in self._decode.items()}
+        decode = table.fit["decode"]
+        self._decode = {b: _DecodeFit(d) for b, d in decode.items()}
+        self.decode_sigma = {b: d["sigma"] for b, d in decode.items()}
         self.retire_s = table.retire_s
-        self.backends = tuple(self._decode)
-        self._warned: set[str] = set()
+        self.backends = tuple(decode)
+        self._warned: set[str] = set()  # which extrapolations were warned about
         self._prefill = lru_cache(maxsize=65536)(self._prefill_cost)
+        tid = table.raw.get("table_id")  # a table still being built (calibration) has none yet
+        if tid is None or tid not in _POSITIVE:
+            self.check_positive(table.path)
+            if tid is not None:
+                _POSITIVE.add(tid)
+        self.strict, self._warned = strict, set()  # the check's look past the range is not the run's
 
     def _outside(self, what: str) -> None:
         if self.strict:
@@ -141,25 +198,28 @@ class CostModel:
             self._outside(f"prefill of {rows} rows x {tokens} tokens (span {span:.0f})")
         return float(prefill_time(self._prefill_params, rows, *self.rounding.features(shape)))
 
-    def decode(self, backend: str, rows: int, kv_tokens, kv_max):
-        """One decode step of `rows` rows holding `kv_tokens` K/V tokens in all, `kv_max` in the longest
-        (numbers, or arrays of them for a stretch of steps)."""
+    def _fit(self, backend: str) -> _DecodeFit:
         d = self._decode.get(backend)
         if d is None:
             raise InputError(f"the cost table has no decode costs for backend {backend!r} "
                              f"(it has {', '.join(self.backends)})")
-        r = d["rows"]
+        return d
+
+    def decode(self, backend: str, rows: int, kv_tokens, kv_max):
+        """One decode step of `rows` rows holding `kv_tokens` K/V tokens in all, `kv_max` in the longest
+        (numbers, or arrays of them for a stretch of steps)."""
+        d = self._fit(backend)
+        r = d.rows
         if rows > r[-1] or rows < r[0]:
             self._outside(f"decode rows {rows}")
         kv_tokens, kv_max = np.asarray(kv_tokens, float), np.asarray(kv_max, float)
-        top = max(k[-1][0] for k in d["knots"])
-        if np.max(kv_max) > 1.05 * top:
+        if np.max(kv_max) > 1.05 * d.top:
             self._outside(f"decode K/V of {int(np.max(kv_max))} tokens in the longest row")
 
         short = rows * kv_max - kv_tokens  # tokens the shorter rows lack next to a uniform batch at the longest
 
         def at(i: int):
-            return interp(d["knots"][i], kv_max) - d["per_token_s"][i] * short
+            return _interp(d.knots[i].x, d.knots[i].y, kv_max) - d.per_token[i] * short
         if len(r) == 1:
             return at(0)
         # Between two measured row counts, weigh their two predictions.
@@ -172,7 +232,37 @@ class CostModel:
             return np.maximum(cost, at(len(r) - 1))
         return cost
 
-    def check_positive(self, path=None) -> None:
+    def decode_stretch(self, backend: str, rows: int, kv_tokens: int, kv_max: int, k: int) -> list[float]:
+        """k consecutive decode steps of the same rows from this shape, each row one token longer a step:
+        decode(backend, rows, kv_tokens + rows * j, kv_max + j) for j < k, equal to the bit (tests/test_fast_paths.py):
+        the same operations in the same order on Python floats, with interp looked up (_Knots). The simulator
+        prices every stretch with it: a stretch is a few steps on average, where numpy's per-call overhead would
+        be most of the cost."""
+        try:
+            d = self._decode[backend]
+        except KeyError:
+            d = self._fit(backend)  # raises, naming the backends there are
+        weights = d.weights.get(rows)
+        if weights is None:  # the first stretch at this row count (later ones could only repeat a warning)
+            if rows > d.rows[-1] or rows < d.rows[0]:
+                self._outside(f"decode rows {rows}")
+            weights = d.weights[rows] = d.row_weights(rows)
+        end = kv_max + k
+        if end - 1 > 1.05 * d.top:
+            self._outside(f"decode K/V of {end - 1} tokens in the longest row")
+        # decode()'s rows * kv_max - kv_tokens: the same at every step, and exact in floats as in integers (whole
+        # numbers far below 2**53), so computed once, here in integers.
+        short = float(rows * kv_max - kv_tokens)
+        i, u, w = weights
+        b, cb = d.knots[i].upto(end), d.per_token[i] * short
+        if u is None:
+            return [y - cb for y in b[kv_max:end]]
+        a, ca = d.knots[i - 1].upto(end), d.per_token[i - 1] * short
+        if rows > d.rows[-1]:  # decode()'s floor past the widest measured batch: never below the last row count
+            return [max((x - ca) * u + (y - cb) * w, y - cb) for x, y in zip(a[kv_max:end], b[kv_max:end])]
+        return [(x - ca) * u + (y - cb) * w for x, y in zip(a[kv_max:end], b[kv_max:end])]
+
+    def check_positive(self, path: Path | None = None) -> None:
         """Refuse a table whose fitted steps are not positive, finite durations over its own range."""
         t = self.table
         lengths = np.unique(np.geomspace(1, t.max_tokens, 24).round())

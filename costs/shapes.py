@@ -55,7 +55,7 @@ class PrefillShape:
 
     @property
     def attn(self) -> int:
-        return sum(n * (n + 2 * p) for n, p in zip(self.computed, self.prefix))
+        return sum([n * (n + 2 * p) for n, p in zip(self.computed, self.prefix)])
 
     @property
     def span(self) -> float:
@@ -64,7 +64,7 @@ class PrefillShape:
 
     @classmethod
     def of(cls, computed: Sequence[int], prefix: Sequence[int] | None = None) -> "PrefillShape":
-        return cls(tuple(int(n) for n in computed), tuple(int(p) for p in prefix or [0] * len(computed)))
+        return cls(tuple(map(int, computed)), tuple(map(int, prefix)) if prefix else (0,) * len(computed))
 
     @classmethod
     def padded(cls, width: int, padded_len: int) -> "PrefillShape":

@@ -276,12 +276,10 @@ def save_cost_table(table: dict, path: str | Path) -> str:
 
 
 def as_cost_table(table: dict, path: str | Path | None = None, *, allow_nonstationary: bool = False) -> CostTable:
-    """A checked CostTable from a table's JSON object: structure, fit, positive step costs over its own range, and
-    its stationarity check (missing: a warning naming it; failed: refused unless allow_nonstationary)."""
-    from .model import CostModel  # the model checks its own costs; it imports this module
-
+    """A checked CostTable from a table's JSON object: structure, fit, and its stationarity check (missing: a warning
+    naming it; failed: refused unless allow_nonstationary). That its fitted steps are positive over its own range
+    is the cost model's check, made when a model is first built on the table."""
     ct = CostTable(check_table(table, path), Path(path) if path is not None else None)
-    CostModel(ct).check_positive(path)
     s = ct.stationarity
     if s is None:
         warnings.warn(f"cost table {ct.table_id} has no stationarity check (first run of a new shape against a "

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from costs.shapes import BACKENDS
-from traces.cli import (batch_arg, blocks_arg, checked, count_arg, gib_arg, seed_arg, workload_from_args,
-                        workload_options)
+from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, seed_arg, slo_arg,
+                        workload_from_args, workload_options)
 from traces.errors import InputError
 from traces.model_spec import MODELS
 from traces.outpath import check_out_dir
@@ -104,7 +104,7 @@ def _out_dirs(args: argparse.Namespace) -> list[Path]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from traces.metrics import summary
+    from traces.metrics import slo_keys, summary
     from traces.timeline import write_timeline
 
     from .scheduler import PrefillPolicy
@@ -131,12 +131,13 @@ def _run(args: argparse.Namespace) -> int:
             print(f"\nengine: interrupted during {'warm-up ' if warm else ''}run {i + 1} of {runs}{kept}",
                   file=sys.stderr)
             return 130
-        s = summary(rec)
+        s = summary(rec, slos=args.slo)
         if not warm:
             walls.append(s["wall_time_s"])
             recorded = rec
-        print(("warm-up " if warm else "") + json.dumps({k: s[k] for k in ("n", "served_rate", "wall_time_s", "queue_wait_p50",
-                                                                       "ttft_p50", "tpot_p50", "decode_tok_s")}))
+        keys = ("n", "served_rate", "wall_time_s", "queue_wait_p50", "ttft_p50", "tpot_p50", "decode_tok_s") + \
+            tuple(k for k in slo_keys(args.slo) if k in s)
+        print(("warm-up " if warm else "") + json.dumps({k: s[k] for k in keys}))
         if len(rec.rejected):
             print(f"{len(rec.rejected)} request(s) refused:", *rec.rejected.reason, sep="\n  ")
     if len(walls) > 1:
@@ -175,6 +176,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--no-tokens", action="store_true", help="do not record per-token times")
     r.add_argument("--trace-events", metavar="FILE",
                    help="write the last recorded run as Chrome trace-event JSON for ui.perfetto.dev")
+    r.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC",
+                   help=SLO_HELP + " (scored as the simulator scores)")
     r.add_argument("--warmup", type=seed_arg, default=0, help="unrecorded runs first (closed controls: 2)")
     r.add_argument("--repeat", type=count_arg, default=1,
                    help="recorded runs (closed controls: 5); median wall time printed")

@@ -2,13 +2,15 @@
 
 The router (this process) sleeps until each request's arrival, picks a replica by its rule, and puts the request
 on that replica's queue; each replica runs the engine's own step loop, taking what its queue holds at every step
-boundary (and blocking on it when idle), and tells the router as requests finish so the router's counts stay
-current. All processes share one clock: perf_counter is the machine's monotonic clock, and the router hands every
-replica the same start. Each replica writes its own run record (replica-<i>/); `merge` joins them into the fleet's
-record, the schema of any other run, with the replica column telling them apart.
+boundary (and blocking on it when idle), and tells the router as requests finish so the router's view of what
+each replica has outstanding (engine.routing.Load) stays current. All processes share one clock: perf_counter is
+the machine's monotonic clock, and the router hands every replica the same start. Each replica writes its own run
+record (replica-<i>/); `merge` joins them into the fleet's record, the schema of any other run, with the replica
+column telling them apart.
 
-Routers (the simulator's, sim/fleet.py, decide the same way): round-robin; least-outstanding (fewest requests
-routed there and not finished); least-tokens (fewest prompt + budget tokens of those requests).
+Routers: engine/routing.py's, the rules the simulator's fleet (sim/fleet.py) routes by: round-robin by arrival
+index; least-outstanding (fewest requests routed there and not finished); least-tokens (fewest prompt + budget
+tokens of those requests). A request is outstanding from its routing until its replica reports it finished.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from traces.errors import InputError
 from traces.records import TABLES, RunWriter, read_run
 from traces.workload import Request, Trace
 
-ROUTERS = ("round-robin", "least-outstanding", "least-tokens")
+from .routing import Load, router as router_named
+
 START_AHEAD_S = 0.5  # the router announces the start this far ahead, so every replica is waiting when it comes
 
 
@@ -83,19 +86,10 @@ def _replica(i: int, device: str, cfg_kwargs: dict, run_kwargs: dict, trace_meta
     done.put(("exit", i, None))
 
 
-def route(router: str, counts: list[dict], req: Request, turn: int) -> int:
-    """The replica a request goes to, from each replica's outstanding requests and tokens."""
-    if router == "round-robin":
-        return turn % len(counts)
-    key = "requests" if router == "least-outstanding" else "tokens"
-    return min(range(len(counts)), key=lambda i: (counts[i][key], i))
-
-
 def serve_fleet(trace: Trace, out: Path, router: str, devices: list[str], cfg_kwargs: dict,
                 run_kwargs: dict | None = None, log=print) -> Path:
     """Run `trace` on one engine process per device behind `router`; returns the fleet's merged record."""
-    if router not in ROUTERS:
-        raise InputError(f"unknown router {router!r}; choose from {', '.join(ROUTERS)}")
+    pick = router_named(router)
     if not devices:
         raise InputError("a fleet needs at least one replica")
     out = Path(out)
@@ -115,42 +109,39 @@ def serve_fleet(trace: Trace, out: Path, router: str, devices: list[str], cfg_kw
     t0 = time.perf_counter() + START_AHEAD_S
     for q in inboxes:
         q.put(t0)
-    counts = [{"requests": 0, "tokens": 0} for _ in devices]
+    loads = [Load() for _ in devices]
     where: dict[int, int] = {}
-    sizes = {r.request_id: r.prompt_tokens + r.budget for r in trace.requests}
+    by_id = {r.request_id: r for r in trace.requests}
+    exited = 0
 
-    def drain() -> int:
-        exited = 0
+    def take(kind: str, i: int, ids) -> None:
+        """One message from a replica: the requests it finished leave its load."""
+        nonlocal exited
+        if kind == "finished":
+            for rid in ids:
+                loads[i].remove(by_id[rid])
+        exited += kind == "exit"
+
+    def drain() -> None:
         while True:
             try:
-                kind, i, ids = done.get_nowait()
+                take(*done.get_nowait())
             except queue.Empty:
-                return exited
-            if kind == "finished":
-                for rid in ids:
-                    counts[i]["requests"] -= 1
-                    counts[i]["tokens"] -= sizes[rid]
-            exited += kind == "exit"
+                return
 
     for turn, req in enumerate(sorted(trace.requests, key=lambda r: r.arrival)):
         while (left := t0 + req.arrival - time.perf_counter()) > 0:
             time.sleep(min(left, 1e-3))
             drain()
         drain()
-        i = route(router, counts, req, turn)
+        i = pick(loads, turn)
         where[req.request_id] = i
-        counts[i]["requests"] += 1
-        counts[i]["tokens"] += sizes[req.request_id]
+        loads[i].add(req)
         inboxes[i].put((req.request_id, req.arrival, req.prompt_tokens, req.budget, req.prompt))
     for q in inboxes:
         q.put(None)
-    exited = 0
     while exited < len(procs):
-        kind, i, ids = done.get()
-        if kind == "finished":
-            for rid in ids:
-                counts[i]["requests"] -= 1
-        exited += kind == "exit"
+        take(*done.get())
     for p in procs:
         p.join()
     log(f"fleet of {len(devices)} ({router}) served {len(where)} requests")

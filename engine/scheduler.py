@@ -19,8 +19,9 @@ A prompt whose last positions are computed in a step gets its first token from t
 """
 from __future__ import annotations
 
+import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from costs.shapes import DecodeShape, PrefillShape
 from traces.errors import InputError
@@ -75,7 +76,7 @@ class Seq:
         self.block_table: list[int] = []
         self.kv_len = 0  # tokens whose K/V are in the pool: the prompt's computed part, then one per decode step
         self.generated = 0
-        self.admitted = self.first_token = self.last_token = self.finished = float("nan")
+        self.admitted = self.first_token = self.last_token = self.finished = math.nan
         self.admit_step = self.group_id = self.group_size = -1
         self.token_times: list[float] = []
         self.token_ids: list[int] = []
@@ -94,10 +95,11 @@ class PrefillWork:
     prefix: list[int]
     new: list[int]
     computed: list[int]
+    # Made once from computed and prefix (not changed after): the timer and the recorder both ask for it.
+    shape: PrefillShape = field(init=False, repr=False, compare=False)
 
-    @property
-    def shape(self) -> PrefillShape:
-        return PrefillShape.of(self.computed, self.prefix)
+    def __post_init__(self):
+        self.shape = PrefillShape.of(self.computed, self.prefix)
 
     @property
     def prompt_tokens(self) -> int:
@@ -114,7 +116,8 @@ class PrefillWork:
 
 def decode_shape(rows: list[Seq]) -> DecodeShape:
     """The decode step of `rows`: each row also reads the token it writes this step."""
-    return DecodeShape(len(rows), sum(s.kv_len for s in rows) + len(rows), max(s.kv_len for s in rows) + 1)
+    kv = [s.kv_len for s in rows]  # one list for both: the simulator asks for a shape on every pass
+    return DecodeShape(len(rows), sum(kv) + len(rows), max(kv) + 1)
 
 
 class Scheduler:
@@ -219,7 +222,7 @@ class Scheduler:
         running row finishes, and one while prompts still wait for chunk steps (at least 1)."""
         if self.prefilling:
             return 1
-        return max(1, min(s.remaining for s in self.running))
+        return max(1, min([s.req.budget - s.generated for s in self.running]))  # each row's remaining, inlined
 
     def advance(self, rows: list[Seq], t: float, steps: int = 1) -> None:
         """`steps` decode steps for `rows` ended at `t`: each step wrote one token's K/V and generated one token."""

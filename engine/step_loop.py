@@ -56,10 +56,12 @@ class TraceArrivals:
         self.i = 0
 
     def due(self, t: float) -> list[Request]:
-        i, p = self.i, self.pending
-        while self.i < len(p) and p[self.i].arrival <= t:
-            self.i += 1
-        return p[i:self.i]
+        i = j = self.i
+        p, n = self.pending, len(self.pending)
+        while j < n and p[j].arrival <= t:
+            j += 1
+        self.i = j
+        return p[i:j]
 
     @property
     def exhausted(self) -> bool:
@@ -73,7 +75,9 @@ class TraceArrivals:
         request the scheduler would accept, if a row is free and it fits in the free blocks; else never."""
         if sched.queue or len(sched.running) >= sched.max_batch:  # a head waiting for blocks, or no free row
             return math.inf
-        for req in self.pending[self.i:]:
+        p = self.pending
+        for k in range(self.i, len(p)):  # by index: a slice would copy the rest of the trace on every pass
+            req = p[k]
             try:
                 sched.check(req)
             except InputError:  # it will be refused on arrival and change nothing

@@ -10,6 +10,15 @@ with step costs from a GPU cost table. It imports no torch.
 
 `python -m sim` runs the default sweep; `python -m sim --help` lists the commands.
 """
-from .simulator import DETAILS, SimConfig, SimResult, simulate
+__all__ = ["DETAILS", "SimConfig", "SimResult", "simulate", "simulate_fleet"]
 
-__all__ = ["DETAILS", "SimConfig", "SimResult", "simulate"]
+
+def __getattr__(name: str):
+    # The simulator (numpy, SimPy, pandas) is imported when first asked for, not by `python -m sim --help`.
+    if name == "simulate_fleet":
+        from .fleet import simulate_fleet
+        return simulate_fleet
+    if name in __all__:
+        from . import simulator
+        return getattr(simulator, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

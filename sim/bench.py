@@ -1,14 +1,20 @@
 """`python -m sim.bench`: how fast the simulator is, against its speed targets.
 
-Three workloads: one 400-request point (simulated and scored, as a sweep point is), the default sweep (every
-default configuration at automatic rates, on 2 worker processes as on the 2-core target machine), and a
-100,000-request trace. Events are requests plus steps (prefill and decode) simulated; fast-forward computes
-many steps per event-loop pass, so events/s is the rate of modelled engine work, not of SimPy events.
+Workloads: one 400-request point (simulated and scored, as a sweep point is), the default sweep (every default
+configuration at automatic rates, on 2 worker processes as on the 2-core target machine), a 100,000-request
+trace, and a 1,000,000-request one (in a child process, for its peak memory; --quick skips it); and two whole
+commands, `python -m sim run --help` and `python -m sim run --rate R` for one 400-request point, timed from
+process start. Events are requests plus steps (prefill and decode) simulated; fast-forward computes many steps
+per event-loop pass, so events/s is the rate of modelled engine work, not of SimPy events.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,13 +32,54 @@ from .inputs import SHIPPED_TABLE, closed, load_table
 from .simulator import SimConfig, simulate
 from .sweep import Config, Workload, run_sweep
 
-TARGETS_S = {"point": 0.2, "sweep": 10.0, "large": 30.0}
-LOAD = 0.7  # the point and the large trace run at this fraction of the estimated capacity: busy but stable
+TARGETS_S = {"point": 0.2, "sweep": 3.5, "large": 3.0, "million": 35.0, "help": 0.4, "command": 0.4}
+MILLION_PEAK_GB = 1.0  # 10**9 bytes
+LOAD = 0.7  # the point and the large traces run at this fraction of the estimated capacity: busy but stable
+COMMAND_REPEATS = 5
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _line(name: str, wall: float, events: int, target: float) -> str:
     return (f"{name:<28} {wall:8.3f} s  {events:>11,} events  {events / wall:>11,.0f} events/s  "
             f"target <= {target:g} s: {wall / target:.2f}x of it")
+
+
+def _command_line(name: str, walls: list[float], target: float) -> str:
+    wall = statistics.median(walls)
+    return (f"{name:<28} {wall:8.3f} s  median of {len(walls)} runs, process start included (min {min(walls):.3f} s)"
+            f"  target <= {target:g} s: {wall / target:.2f}x of it")
+
+
+def _timed_command(argv: list[str]) -> list[float]:
+    """Wall seconds of `python -m sim ARGV`, run COMMAND_REPEATS times from the repository root."""
+    walls = []
+    for _ in range(COMMAND_REPEATS):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "sim", *argv], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+        walls.append(time.perf_counter() - t0)
+    return walls
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def large_run(table_path: str | None, n: int, rate: float) -> dict:
+    """One n-request trace simulated and scored, as the large lines time it; run in a child process (--child-large)
+    so that its peak memory is its own. Bytes per request: the peak resident memory less what the process held
+    before the trace was made (interpreter, imports, cost table)."""
+    table = as_cost_table(linear_table()) if table_path == "synthetic" else load_table(table_path, 64)
+    cost = CostModel(table)
+    simulate(poisson_trace(rate, 400, 0), cost)  # the cost model's lookups filled, as in a long-lived worker
+    before = _rss_bytes()
+    trace = poisson_trace(rate, n, 0)
+    t0 = time.perf_counter()
+    result = simulate(trace, cost)
+    summary(result.record, rate)
+    wall = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return {"wall_s": wall, "events": result.events, "peak_bytes": peak, "bytes_per_request": (peak - before) / n}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +88,15 @@ def main(argv: list[str] | None = None) -> int:
                                               "that is missing)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes for the sweep (default 2: the target machine)")
     p.add_argument("--large-n", type=int, default=100_000, help="requests in the large trace (default %(default)s)")
+    p.add_argument("--million-n", type=int, default=1_000_000,
+                   help="requests in the largest trace, run in a child process (default %(default)s)")
+    p.add_argument("--quick", action="store_true", help="skip the largest trace")
+    p.add_argument("--child-large", nargs=3, metavar=("TABLE", "N", "RATE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child_large:
+        table_path, n, rate = args.child_large
+        print(json.dumps(large_run(None if table_path == "shipped" else table_path, int(n), float(rate))))
+        return 0
     try:
         if args.table is None and not SHIPPED_TABLE.exists():
             table, source = as_cost_table(linear_table()), "synthetic linear costs: the shipped H200 table is not there yet"
@@ -55,7 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     capacity = served_rate(simulate(closed(poisson_trace(1.0, 400, 0)), cost).record)
     rate = round(LOAD * capacity, 2)
     print(f"paged, max batch 32, pool that never binds; a saturated 400-request run serves {capacity:.2f} req/s, "
-          f"so the point and the large trace run at {rate} req/s ({LOAD}x)")
+          f"so the point and the large traces run at {rate} req/s ({LOAD}x)")
+    table_arg = [] if args.table is None else ["--table", str(args.table.resolve())]
+
+    print(_command_line("sim run --help", _timed_command(["run", "--help"]), TARGETS_S["help"]))
+    if args.table is not None or SHIPPED_TABLE.exists():  # the command reads a table file
+        print(_command_line("sim run, one 400-request pt", _timed_command(["run", "--rate", str(rate), *table_arg]),
+                            TARGETS_S["command"]))
 
     walls = []
     for _ in range(5):  # the median of 5 after a warm-up: one point is too short to time once
@@ -79,6 +140,17 @@ def main(argv: list[str] | None = None) -> int:
         result = simulate(trace, cost, SimConfig(), on_finish=bar.update)
     summary(result.record, rate)
     print(_line(f"{args.large_n:,}-request trace", time.perf_counter() - t0, result.events, TARGETS_S["large"]))
+
+    if not args.quick:
+        child = args.table.resolve() if args.table else "shipped" if SHIPPED_TABLE.exists() else "synthetic"
+        out = subprocess.run([sys.executable, "-m", "sim.bench", "--child-large", str(child), str(args.million_n),
+                              str(rate)], cwd=REPO, check=True, capture_output=True, text=True).stdout
+        m = json.loads(out.splitlines()[-1])
+        n = args.million_n
+        print(_line(f"{n:,}-request trace", m["wall_s"], m["events"], TARGETS_S["million"]) +
+              f"; peak memory {m['peak_bytes'] / 1e9:.2f} GB (target <= {MILLION_PEAK_GB:g} GB: "
+              f"{m['peak_bytes'] / 1e9 / MILLION_PEAK_GB:.2f}x of it); {m['wall_s'] / n * 1e6:.1f} us and "
+              f"{m['bytes_per_request']:,.0f} bytes a request")
     return 0
 
 

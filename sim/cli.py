@@ -11,30 +11,33 @@ import shlex
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from tqdm import tqdm
-
-from costs.model import CostModel
 from costs.shapes import BACKENDS
 from engine.block_pool import DEFAULT_BLOCK_SIZE
+from engine.routing import ROUTERS
 from engine.scheduler import PrefillPolicy
-from traces.cli import batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg
+from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg,
+                        slo_arg)
 from traces.errors import InputError
-from traces.metrics import summary
 from traces.outpath import check_out_dir
 from traces.prompts import PROMPT_NAMES
-from traces.provenance import provenance
-from traces.records import TABLES, RunWriter
 from traces.workload import DEFAULT_N, poisson_trace
 
 from . import inputs
-from .report import report, write_files
-from .simulator import SimConfig, simulate
 from .store import FILE, PointStore
-from .sweep import AUTO_POINTS, AUTO_SPAN, Config, Workload, run_sweep
+from .sweep import AUTO_POINTS, AUTO_SPAN, Config, RemoteMap, Workload, run_sweep
+
+# pandas (records, metrics), SimPy, tqdm, matplotlib and provenance's probes are imported by the commands that use
+# them, so that --help and a refused argument answer without them (pandas alone takes longer to import than a
+# 400-request point takes to simulate).
+
+# pandas (records, metrics), SimPy, tqdm and provenance's probes are imported by the commands that use them, so
+# that --help and a refused argument answer without them (pandas alone takes longer to import than a
+# 400-request point takes to simulate).
 
 DEFAULT_OUT = Path("sim-out")
 SUBCOMMANDS = ("run", "sweep")
@@ -46,6 +49,7 @@ def _list(item: Callable[[str], object]) -> Callable[[str], list]:
 
 
 _backend = checked(str, lambda v: v in BACKENDS, f"a backend ({', '.join(BACKENDS)})")
+_router = checked(str, lambda v: v in ROUTERS, f"a router ({', '.join(ROUTERS)})")
 
 
 def _policy(text: str) -> str:
@@ -110,6 +114,11 @@ def parser() -> argparse.ArgumentParser:
     pool = run.add_mutually_exclusive_group()
     pool.add_argument("--pool-gib", type=gib_arg, help="KV pool size in GiB")
     pool.add_argument("--pool-blocks", type=blocks_arg, help="KV pool size in blocks (default: enough that it never binds)")
+    run.add_argument("--replicas", type=count_arg, default=1,
+                     help="engines of this configuration behind a router, each with its own rows and pool (default 1)")
+    run.add_argument("--router", type=_router, default="round-robin",
+                     help=f"how the router picks a replica: {', '.join(ROUTERS)} (default round-robin)")
+    run.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC", help=SLO_HELP)
     run.add_argument("--out", type=Path, help="write the run record here (per-step rows; per-token rows with --tokens)")
     run.add_argument("--tokens", action="store_true", help="with --out, also write every token's time")
     run.add_argument("--trace-events", type=Path, metavar="FILE",
@@ -119,10 +128,11 @@ def parser() -> argparse.ArgumentParser:
     _common(run)
     run.set_defaults(func=cmd_run)
 
-    sweep = sub.add_parser("sweep", help="simulate a grid of rates x pools x batch sizes x backends in parallel",
-                           description=(
-        "Simulate every configuration at every arrival rate on all local cores, print a table, a capacity bracket "
-        "and the mechanism per configuration, and write sweep.csv, sweep.json and sweep.png."))
+    sweep = sub.add_parser("sweep", help="simulate a grid of rates x pools x batch sizes x backends x fleets in "
+                                         "parallel", description=(
+        "Simulate every configuration at every arrival rate on all local cores (or on Modal: --on modal), keeping "
+        "each point in --out as it finishes (--resume completes an interrupted sweep); print a table, a capacity "
+        "bracket and the mechanism per configuration, and write sweep.csv, sweep.json and sweep.png."))
     sweep.add_argument("--rates", type=_rates, default=None, metavar="R1,R2,...|auto",
                        help=f"arrival rates in requests/s, or 'auto' (default): {AUTO_POINTS} rates from "
                             f"{AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x each configuration's estimated capacity")
@@ -134,6 +144,17 @@ def parser() -> argparse.ArgumentParser:
                        help="backends (default paged,padded)")
     sweep.add_argument("--prefill", type=_list(_policy), default=["padded"], metavar="P1,P2,...",
                        help="prefill policies: padded, packed, chunked:N (default padded)")
+    sweep.add_argument("--replicas", type=_list(count_arg), default=[1], metavar="N1,N2,...",
+                       help="fleet sizes: engines behind a router (default 1); with more than one, the sweep also "
+                            "says the fewest replicas that hold each rate")
+    sweep.add_argument("--router", type=_list(_router), default=["round-robin"], metavar="R1,R2,...",
+                       help=f"routers: {', '.join(ROUTERS)} (default round-robin)")
+    sweep.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC",
+                       help=SLO_HELP + "; capacity is then defined by the SLOs")
+    sweep.add_argument("--on", choices=("local", "modal"), default="local",
+                       help="where the points run: local worker processes (default) or Modal containers "
+                            "(sim/modal_app.py; needs the modal package and a Modal token); either way each point "
+                            f"is kept in --out's {FILE} as it comes back")
     sweep.add_argument("--trace", type=Path, help="a request-trace file, scaled in time to each rate "
                                                   "(default: the seeded Poisson trace --n, --seed)")
     sweep.add_argument("--n", type=requests_arg, help=f"requests per point (default {DEFAULT_N})")
@@ -146,10 +167,10 @@ def parser() -> argparse.ArgumentParser:
                        help=f"output directory (default ./%(default)s); points are kept in it, in {FILE}, as they finish")
     again = sweep.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",
-                       help="complete the interrupted sweep in --out (the same command with --resume): only the "
-                            "points it lacks run")
+                       help="complete the interrupted sweep in --out (the same command with --resume; --on may "
+                            "differ): only the points it lacks run")
     again.add_argument("--force", action="store_true", help="replace the sweep already in --out")
-    sweep.add_argument("--jobs", type=count_arg, help="worker processes (default: every core)")
+    sweep.add_argument("--jobs", type=count_arg, help="local worker processes (default: every core)")
     _common(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
@@ -157,6 +178,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _check_out(out: Path | None) -> None:
+    from traces.records import TABLES
     if out is None:
         return
     check_out_dir(out)
@@ -188,6 +210,8 @@ def _refuse_unused(args: argparse.Namespace, unused: dict[str, str]) -> None:
 
 
 def _write_record(rec, out: Path, tokens: bool, scored: dict) -> None:
+    from traces.provenance import provenance
+    from traces.records import RunWriter
     # Written only once the run has succeeded, so a refused or failed run leaves nothing behind.
     tables = ("requests", "steps", "rejected") + (("tokens",) if tokens else ())
     writer = RunWriter(out, {**rec.meta, **provenance()}, tables)
@@ -210,6 +234,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         _refuse_unused(args, {"--seed": "with --closed-uniform: every request is the same prompt"})
     args.n = DEFAULT_N if args.n is None else args.n
     args.seed = 0 if args.seed is None else args.seed
+    from tqdm import tqdm
+
+    from costs.model import CostModel
+    from traces.metrics import per_replica, summary
+
+    from .fleet import simulate_fleet
+    from .fleet_report import replica_table, slo_line
+    from .simulator import SimConfig, simulate
     table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
     inputs.check_backend(table, args.backend)
     trace = inputs.make_trace(rate=args.rate, n=args.n, seed=args.seed, trace_file=args.trace,
@@ -222,9 +254,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                     fast_forward=not args.no_fast_forward, noise_seed=args.noise_seed,
                     policy=PrefillPolicy.parse(args.prefill))
     with tqdm(total=len(trace), unit="req", desc="simulating", disable=len(trace) < 20_000) as bar:
-        result = simulate(trace, CostModel(table, args.strict), cfg, on_finish=bar.update)
+        cost = CostModel(table, args.strict)
+        result = simulate(trace, cost, cfg, on_finish=bar.update) if args.replicas == 1 else \
+            simulate_fleet(trace, cost, cfg, args.replicas, args.router, on_finish=bar.update)
     rate = trace.meta.get("rate") or trace.offered_rate  # None for a closed run: no stability verdict
-    s = summary(result.record, rate)
+    s = summary(result.record, rate, args.slo)
     if args.out:
         _write_record(result.record, args.out, args.tokens, s)
     kind = trace.meta.get("kind", "trace file" if args.trace else "trace")
@@ -232,6 +266,8 @@ def cmd_run(args: argparse.Namespace) -> int:
           (f", seed {trace.meta['seed']}" if "seed" in trace.meta else "") + f" (trace {trace.trace_id})")
     print(f"engine   {args.backend}, {args.prefill} prefill, max batch {args.max_batch}, pool {pool_blocks} blocks "
           f"({how}); {table.summary()}")
+    if args.replicas > 1:
+        print(f"fleet    {args.replicas} replicas of that engine behind a {args.router} router")
     if rate:
         verdict = "stable" if s["stable"] else "NOT stable"
         print(f"served   {_fmt(s['served_rate'])} req/s against {_fmt(s['expected_rate'])} offered: {verdict} "
@@ -246,8 +282,13 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{_fmt(s['padding_waste_p50'])}/{_fmt(s['padding_waste_p95'])} padded positions per prompt token")
     waited = "no request waited" if math.isnan(s["rows_while_queued"]) else \
         f"{s['rows_while_queued']:.1f} while requests waited"
-    print(f"rows     {_fmt(s['mean_running_rows'], '.1f')} of {args.max_batch} running on average, {waited}; the queue "
-          f"head waited for KV blocks with rows free {_fmt(s['head_blocked_frac'], '.0%')} of step time")
+    print(f"rows     {_fmt(s['mean_running_rows'], '.1f')} of {args.max_batch} running on average"
+          f"{' per replica' * (args.replicas > 1)}, {waited}; the queue head waited for KV blocks with rows free "
+          f"{_fmt(s['head_blocked_frac'], '.0%')} of step time")
+    if args.slo:
+        print(slo_line(s, args.slo))
+    if args.replicas > 1:
+        print(replica_table(per_replica(result.record, rate, args.slo)))
     rejected = len(result.record.rejected)
     if rejected:
         print(f"rejected {rejected} requests the engine refuses (see rejected.csv)")
@@ -266,8 +307,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _refuse_unused(args, {"--n": "with --trace: the trace file holds the requests",
                               "--seed": "with --trace: the trace file holds the requests",
                               "--seeds": "with --trace: one trace file is one sample (seeds draw Poisson traces)"})
+    if args.on != "local":
+        _refuse_unused(args, {"--jobs": f"with --on {args.on}: its containers run the points"})
     seeds = args.seeds or [0 if args.seed is None else args.seed]
     n = DEFAULT_N if args.n is None else args.n
+    from traces.provenance import provenance
+
+    from .fleet_report import fewest_lines, fewest_replicas
+    from .report import report, write_files
     table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
     for b in args.backend:
         inputs.check_backend(table, b)
@@ -277,8 +324,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                          "simulate it with `sim run --trace`", path=args.trace)
     # The same requests at every rate: one trace per seed
     samples = [workload.base] if workload.base else [poisson_trace(1.0, n, s) for s in seeds]
-    configs = list(dict.fromkeys(Config(b, m, g, p) for b in args.backend for p in args.prefill for m in args.max_batch
-                                 for g in args.pool_gib))
+    configs = list(dict.fromkeys(Config(b, m, g, p, k, r) for b in args.backend for p in args.prefill
+                                 for m in args.max_batch for g in args.pool_gib for r in args.router
+                                 for k in args.replicas))
     rates = None if args.rates is None else sorted(set(args.rates))
     for c in configs:
         pool_blocks = c.pool_blocks(table.block_size)
@@ -293,7 +341,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         {"kind": "poisson", "n": n, **({"seeds": seeds} if len(seeds) > 1 else {"seed": seeds[0]})}
     setup = {"table_id": table.table_id, "workload": wl, "configs": [asdict(c) for c in configs],
              "rates": "auto" if rates is None else rates, "block_size": table.block_size,
-             "noise_seed": args.noise_seed, "strict": args.strict}
+             "noise_seed": args.noise_seed, "strict": args.strict, "slos": [str(slo) for slo in args.slo]}
     what = f"trace {args.trace} ({len(samples[0])} requests)" if args.trace else \
         f"the seeded Poisson trace, {n} requests, " + (f"seed {seeds[0]}" if len(seeds) == 1 else
                                                         f"{len(seeds)} seeds ({_seed_text(seeds)})")
@@ -302,29 +350,36 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"rates: auto. Each configuration's capacity is estimated from one saturated run (all its requests "
               f"queued at t=0{', first seed' if len(seeds) > 1 else ''}); its {AUTO_POINTS} rates span "
               f"{AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x that estimate")
-    store = PointStore(args.out / FILE, setup, resume=args.resume)
-    if args.resume:
-        print(f"resuming: {len(store.done)} results already in {store.path}")
-    t0 = time.perf_counter()
-    try:
-        results, warned = run_sweep(table, configs, rates, workload, seeds=seeds, strict=args.strict,
-                                    noise_seed=args.noise_seed, jobs=args.jobs, store=store)
-    except KeyboardInterrupt:
-        again = [a for a in args.argv if a not in ("--force", "--resume")] + ["--resume"]
-        print(f"\nsim: interrupted: {len(store.done)} finished results are kept in {store.path}; complete the sweep "
-              f"with: {shlex.join(['python', '-m', 'sim', *again])}", file=sys.stderr)
-        return 130
-    finally:
-        store.close()
+    with _points_on(args.on) as remote:  # before the points file: a sweep Modal cannot run leaves nothing behind
+        store = PointStore(args.out / FILE, setup, resume=args.resume)
+        if args.resume:
+            print(f"resuming: {len(store.done)} results already in {store.path}")
+        t0 = time.perf_counter()
+        try:
+            results, warned = run_sweep(table, configs, rates, workload, seeds=seeds, strict=args.strict,
+                                        noise_seed=args.noise_seed, jobs=args.jobs, slos=args.slo, remote=remote,
+                                        store=store)
+        except KeyboardInterrupt:
+            again = [a for a in args.argv if a not in ("--force", "--resume")] + ["--resume"]
+            print(f"\nsim: interrupted: {len(store.done)} finished results are kept in {store.path}; complete the "
+                  f"sweep with: {shlex.join(['python', '-m', 'sim', *again])}", file=sys.stderr)
+            return 130
+        finally:
+            store.close()
     for w in warned:
         _warn(w)
-    print(report(results))
+    print(report(results, args.slo))
+    fewest = fewest_replicas(results, args.slo) if len(set(args.replicas)) > 1 else None
+    if fewest is not None:
+        print("\n" + "\n".join(fewest_lines(fewest, args.slo)))
     meta = {"table": {"id": table.table_id, "device": table.device_name, "gpu_uuid": table.gpu_uuid,
                       "path": str(args.table or inputs.SHIPPED_TABLE)},
             "workload": wl, "rates": setup["rates"], "block_size": table.block_size,
-            "noise_seed": args.noise_seed, "strict": args.strict, "warnings": warned,
+            "noise_seed": args.noise_seed, "strict": args.strict, "warnings": warned, "on": args.on,
+            "slos": setup["slos"], "capacity_by": "slos" if args.slo else "stability",
+            **({"fewest_replicas": fewest} if fewest is not None else {}),
             "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance()}
-    files = write_files(args.out, results, meta)
+    files = write_files(args.out, results, meta, args.slo)
     for stale in set(SWEEP_FILES) - {f.name for f in files} - {FILE}:  # a replaced sweep's, this one did not write
         (args.out / stale).unlink(missing_ok=True)
     events = sum(r["sim_events"] for res in results for r in res.rows)
@@ -335,6 +390,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _seed_text(seeds: list[int]) -> str:
     return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
+
+
+@contextmanager
+def _points_on(where: str) -> Iterator[RemoteMap | None]:
+    """None for local worker processes; for Modal, a map onto its containers while its app runs."""
+    if where == "local":
+        yield None
+        return
+    try:
+        from . import modal_app
+    except ModuleNotFoundError as e:
+        if e.name != "modal":
+            raise
+        raise InputError("--on modal needs the modal package: pip install -e '.[modal]', then modal setup") from None
+    with modal_app.mapper() as remote:
+        yield remote
 
 
 def main(argv: list[str] | None = None) -> int:

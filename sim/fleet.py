@@ -2,7 +2,7 @@
 
 Each replica is one engine as sim.simulator runs it: its own scheduler, block pool, batch rows, recorder
 (replica=i) and the engine's step loop on a SimTimer. The router is a SimPy process that receives the trace's
-arrivals at their times and pushes each into one replica's inbox (sim/routing.py picks which, from what each
+arrivals at their times and pushes each into one replica's inbox (engine/routing.py picks which, from what each
 replica has outstanding at that moment). A replica's loop reads its inbox as its arrivals; idle with an empty
 inbox, it cannot know when work will come, so the loop yields None and the replica's process waits for the router
 to wake it.
@@ -33,13 +33,13 @@ from simpy.events import NORMAL, URGENT
 from costs.model import CostModel
 from engine.block_pool import BlockPool, unbounded_pool
 from engine.recorder import Recorder
+from engine.routing import Load, Router, router as router_named
 from engine.scheduler import Scheduler, Seq
 from engine.step_loop import StepLoop
 from traces.errors import InputError
 from traces.records import RunWriter
 from traces.workload import Request, Trace
 
-from .routing import Load, Router, router as router_named
 from .simulator import SimConfig, SimResult, SimTimer, _Noise, check_policy
 
 
@@ -182,7 +182,8 @@ def _replica(env: FleetEnv, loop: StepLoop, timer: ReplicaTimer, inbox: Inbox):
 def simulate_fleet(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(), replicas: int = 1,
                    router: str = "round-robin", on_finish: Callable[[int], None] | None = None) -> SimResult:
     """Run `trace` through `replicas` engines of configuration `cfg` behind `router`, on simulated time; one
-    record of the engine's schema, each row with its replica (steps and passes in the result are the fleet's)."""
+    record of the engine's schema, each row with its replica (steps and passes in the result are the fleet's).
+    `on_finish(n)` is called as rows retire, as simulate() calls it."""
     table = cost.table
     if cfg.backend not in table.backends:
         raise InputError(f"{table.summary()} has no decode costs for backend {cfg.backend!r} "
@@ -212,7 +213,8 @@ def simulate_fleet(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(), 
     for i, inbox in enumerate(dispatcher.inboxes):
         sched = Scheduler(cfg.max_batch, BlockPool(pool_blocks, table.block_size), table.max_tokens, cfg.policy)
         timer = ReplicaTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed, i)
-        loop = StepLoop(sched, ReplicaRecorder(writer, cfg.backend, dispatcher.loads[i], i, cfg.detail), timer, inbox, on_finish)
+        recorder = ReplicaRecorder(writer, cfg.backend, dispatcher.loads[i], i, cfg.detail)
+        loop = StepLoop(sched, recorder, timer, inbox, (lambda done: on_finish(len(done))) if on_finish else None)
         env.process(_replica(env, loop, timer, inbox))
         loops.append(loop)
         timers.append(timer)

@@ -4,6 +4,10 @@ files (sweep.csv, sweep.json, sweep.png; sweep.bands.csv when it ran several wor
 With several seeds every number is reported as a band across them (sim/bands.py): mean, standard deviation,
 min and max per rate, and the capacity bracket per seed with its spread. A sag past capacity is only called one
 when the drop exceeds the seed spread.
+
+With SLOs every point also has its goodput and SLO verdict, and capacity is the bracket by the SLOs, with the one by
+stability beside it (per seed and as a band, with several seeds). A fleet's configuration names its replicas and
+router; sim/fleet_report.py answers the fewest replicas that hold each rate.
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import math
 from pathlib import Path
 
 from traces.csvio import atomic_write_text
+from traces.metrics import GOODPUT_FRACTION, slo_keys
+from traces.slo import SLO, describe
 
 from .bands import Band, exceeds_seed_spread
 from .sweep import ConfigResult
@@ -21,10 +27,10 @@ from .sweep import ConfigResult
 SAG = 0.95  # past capacity, a served rate below this fraction of the peak is a sag worth explaining
 MEMORY_BOUND = 0.10  # the head blocked by blocks this much of step time (with rows free) is memory-bound
 
-CSV_COLUMNS = ("backend", "max_batch", "pool_gib", "pool_blocks", "rate", "seed", "trace_id", "n", "served_rate",
-               "expected_rate", "stable", "served_ok", "trend_rise_s", "queue_wait_p50", "queue_wait_p95",
-               "ttft_p50", "ttft_p95", "tpot_p50", "group_size_p50", "group_size_p95", "group_size_max",
-               "padding_waste_p50", "padding_waste_p95", "mean_running_rows", "rows_while_queued",
+CSV_COLUMNS = ("backend", "max_batch", "pool_gib", "replicas", "router", "pool_blocks", "rate", "seed", "trace_id",
+               "n", "served_rate", "expected_rate", "stable", "served_ok", "trend_rise_s", "queue_wait_p50",
+               "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "group_size_p50", "group_size_p95",
+               "group_size_max", "padding_waste_p50", "padding_waste_p95", "mean_running_rows", "rows_while_queued",
                "head_blocked_frac", "sim_events", "sim_wall_s")
 # (heading, row key, format) for the printed table
 _TABLE = (("rate", "rate", "{:.3g}"), ("served", "served_rate", "{:.2f}"), ("wait p50", "queue_wait_p50", "{:.2f}"),
@@ -32,9 +38,12 @@ _TABLE = (("rate", "rate", "{:.3g}"), ("served", "served_rate", "{:.2f}"), ("wai
           ("TPOT p50", "tpot_p50", "{:.3f}"), ("group p50/p95/max", None, None), ("waste p50/p95", None, None),
           ("rows", "mean_running_rows", "{:.1f}"), ("blocked", "head_blocked_frac", "{:.0%}"),
           ("stable", "stable", None))
+_SLO_TABLE = (("goodput", "goodput", "{:.2f}"), ("SLOs", "slo_ok", None))
 BANDED = ("served_rate", "queue_wait_p50")  # the quantities sweep.bands.csv and the figure give a band
-BAND_COLUMNS = ("backend", "prefill", "max_batch", "pool_gib", "pool_blocks", "rate", "seeds", "stable_seeds",
-                *(f"{k}_{s}" for k in BANDED for s in ("mean", "sd", "min", "max")))
+SLO_BANDED = ("goodput",)  # and with SLOs
+BAND_COLUMNS = ("backend", "prefill", "max_batch", "pool_gib", "replicas", "router", "pool_blocks", "rate", "seeds",
+                "stable_seeds", *(f"{k}_{s}" for k in BANDED for s in ("mean", "sd", "min", "max")))
+SLO_BAND_COLUMNS = ("slo_ok_seeds", *(f"{k}_{s}" for k in SLO_BANDED for s in ("mean", "sd", "min", "max")))
 
 
 def _cell(row: dict, key: str | None, fmt: str | None, heading: str) -> str:
@@ -48,10 +57,11 @@ def _cell(row: dict, key: str | None, fmt: str | None, heading: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
 
 
-def table(res: ConfigResult) -> str:
+def table(res: ConfigResult, slos: tuple[SLO, ...] = ()) -> str:
     """The configuration's points, one line per rate (times in seconds, rates in requests per second)."""
-    cells = [[h for h, _, _ in _TABLE]] + [[_cell(r, k, f, h) for h, k, f in _TABLE] for r in _by_rate(res)]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(_TABLE))]
+    cols = _TABLE + (_SLO_TABLE if slos else ())
+    cells = [[h for h, _, _ in cols]] + [[_cell(r, k, f, h) for h, k, f in cols] for r in _by_rate(res)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells)
 
 
@@ -67,13 +77,27 @@ def by_config(results: list[ConfigResult]) -> list[list[ConfigResult]]:
     return list(groups.values())
 
 
-def capacity(res: ConfigResult) -> str:
-    lo, hi = res.bracket
+def _bracket(lo: float | None, hi: float | None, rates: list[float], held: str, missed: str) -> str:
     if hi is None:
-        return f"stable at every tested rate: capacity is above {max(res.rates):.3g} req/s"
+        return f"{held} at every tested rate: capacity is above {max(rates):.3g} req/s"
     if lo is None:
-        return f"unstable at every tested rate: capacity is below {hi:.3g} req/s"
+        return f"{missed} at every tested rate: capacity is below {hi:.3g} req/s"
     return f"capacity between {lo:.3g} and {hi:.3g} req/s"
+
+
+def capacity(res: ConfigResult, slos: tuple[SLO, ...] = ()) -> str:
+    """The capacity bracket by stability, or with SLOs by the SLOs first and by stability beside it."""
+    by_stability = _bracket(*res.bracket, res.rates, "stable", "unstable")
+    if not slos:
+        return by_stability
+    by_slos = _bracket(*res.slo_bracket, res.rates, "SLOs met", "SLOs missed")
+    return f"by the SLOs {by_slos}; by stability {by_stability}"
+
+
+def slo_definition(slos: tuple[SLO, ...]) -> str:
+    return (f"capacity by the SLOs: the highest rate at which {describe(slos)}, for all but "
+            f"{1 - GOODPUT_FRACTION:.0%} of requests (goodput within {1 - GOODPUT_FRACTION:.0%} of the served rate), "
+            f"the served rate keeps up with the offered and every percentile named is within its limit")
 
 
 def _fmt_band(b: Band, spec: str = ".3g") -> str:
@@ -81,27 +105,44 @@ def _fmt_band(b: Band, spec: str = ".3g") -> str:
         ("" if math.isnan(b.sd) else f", sd {b.sd:{spec}}") + ")"
 
 
-def capacity_bands(group: list[ConfigResult]) -> str:
-    """The capacity bracket of each seed and its spread across them."""
-    brackets = [res.bracket for res in group]
+def _bracket_bands(group: list[ConfigResult], brackets: list[tuple], held: str, missed: str) -> str:
     per_seed = "; ".join(f"seed {res.seed}: " + "-".join("?" if x is None else f"{x:.3g}" for x in b)
                          for res, b in zip(group, brackets))
-    return (f"capacity bracket across {len(group)} seeds: highest stable rate {_fmt_band(Band.of([lo for lo, _ in brackets]))}, "
-            f"lowest unstable rate {_fmt_band(Band.of([hi for _, hi in brackets]))} req/s ({per_seed})")
+    return (f"highest {held} rate {_fmt_band(Band.of([lo for lo, _ in brackets]))}, "
+            f"lowest {missed} rate {_fmt_band(Band.of([hi for _, hi in brackets]))} req/s ({per_seed})")
+
+
+def capacity_bands(group: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> str:
+    """The capacity bracket of each seed and its spread across them; with SLOs, by the SLOs first and by stability
+    beside it."""
+    by_stability = _bracket_bands(group, [res.bracket for res in group], "stable", "unstable")
+    if not slos:
+        return f"capacity bracket across {len(group)} seeds: {by_stability}"
+    by_slos = _bracket_bands(group, [res.slo_bracket for res in group], "SLO-meeting", "SLO-missing")
+    return f"capacity bracket across {len(group)} seeds: by the SLOs {by_slos}; by stability {by_stability}"
+
+
+_NOT_AVERAGED = ("rate", "seed", "max_batch", "pool_gib", "replicas", "pool_blocks")  # the point's identity
+
+
+def _most(rows: list[dict], key: str) -> bool:
+    return sum(bool(r[key]) for r in rows) * 2 > len(rows)
 
 
 def mean_result(group: list[ConfigResult]) -> ConfigResult:
-    """The configuration's points averaged across seeds, rate by rate; a rate is stable when most seeds are."""
+    """The configuration's points averaged across seeds, rate by rate; a rate is stable (meets the SLOs) when most
+    seeds are (do)."""
     first = group[0]
     rows = []
     for rate in sorted({r["rate"] for res in group for r in res.rows}):
         at = [r for res in group for r in res.rows if r["rate"] == rate]
         row = dict(at[0], seed=None)
         for k, v in at[0].items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("rate", "max_batch", "pool_gib",
-                                                                                      "pool_blocks"):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in _NOT_AVERAGED:
                 row[k] = Band.of([r[k] for r in at]).mean
-        row["stable"] = sum(bool(r["stable"]) for r in at) * 2 > len(at)
+        row["stable"] = _most(at, "stable")
+        if "slo_ok" in row:
+            row["slo_ok"] = _most(at, "slo_ok")
         rows.append(row)
     return ConfigResult(first.config, first.pool_blocks, first.rates, first.estimate, rows)
 
@@ -152,46 +193,53 @@ def mechanism(res: ConfigResult, seeds: list[ConfigResult] | None = None) -> lis
     return lines
 
 
-def band_rows(group: list[ConfigResult]) -> list[dict]:
-    """One row per rate: each BANDED quantity's band across the seeds, and how many seeds were stable there."""
+def band_rows(group: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> list[dict]:
+    """One row per rate: each BANDED quantity's band across the seeds, and how many seeds were stable there; with
+    SLOs also how many met them, and goodput's band."""
     cfg = group[0].config
     out = []
     for rate in sorted({r["rate"] for res in group for r in res.rows}):
         at = [r for res in group for r in res.rows if r["rate"] == rate]
         row = {"backend": cfg.backend, "prefill": cfg.prefill, "max_batch": cfg.max_batch, "pool_gib": cfg.pool_gib,
-               "pool_blocks": group[0].pool_blocks, "rate": rate, "seeds": len(at),
-               "stable_seeds": sum(bool(r["stable"]) for r in at)}
-        for k in BANDED:
+               "replicas": cfg.replicas, "router": cfg.router, "pool_blocks": group[0].pool_blocks, "rate": rate,
+               "seeds": len(at), "stable_seeds": sum(bool(r["stable"]) for r in at)}
+        if slos:
+            row["slo_ok_seeds"] = sum(bool(r["slo_ok"]) for r in at)
+        for k in BANDED + (SLO_BANDED if slos else ()):
             b = Band.of([r[k] for r in at])
             row.update({f"{k}_mean": b.mean, f"{k}_sd": b.sd, f"{k}_min": b.min, f"{k}_max": b.max})
         out.append(row)
     return out
 
 
-def band_table(group: list[ConfigResult]) -> str:
-    """The configuration's band per rate: served rate and queue wait p50 as mean +/- sd [min, max] across seeds."""
-    cells = [["rate", "served mean +/- sd [min, max]", "wait p50 mean +/- sd [min, max]", "stable seeds"]]
-    for r in band_rows(group):
+def band_table(group: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> str:
+    """The configuration's band per rate: served rate and queue wait p50 (and goodput, with SLOs) as mean +/- sd
+    [min, max] across seeds, and how many seeds were stable (met the SLOs)."""
+    banded = (("served_rate", "served"), ("queue_wait_p50", "wait p50")) + ((("goodput", "goodput"),) if slos else ())
+    cells = [["rate", *(f"{name} mean +/- sd [min, max]" for _, name in banded), "stable seeds",
+              *(["SLOs met seeds"] if slos else [])]]
+    for r in band_rows(group, slos):
         cells.append([f"{r['rate']:.3g}"] + [
-            f"{r[k + '_mean']:.{d}f} +/- {r[k + '_sd']:.{d}f} [{r[k + '_min']:.{d}f}, {r[k + '_max']:.{d}f}]"
-            for k, d in (("served_rate", 2), ("queue_wait_p50", 2))] + [f"{r['stable_seeds']}/{r['seeds']}"])
+            f"{r[k + '_mean']:.2f} +/- {r[k + '_sd']:.2f} [{r[k + '_min']:.2f}, {r[k + '_max']:.2f}]"
+            for k, _ in banded] + [f"{r['stable_seeds']}/{r['seeds']}"] +
+            ([f"{r['slo_ok_seeds']}/{r['seeds']}"] if slos else []))
     widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells)
 
 
-def report(results: list[ConfigResult]) -> str:
-    parts = []
+def report(results: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> str:
+    parts = [slo_definition(slos)] if slos else []
     for group in by_config(results):
         res = group[0]
         estimate = f" (saturated estimate {res.estimate:.3g} req/s)" if res.estimate else ""
         if len(group) == 1:
-            parts.append(f"\n{res.config.label} ({res.pool_blocks} blocks): {capacity(res)}{estimate}")
-            parts.append(table(res))
+            parts.append(f"\n{res.config.label} ({res.pool_blocks} blocks): {capacity(res, slos)}{estimate}")
+            parts.append(table(res, slos))
             parts.extend(f"  - {line}" for line in mechanism(res))
         else:
             parts.append(f"\n{res.config.label} ({res.pool_blocks} blocks), {len(group)} workload seeds{estimate}: "
-                         f"{capacity_bands(group)}")
-            parts.append(band_table(group))
+                         f"{capacity_bands(group, slos)}")
+            parts.append(band_table(group, slos))
             parts.extend(f"  - {line}" for line in mechanism(mean_result(group), group))
     return "\n".join(parts)
 
@@ -214,38 +262,47 @@ def _csv(rows: list[dict], columns: tuple[str, ...]) -> str:
     return buf.getvalue()
 
 
-def _config_doc(group: list[ConfigResult]) -> dict:
+def _config_doc(group: list[ConfigResult], slos: tuple[SLO, ...]) -> dict:
     res = group[0]
     doc = {"label": res.config.label, "backend": res.config.backend, "prefill": res.config.prefill,
-           "max_batch": res.config.max_batch, "pool_gib": res.config.pool_gib, "pool_blocks": res.pool_blocks,
-           "rates": res.rates, "capacity_estimate": res.estimate}
+           "max_batch": res.config.max_batch, "pool_gib": res.config.pool_gib, "replicas": res.config.replicas,
+           "router": res.config.router, "pool_blocks": res.pool_blocks, "rates": res.rates,
+           "capacity_estimate": res.estimate, "capacity_by": "slos" if slos else "stability"}
     if len(group) == 1:
-        return {**doc, "capacity_lo": res.bracket[0], "capacity_hi": res.bracket[1], "capacity": capacity(res),
-                "mechanism": mechanism(res)}
+        return {**doc, "capacity_lo": res.bracket[0], "capacity_hi": res.bracket[1],
+                **({"slo_capacity_lo": res.slo_bracket[0], "slo_capacity_hi": res.slo_bracket[1]} if slos else {}),
+                "capacity": capacity(res, slos), "mechanism": mechanism(res)}
     brackets = [r.bracket for r in group]
+    slo_brackets = [r.slo_bracket for r in group] if slos else [(None, None)] * len(group)
     return {**doc, "seeds": [r.seed for r in group],
-            "capacity_per_seed": [{"seed": r.seed, "capacity_lo": lo, "capacity_hi": hi}
-                                  for r, (lo, hi) in zip(group, brackets)],
+            "capacity_per_seed": [{"seed": r.seed, "capacity_lo": lo, "capacity_hi": hi,
+                                   **({"slo_capacity_lo": slo_lo, "slo_capacity_hi": slo_hi} if slos else {})}
+                                  for r, (lo, hi), (slo_lo, slo_hi) in zip(group, brackets, slo_brackets)],
             "capacity_lo_band": vars(Band.of([lo for lo, _ in brackets])),
             "capacity_hi_band": vars(Band.of([hi for _, hi in brackets])),
-            "capacity": capacity_bands(group), "mechanism": mechanism(mean_result(group), group),
-            "bands": band_rows(group)}
+            **({"slo_capacity_lo_band": vars(Band.of([lo for lo, _ in slo_brackets])),
+                "slo_capacity_hi_band": vars(Band.of([hi for _, hi in slo_brackets]))} if slos else {}),
+            "capacity": capacity_bands(group, slos), "mechanism": mechanism(mean_result(group), group),
+            "bands": band_rows(group, slos)}
 
 
-def write_files(out_dir: Path, results: list[ConfigResult], meta: dict) -> list[Path]:
+def write_files(out_dir: Path, results: list[ConfigResult], meta: dict, slos: tuple[SLO, ...] = ()) -> list[Path]:
     """sweep.csv (a row per point and seed), sweep.json (meta, configurations with bracket and mechanism, points),
-    sweep.png, and with several seeds sweep.bands.csv (a row per configuration and rate: bands across seeds)."""
+    sweep.png, and with several seeds sweep.bands.csv (a row per configuration and rate: bands across seeds).
+    With SLOs, the points gain their SLO scores and the configurations their bracket by the SLOs."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [r for res in results for r in _by_rate(res)]
-    atomic_write_text(out_dir / "sweep.csv", _csv(rows, CSV_COLUMNS))
+    columns = CSV_COLUMNS + tuple(slo_keys(slos))
+    atomic_write_text(out_dir / "sweep.csv", _csv(rows, columns))
     groups = by_config(results)
     files = [out_dir / "sweep.csv", out_dir / "sweep.json", out_dir / "sweep.png"]
     if any(len(g) > 1 for g in groups):
-        atomic_write_text(out_dir / "sweep.bands.csv", _csv([b for g in groups for b in band_rows(g)], BAND_COLUMNS))
+        atomic_write_text(out_dir / "sweep.bands.csv", _csv([b for g in groups for b in band_rows(g, slos)],
+                                                            BAND_COLUMNS + (SLO_BAND_COLUMNS if slos else ())))
         files.append(out_dir / "sweep.bands.csv")
-    doc = {"schema": "sim-sweep", "version": 1, **meta, "configurations": [_config_doc(g) for g in groups],
+    doc = {"schema": "sim-sweep", "version": 1, **meta, "configurations": [_config_doc(g, slos) for g in groups],
            "trace_ids": sorted({r["trace_id"] for r in rows}),
-           "points": [{k: r.get(k) for k in CSV_COLUMNS} for r in rows]}
+           "points": [{k: r.get(k) for k in columns} for r in rows]}
     atomic_write_text(out_dir / "sweep.json", json.dumps(_json_safe(doc), indent=1) + "\n")
     plot(results, out_dir / "sweep.png")
     return files

@@ -6,16 +6,19 @@ and retirement are the engine's decisions; only how long a step takes is modelle
 
 Fast-forward. Between two points where the scheduler has something to decide (a row finishing, a chunk step
 due, an arrival that could be admitted), the decode rows cannot change, so SimTimer prices the whole stretch of
-decode steps at once with numpy and the loop's clock jumps to its end in one SimPy timeout. When the next arrival
-would be admitted, the stretch stops at the first step that ends at or after it, where the engine would admit
-it. The arithmetic is the one-step arithmetic done in order (the times are a cumulative sum that starts from the
-stretch's start), so a fast-forwarded run is identical, bit for bit, to one stepped one step at a time.
+decode steps at once (CostModel.decode_stretch, in plain Python: a stretch is a few steps on average) and the
+loop's clock jumps to its end in one SimPy timeout. When the next arrival would be admitted, the stretch stops
+at the first step that ends at or after it, where the engine would admit it. The arithmetic is the one-step
+arithmetic done in order (the times are a cumulative sum that starts from the stretch's start), so a
+fast-forwarded run is identical, bit for bit, to one stepped one step at a time.
 """
 from __future__ import annotations
 
 import time
 import warnings
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Callable
 
 import numpy as np
@@ -117,16 +120,14 @@ class SimTimer:
 
     def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int, stop: float):
         k = limit if self.fast_forward else 1
-        j = np.arange(k)
-        n = shape.rows
-        d = self.cost.decode(self.backend, n, shape.kv_tokens + n * j, shape.kv_max + j)
+        d = self.cost.decode_stretch(self.backend, shape.rows, shape.kv_tokens, shape.kv_max, k)
         if self.noise:
-            d = d * self.noise[1].factors(self.decodes, k)
-        ends = np.cumsum(np.concatenate(([start], np.broadcast_to(d, (k,)))))[1:]  # start + d0 + d1 + ..., in order
+            d = [x * f for x, f in zip(d, self.noise[1].factors(self.decodes, k).tolist())]
+        d[0] = start + d[0]
+        ends = list(accumulate(d))  # start + d0 + d1 + ..., in order
         if stop <= ends[-1]:
-            ends = ends[:int(np.searchsorted(ends, stop, side="left")) + 1]
+            del ends[bisect_left(ends, stop) + 1:]  # through the first step that ends at or after stop
         self.decodes += len(ends)
-        ends = ends.tolist()
         self.t = ends[-1]
         return None, ends
 

@@ -1,11 +1,16 @@
-"""The parallel sweep: every configuration (backend x prefill policy x max batch x pool) at every arrival rate.
+"""The parallel sweep: every configuration (backend x prefill policy x max batch x pool x replicas x router) at
+every arrival rate, on every workload seed.
 
-Each point is simulated and scored in a worker process, which sends back one summary row; the cost model
-and the base trace are set up once per worker. Each result is kept in a PointStore as it comes back (a points
-file under the sweep's output, for the CLI), so an interrupted sweep resumes where it stopped; the workers end with
-the sweep's process, however it ends. With automatic rates each configuration first gets a
-capacity estimate from one saturated run (all requests queued at t=0: the rate the engine serves when it
-never waits for work), and its rates then span 0.3x to 2x that estimate.
+Each point is simulated and scored (against the sweep's SLOs, if any) by a worker, which sends back one summary
+row; the cost model, the workload and the SLOs are set up once per worker. The workers are local processes, tied
+to the sweep's process so that they end with it however it ends, or run elsewhere through `remote` (sim/remote.py:
+Modal containers), which ships the same setup and calls the same functions, so a point's row is the same either way.
+
+Wherever a point ran, its result is kept in a PointStore as it comes back (a points file under the sweep's output,
+for the CLI), under its configuration (replicas and router included), seed and rate, so an interrupted sweep, local
+or remote, resumes where it stopped and runs only the points it lacks. With automatic rates each configuration
+first gets a capacity estimate from one saturated run (all requests queued at t=0: the rate the engine serves when
+it never waits for work), and its rates then span 0.3x to 2x that estimate.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import sys
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
+from typing import Callable, Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -24,12 +30,14 @@ from costs.model import CostModel
 from costs.table import CostTable
 from engine.block_pool import blocks_for_gib
 from engine.scheduler import PrefillPolicy
-from traces.metrics import capacity_bracket, served_rate, summary
+from traces.slo import SLO
 from traces.workload import Trace, poisson_trace
 
 from .inputs import at_rate, closed
-from .simulator import SimConfig, simulate
 from .store import PointStore
+
+# traces.metrics, .simulator and .fleet (pandas, SimPy) are imported where points are simulated and scored: the CLI
+# imports this module for its defaults, and `--help` should not wait for them.
 
 AUTO_SPAN = (0.3, 2.0)
 AUTO_POINTS = 12
@@ -41,11 +49,15 @@ class Config:
     max_batch: int
     pool_gib: float
     prefill: str = "padded"  # a PrefillPolicy as text: padded, packed, chunked:N
+    replicas: int = 1  # engines of this configuration behind a router (sim/fleet.py)
+    router: str = "round-robin"
 
     @property
     def label(self) -> str:
         policy = "" if self.prefill == "padded" else f", {self.prefill} prefill"
-        return f"{self.backend}{policy}, max batch {self.max_batch}, pool {self.pool_gib:g} GiB"
+        fleet = "" if (self.replicas, self.router) == (1, "round-robin") else \
+            f", {self.replicas} replica{'s' * (self.replicas > 1)} behind {self.router}"
+        return f"{self.backend}{policy}, max batch {self.max_batch}, pool {self.pool_gib:g} GiB{fleet}"
 
     def pool_blocks(self, block_size: int) -> int:
         return blocks_for_gib(self.pool_gib, block_size)
@@ -77,20 +89,29 @@ class ConfigResult:
 
     @property
     def bracket(self) -> tuple[float | None, float | None]:
+        from traces.metrics import capacity_bracket
         return capacity_bracket((r["rate"], r["stable"]) for r in self.rows)
+
+    @property
+    def slo_bracket(self) -> tuple[float | None, float | None]:
+        """The capacity bracket by the SLOs (traces/metrics.py: slo_ok), for a sweep given SLOs."""
+        from traces.metrics import capacity_bracket
+        return capacity_bracket((r["rate"], r["slo_ok"]) for r in self.rows)
 
 
 # Set once per worker process by _init.
 _cost: CostModel | None = None
 _workload: Workload | None = None
 _noise_seed: int | None = None
+_slos: tuple[SLO, ...] = ()
 
 
-def _init(table: CostTable, strict: bool, workload: Workload, noise_seed: int | None, parent: int | None = None) -> None:
-    global _cost, _workload, _noise_seed
+def _init(table: CostTable, strict: bool, workload: Workload, noise_seed: int | None, slos: tuple[SLO, ...] = (),
+          parent: int | None = None) -> None:
+    global _cost, _workload, _noise_seed, _slos
     if parent is not None:
         _tie_to_parent(parent)
-    _cost, _workload, _noise_seed = CostModel(table, strict), workload, noise_seed
+    _cost, _workload, _noise_seed, _slos = CostModel(table, strict), workload, noise_seed, slos
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -109,11 +130,14 @@ def _tie_to_parent(parent: int) -> None:
 
 
 def _simulate(config: Config, trace: Trace):
+    from .fleet import simulate_fleet
+    from .simulator import SimConfig, simulate
     cfg = SimConfig(config.backend, config.max_batch, config.pool_blocks(_cost.table.block_size),
                     noise_seed=_noise_seed, policy=PrefillPolicy.parse(config.prefill))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = simulate(trace, _cost, cfg)
+        result = simulate(trace, _cost, cfg) if config.replicas == 1 else \
+            simulate_fleet(trace, _cost, cfg, config.replicas, config.router)
     return result, [str(w.message) for w in caught]
 
 
@@ -122,14 +146,16 @@ def _workload_for(seed: int) -> Workload:
 
 
 def _estimate(config: Config, seed: int) -> tuple[float, list[str]]:
+    from traces.metrics import served_rate
     result, caught = _simulate(config, _workload_for(seed).saturated())
     return served_rate(result.record), caught
 
 
 def _point(config: Config, rate: float, seed: int) -> tuple[dict, list[str]]:
+    from traces.metrics import summary
     result, caught = _simulate(config, _workload_for(seed).at(rate))
     row = {**asdict(config), "rate": rate, "seed": seed, "pool_blocks": result.pool_blocks,
-           "trace_id": result.record.meta["trace_id"], **summary(result.record, rate),
+           "trace_id": result.record.meta["trace_id"], **summary(result.record, rate, _slos),
            "sim_events": result.events, "sim_wall_s": result.wall_s}
     return row, caught
 
@@ -139,13 +165,25 @@ def auto_rates(estimate: float) -> list[float]:
     return [float(f"{r:.3g}") for r in np.geomspace(AUTO_SPAN[0] * estimate, AUTO_SPAN[1] * estimate, AUTO_POINTS)]
 
 
-def _run_all(pool, fn, args: list[tuple], keys: list[tuple], store: PointStore, desc: str, progress: bool) -> list:
-    """fn(*a) for every a whose key the store lacks, in parallel when a process pool is given, each result added
-    to the store as it comes back; every result (as the store keeps it) in the order of args."""
+# (the workers' setup: _init's arguments, fn, [args of each call]) -> (index into the calls, fn(*args)) for every
+# call, as each finishes, in any order. sim/remote.py makes one that runs the calls in Modal containers.
+RemoteMap = Callable[[tuple, Callable, list[tuple]], Iterator[tuple[int, object]]]
+
+
+def _run_all(pool: ProcessPoolExecutor | None, remote: RemoteMap | None, init: tuple, fn, args: list[tuple],
+             keys: list[tuple], store: PointStore, desc: str, progress: bool) -> list:
+    """fn(*a) for every a whose key the store lacks: through `remote` when given, else in parallel when a process
+    pool is given, else here; each result added to the store as it comes back. Every result (as the store keeps
+    it) in the order of args."""
     todo = [i for i, k in enumerate(keys) if k not in store]
     bar = tqdm(total=len(args), initial=len(args) - len(todo), desc=desc, unit="pt", disable=not progress)
     with bar:
-        if pool is None:
+        if remote is not None:
+            if todo:  # nothing to send when a resumed sweep has every result
+                for j, result in remote(init, fn, [args[i] for i in todo]):
+                    store.add(keys[todo[j]], result)
+                    bar.update()
+        elif pool is None:
             for i in todo:
                 store.add(keys[i], fn(*args[i]))
                 bar.update()
@@ -169,27 +207,35 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 
 def run_sweep(table: CostTable, configs: list[Config], rates: list[float] | None, workload: Workload, *,
               seeds: list[int] | None = None, strict: bool = False, noise_seed: int | None = None,
-              jobs: int | None = None, progress: bool = True,
+              jobs: int | None = None, progress: bool = True, slos: tuple[SLO, ...] = (),
+              remote: RemoteMap | None = None,
               store: PointStore | None = None) -> tuple[list[ConfigResult], list[str]]:
     """Every configuration at every rate (rates=None: automatic per configuration) for every workload seed (default:
-    the workload's own); the results per configuration and seed, configuration-major, and the distinct
-    cost-model warnings raised on the way. With automatic rates, every seed of a configuration runs the rates
-    from the first seed's saturated estimate, so that the seeds can be compared rate by rate.
+    the workload's own), scored against `slos` if any, on local processes or through `remote`; the results per
+    configuration and seed, configuration-major, and the distinct cost-model warnings raised on the way. With
+    automatic rates, every seed of a configuration runs the rates from the first seed's saturated estimate, so
+    that the seeds can be compared rate by rate.
 
-    A store keeps each result as it comes back (and has those of an interrupted sweep): only missing points run.
+    A store keeps each result as it comes back, wherever it ran (and has those of an interrupted sweep): only
+    missing points run.
     """
     seeds = list(seeds) if seeds else [workload.seed]
     store = store if store is not None else PointStore(None, {})
     jobs = jobs or os.cpu_count() or 1
-    init = (table, strict, workload, noise_seed)
+    # What the workers run, imported before they are forked so that they share it rather than each importing
+    # pandas and SimPy again (the CLI imports them lazily).
+    from traces import metrics  # noqa: F401
+    from . import fleet, simulator  # noqa: F401
+    init = (table, strict, workload, noise_seed, slos)
     seen: dict[str, None] = {}
-    pool = ProcessPoolExecutor(jobs, initializer=_init, initargs=(*init, os.getpid())) if jobs > 1 else None
-    if pool is None:
+    pool = ProcessPoolExecutor(jobs, initializer=_init, initargs=(*init, os.getpid())) \
+        if jobs > 1 and remote is None else None
+    if pool is None and remote is None:
         _init(*init)
     try:
         estimates: list[float | None] = [None] * len(configs)
         if rates is None:
-            found = _run_all(pool, _estimate, [(c, seeds[0]) for c in configs],
+            found = _run_all(pool, remote, init, _estimate, [(c, seeds[0]) for c in configs],
                              [("estimate", asdict(c), seeds[0]) for c in configs], store, "capacity estimates",
                              progress)
             estimates = [e for e, _ in found]
@@ -198,8 +244,8 @@ def run_sweep(table: CostTable, configs: list[Config], rates: list[float] | None
                    for c, e in zip(configs, estimates) for s in seeds]
         args = [(res.config, rate, res.seed) for res in results for rate in res.rates]
         owners = [res for res in results for _ in res.rates]
-        points = _run_all(pool, _point, args, [("point", asdict(c), s, r) for c, r, s in args], store, "sweep",
-                          progress)
+        points = _run_all(pool, remote, init, _point, args, [("point", asdict(c), s, r) for c, r, s in args], store,
+                          "sweep", progress)
     except BaseException:
         if pool is not None:
             _stop(pool)

@@ -22,8 +22,9 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 VALID = [constant_table(), linear_table(backends=("paged",), max_batch=8)]
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2, 10**6), st.sampled_from([0, -1, 2**63, 10**30]),
                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
-                   st.just([]), st.just({}), st.lists(st.integers(-1, 5000), max_size=3),
-                   st.just([[1, 0.01]]), st.just([[16, -0.01], [4096, 0.02]]))
+                   st.lists(st.integers(-1, 5000), max_size=3),
+                   # fresh copies: one shared object put in two places could end up inside itself
+                   st.sampled_from([[], {}, [[1, 0.01]], [[16, -0.01], [4096, 0.02]]]).map(copy.deepcopy))
 
 
 def _paths(obj, prefix=()) -> list[tuple]:

@@ -13,10 +13,10 @@ import pytest
 from helpers import constant_table, linear_table
 
 from costs.model import CostModel
+from engine.routing import ROUTERS
 from sim import SimConfig, simulate
 from sim.fleet import simulate_fleet
 from sim.inputs import load_table
-from sim.routing import ROUTERS
 from traces import metrics
 from traces.errors import InputError
 from traces.workload import Request, Trace, closed_mixed, closed_uniform, length_trace, poisson_trace

@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import pytest
 
-from engine.fleet import ROUTERS, route, serve_fleet
+from engine.fleet import serve_fleet
+from engine.routing import ROUTERS, Load, router
 from traces.errors import InputError
-from traces.workload import Request, length_trace
+from traces.workload import length_trace
 
 
 def test_routers_pick_by_their_rule():
-    counts = [{"requests": 2, "tokens": 100}, {"requests": 1, "tokens": 900}, {"requests": 1, "tokens": 50}]
-    req = Request(0, 0.0, 10, 10)
-    assert [route("round-robin", counts, req, t) for t in range(4)] == [0, 1, 2, 0]
-    assert route("least-outstanding", counts, req, 0) == 1  # fewest requests; ties go to the lowest index
-    assert route("least-tokens", counts, req, 0) == 2
+    loads = [Load(requests=2, tokens=100), Load(requests=1, tokens=900), Load(requests=1, tokens=50)]
+    assert [router("round-robin")(loads, t) for t in range(4)] == [0, 1, 2, 0]
+    assert router("least-outstanding")(loads, 0) == 1  # fewest requests; ties go to the lowest index
+    assert router("least-tokens")(loads, 0) == 2
 
 
 def test_an_unknown_router_or_no_replica_is_refused(tmp_path):
@@ -21,7 +21,7 @@ def test_an_unknown_router_or_no_replica_is_refused(tmp_path):
     with pytest.raises(InputError, match="unknown router 'fastest'"):
         serve_fleet(trace, tmp_path / "f", "fastest", ["", ""], {})
     with pytest.raises(InputError, match="at least one replica"):
-        serve_fleet(trace, tmp_path / "f", ROUTERS[0], [], {})
+        serve_fleet(trace, tmp_path / "f", next(iter(ROUTERS)), [], {})
 
 
 @pytest.mark.slow

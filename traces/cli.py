@@ -13,15 +13,15 @@ from typing import Callable
 import numpy as np
 
 from .errors import InputError
-from .explain import DEFAULT_WINDOWS, explain
-from .explain_report import report, report_pair
 from .importers import (FORMATS, MAX_BUDGET, MAX_PROMPT, TIME_UNITS, ImportOptions, import_azure, import_lengths,
                         import_table, time_unit_warning)
 from .prompts import PROMPT_NAMES
-from .records import read_run, unfinished
-from .timeline import write_timeline
+from .slo import SLO, parse_slos
 from .trace_io import read_trace, write_trace
 from .workload import DEFAULT_BUDGET, DEFAULT_N, Trace, closed_mixed, closed_uniform, poisson_trace
+
+# Records, explain and timeline bring pandas: imported by the commands that read records, since `sim` imports this
+# module's argument helpers and its --help should not wait for pandas.
 
 
 def checked(kind: type, ok: Callable[[float], bool], need: str) -> Callable[[str], float]:
@@ -37,6 +37,17 @@ def checked(kind: type, ok: Callable[[float], bool], need: str) -> Callable[[str
     return parse
 
 
+def slo_arg(text: str) -> tuple[SLO, ...]:
+    """SLOs as traces/slo.py writes them, refused with what is wrong."""
+    try:
+        return parse_slos(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+SLO_HELP = ("service-level objectives, NAME[_pNN]=SECONDS,...: NAME ttft, tpot or e2el (e2e), each a per-request "
+            "limit that goodput counts; a _pNN suffix also holds that percentile to the limit "
+            "(e.g. ttft_p99=2,tpot_p99=0.05,e2e_p99=20)")
 rate_arg = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of requests per second")
 count_arg = checked(int, lambda v: v >= 1, "a whole number >= 1")
 seed_arg = checked(int, lambda v: v >= 0, "a whole number >= 0")
@@ -177,6 +188,7 @@ def _show(args: argparse.Namespace) -> None:
 
 def _records(paths: list[str]) -> list:
     """The run records at `paths`, warning (not refusing) about any its run never closed."""
+    from .records import read_run, unfinished
     records = [read_run(p) for p in paths]
     for path, rec in zip(paths, records):
         warning = unfinished(rec)
@@ -186,6 +198,8 @@ def _records(paths: list[str]) -> list:
 
 
 def _explain(args: argparse.Namespace) -> None:
+    from .explain import explain
+    from .explain_report import report, report_pair
     if len(args.runs) > 2:
         raise InputError(f"explain takes one or two run records, got {len(args.runs)}")
     if args.png and Path(args.png).is_dir():
@@ -200,12 +214,14 @@ def _explain(args: argparse.Namespace) -> None:
 
 
 def _timeline(args: argparse.Namespace) -> None:
+    from .timeline import write_timeline
     records = _records(args.runs)
     out = write_timeline(records, args.json_out, args.names, args.every_step)
     print(f"wrote {out}: {len(records)} record(s); open it in ui.perfetto.dev or chrome://tracing")
 
 
 def parser() -> argparse.ArgumentParser:
+    from .explain import DEFAULT_WINDOWS
     p = argparse.ArgumentParser(prog="python -m traces", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

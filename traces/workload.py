@@ -20,7 +20,7 @@ DEFAULT_N = 400
 ARRIVAL_DECIMALS = 6  # microseconds: traces round-trip through text exactly
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a million-request trace is a million of these
 class Request:
     """One request of a trace: when it arrives, how long its prompt is, how many tokens it generates."""
 

@@ -1,12 +1,14 @@
-"""How a fleet's router picks the replica for each arrival.
+"""How a fleet's router picks the replica for each arrival: one set of rules for the simulator's router
+(sim/fleet.py) and the real one (engine/fleet.py). Torch-free.
 
 round-robin        the i-th arrival goes to replica i mod N, whatever the replicas hold;
 least-outstanding  the replica with the fewest outstanding requests;
 least-tokens       the replica with the fewest outstanding prompt + budget tokens: a long prompt or a large budget
                    weighs what it will cost the replica, not 1.
 A request is outstanding at a replica from the moment it is routed there until the replica retires it (after its
-last token, once its records are written) or refuses it: waiting in the inbox or the queue, or running. Ties go to
-the lowest replica index, so a run is deterministic.
+last token, once its records are written; the real router hears of it when the replica reports it finished) or, in
+the simulator, refuses it: waiting in the inbox or the queue, or running. Ties go to the lowest replica index, so
+a run is deterministic.
 """
 from __future__ import annotations
 
