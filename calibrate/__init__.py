@@ -1,6 +1,7 @@
-"""Calibration: measure the engine's step costs on a GPU and fit the cost model the simulator uses.
+"""Calibration: measure the engine's step costs on a GPU and write the cost table the simulator reads.
 
-sweep (the plan, and its driver on the engine) -> store (the resumable points file) -> points, table (cost-table
-points, fit, overhead) -> accuracy (the held-out check); cli runs them, modal_app runs cli on Modal's A10.
-Only the driver's engine side imports torch (lazily): the simulator imports `calibrate.cost_model` without it.
+plan (the runs to make) -> measure (closed runs on the engine, kept by store in a resumable points file) -> points
+(step logs to cost-table points) -> table (fit with costs.fit, overhead, held-out check in accuracy, stationarity);
+refresh rescales a table to another GPU, refit rebuilds one from its points on a CPU; cli runs them, modal_app runs
+cli on Modal. Only measuring imports torch (lazily); the tables' format and model live in costs/, torch-free.
 """
