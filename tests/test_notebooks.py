@@ -43,11 +43,12 @@ FIGURES = {
     "03_where_time_goes": ["03_time_split", "03_sag", "03_groups", "03_disturbance_timeline", "03_spikes"],
     "04_memory": ["04_pool_capacity", "04_memory_bound"],
     "05_cost_table": ["05_prefill", "05_decode", "05_accuracy", "05_stationarity"],
+    "06_replicas": ["06_replicas_needed", "06_tail_ttft"],
 }
 # The committed data each needs (the validation's own cost table is found through its plan).
 NEEDS = {"01_capacity": [TABLE], "02_sim_vs_real": [VALIDATION / "plan.json", VALIDATION / "real"],
          "03_where_time_goes": [VALIDATION / "plan.json", VALIDATION / "real", SAG / "search.json"],
-         "04_memory": [TABLE], "05_cost_table": [TABLE]}
+         "04_memory": [TABLE], "05_cost_table": [TABLE], "06_replicas": [TABLE]}
 TIMEOUT_S = 300
 
 
@@ -211,7 +212,7 @@ def standin(tmp_path_factory) -> tuple[Path, Path, Path]:
 
 @pytest.mark.slow
 def test_notebooks_standin(standin, tmp_path, no_torch):
-    """All five notebooks on the stand-in data, two at a time."""
+    """Every notebook on the stand-in data, two at a time."""
     table, vdir, sag = standin
 
     def one(name: str):
