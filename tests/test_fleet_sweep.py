@@ -157,9 +157,10 @@ def test_the_image_sources_hold_every_package_the_simulator_imports():
 import sys
 from pathlib import Path
 import sim.modal_app, sim.cli
-repo = Path.cwd().resolve()
+repo, env = Path.cwd().resolve(), Path(sys.prefix).resolve()  # a virtual environment may sit inside the repo
 print(sorted({m.partition(".")[0] for m, mod in list(sys.modules.items())
-              if getattr(mod, "__file__", None) and Path(mod.__file__).resolve().is_relative_to(repo)}))
+              if getattr(mod, "__file__", None) and Path(mod.__file__).resolve().is_relative_to(repo)
+              and not Path(mod.__file__).resolve().is_relative_to(env)}))
 print(sorted(m for m in sys.modules if m.partition(".")[0] in ("torch", "triton", "transformers")))
 """
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
