@@ -35,10 +35,6 @@ from .sweep import AUTO_POINTS, AUTO_SPAN, Config, RemoteMap, Workload, run_swee
 # them, so that --help and a refused argument answer without them (pandas alone takes longer to import than a
 # 400-request point takes to simulate).
 
-# pandas (records, metrics), SimPy, tqdm and provenance's probes are imported by the commands that use them, so
-# that --help and a refused argument answer without them (pandas alone takes longer to import than a
-# 400-request point takes to simulate).
-
 DEFAULT_OUT = Path("sim-out")
 SUBCOMMANDS = ("run", "sweep")
 MAX_SEEDS = 1000  # a guard against a typo (0-99999), not a limit of the method
