@@ -70,3 +70,13 @@ def serve_virtual(trace: Trace, cost: CostModel, backend: str, max_batch: int, p
     serve(trace, CostRunner(cost, clock, pool_blocks), RetireCostRecorder(writer, backend, clock, cost.retire_s),
           max_batch, pool_blocks, policy, clock=clock)
     return writer.record()
+
+
+def run_cli(main, capsys, *argv) -> tuple[int, str, str]:
+    """A command's `main` run in-process: its exit status, stdout and stderr."""
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse refuses malformed options itself, with exit status 2
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import linear_table, write_table
+from helpers import linear_table, run_cli, write_table
 
 from sim import remote
 from sim.cli import main
@@ -30,12 +30,7 @@ def table(tmp_path_factory) -> Path:
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as e:  # argparse refuses malformed options itself
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(main, capsys, *argv)
 
 
 def test_cli_run_of_a_fleet_writes_one_record_with_replicas(capsys, table, tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import linear_table, write_table
+from helpers import linear_table, run_cli, write_table
 
 import calibrate.cli
 import engine.cli
@@ -43,15 +43,6 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def table(tmp_path_factory) -> Path:
     return write_table(linear_table(), tmp_path_factory.mktemp("tables") / "linear.json")
-
-
-def run_cli(main, capsys, *argv) -> tuple[int, str, str]:
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as e:  # argparse refuses malformed options itself, with exit status 2
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def refused(code: int, err: str, *words: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import constant_table, linear_table, serve_virtual, write_table
+from helpers import constant_table, linear_table, run_cli, serve_virtual, write_table
 
 import sim.inputs
 from costs.model import CostModel
@@ -200,12 +200,7 @@ def tables(tmp_path_factory) -> dict[str, Path]:
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as e:  # argparse refuses malformed options itself
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(main, capsys, *argv)
 
 
 def test_cli_run_writes_the_run_record(capsys, tables, tmp_path):
