@@ -535,3 +535,56 @@ def test_prefill_attention_of_a_chunk_reads_its_prefix_from_the_pool():
                             block_tables=torch.tensor([blocks + [0]], dtype=torch.int32, device=DEVICE),
                             k_cache=k_cache.to(DEVICE), v_cache=v_cache.to(DEVICE))
     torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+# ---- decode matrix products ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows, split_k, silu, bias", [(1, 1, False, True), (3, 3, True, False), (17, 2, False, False),
+                                                       (32, 4, True, True)])
+def test_split_k_linear_matches_reference(rows, split_k, silu, bias):
+    """N and K not multiples of the tile (masked edges), K blocks not a multiple of the splits (a short last split);
+    called twice, as a graph replays it: the tile counters must be back at zero after each call."""
+    from engine.kernels.linear import Config, _counters, linear_triton
+    gen = torch.Generator().manual_seed(rows)
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    n, k = 72, 200
+    w = torch.randn(n, k, generator=gen).mul(k ** -0.5)
+    b = torch.randn(n, generator=gen) if bias else None
+    a = torch.randn(rows, 2 * k if silu else k, generator=gen)
+    x = a.double()
+    if silu:
+        x = torch.nn.functional.silu(x[:, :k]) * x[:, k:]
+    want = x @ w.double().T + (b.double() if bias else 0)
+    cfg = Config(block_n=16, block_k=32, split_k=split_k, num_warps=4, num_stages=2)
+    to = lambda t: None if t is None else t.to(DEVICE, dtype)  # noqa: E731
+    for _ in range(2):
+        got = linear_triton(to(a), to(w), to(b), cfg, silu_mul=silu)
+        tol = 2e-2 if dtype == torch.float16 else 1e-5
+        torch.testing.assert_close(got.double().cpu(), want, rtol=tol, atol=tol)
+        assert not _counters(got.device).any()
+
+
+def test_linear_without_a_configuration_is_torchs():
+    from engine.kernels import silu_mul
+    from engine.kernels.linear import linear
+    gen = torch.Generator().manual_seed(5)
+    a, w = torch.randn(4, 64, generator=gen), torch.randn(24, 32, generator=gen)
+    torch.testing.assert_close(linear(a, w, silu_mul=True), torch.nn.functional.linear(silu_mul(a), w))
+    torch.testing.assert_close(linear(a[:, :32], w), torch.nn.functional.linear(a[:, :32], w))
+
+
+@gpu
+def test_split_k_linear_is_deterministic_in_a_cuda_graph():
+    from engine.kernels.linear import Config, linear_triton
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(2048, 8960, generator=gen, device="cuda").half()
+    a = torch.randn(32, 2 * 8960, generator=gen, device="cuda").half()
+    cfg = Config(block_n=32, block_k=128, split_k=8, num_warps=4, num_stages=4)
+    first = linear_triton(a, w, None, cfg, silu_mul=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = linear_triton(a, w, None, cfg, silu_mul=True)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(out, first)
