@@ -81,44 +81,6 @@ def bench_case(batch: int, ctx: int, gen: torch.Generator) -> dict:
     return row
 
 
-ENGINE_TABLE_BLOCKS = 68  # the engine's block tables: (4096 + 256) tokens of 64
-SWEEP_CASES = ((1, 1024), (8, 1024), (32, 256), (32, 1024), (32, 4096))
-
-
-def sweep_decode() -> None:
-    """Splits (blocks a split), warps, stages and the combine (fused into the last split, or its own launch) of the
-    decode kernel at the engine's block-table width, where most splits of a short row find no blocks."""
-    gen = torch.Generator().manual_seed(0)
-    configs = [(c, w, st, f) for f in (True, False) for c in (1, 2, 4) for w in (4, 8) for st in (2, 3, 4)]
-    results = {}
-    for batch, ctx in SWEEP_CASES:
-        n = ctx // BLOCK
-        k_cache, v_cache = (torch.randn(batch * n + 1, HKV, BLOCK, D, generator=gen).half().cuda() for _ in range(2))
-        tables = torch.full((batch, ENGINE_TABLE_BLOCKS), batch * n, dtype=torch.int32)
-        tables[:, :n] = torch.randperm(batch * n, generator=gen).view(batch, n)
-        tables = tables.cuda()
-        q = torch.randn(batch, HQ, D, generator=gen).half().cuda()
-        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-        out = torch.empty_like(q)
-        for chunk, warps, stages, fused in configs:
-            splits = pa.default_num_splits(batch, HKV, max_blocks=ENGINE_TABLE_BLOCKS, chunk=chunk)
-            ws = pa.paged_attention_workspace(batch, HQ, D, splits, "cuda")
-            results[batch, ctx, chunk, warps, stages, fused] = time_us(lambda: pa.paged_attention(
-                q, k_cache, v_cache, tables, lens, D ** -0.5, num_splits=splits, out=out, workspace=ws,
-                num_warps=warps, num_stages=stages, fused=fused))
-        default = pa.default_num_splits(batch, HKV, max_blocks=ENGINE_TABLE_BLOCKS)
-        best = min((k for k in results if k[:2] == (batch, ctx)), key=results.get)
-        gbps = batch * ctx * HKV * D * 2 * 2 / results[best] / 1e3
-        print(f"{batch:>3} x {ctx:>4}: best chunk {best[2]} warps {best[3]} stages {best[4]} fused {best[5]} "
-              f"{results[best]:.1f} us ({gbps:.0f} GB/s); as shipped (splits {default}, warps {pa.NUM_WARPS}, stages "
-              f"{pa.NUM_STAGES}, separate combine) {results[(batch, ctx, 4 if batch * HKV >= 16 else 2, pa.NUM_WARPS, pa.NUM_STAGES, False)]:.1f} us",
-              flush=True)
-    totals = {c: sum(results[(b, x, *c)] for b, x in SWEEP_CASES) for c in configs}
-    print("configurations by the sum over the cases (chunk, warps, stages, fused): us")
-    for c in sorted(totals, key=totals.get)[:8]:
-        print(f"  {c}: {totals[c]:.1f}  " + "  ".join(f"{results[(b, x, *c)]:.1f}" for b, x in SWEEP_CASES))
-
-
 def decode_section(warps: int, stages: int) -> None:
     pa.NUM_WARPS, pa.NUM_STAGES = warps, stages  # the wrapper reads them per call: a tuning knob only
     peak = copy_gbps()
@@ -185,12 +147,9 @@ def prefill_section() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("decode", "prefill"))
-    parser.add_argument("--sweep", action="store_true", help="sweep the decode kernel's splits, warps, stages, combine")
     parser.add_argument("--warps", type=int, default=pa.NUM_WARPS)
     parser.add_argument("--stages", type=int, default=pa.NUM_STAGES)
     args = parser.parse_args()
-    if args.sweep:
-        return sweep_decode()
     if args.only != "prefill":
         decode_section(args.warps, args.stages)
     if args.only != "decode":

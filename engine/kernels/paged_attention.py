@@ -17,14 +17,13 @@ NUM_STAGES = 3  # K and V tiles of the next blocks load while the current one is
 MAX_SPLITS = 64  # the combine kernel holds all of a head's partials in one tile
 _LOG2E = 1.4426950408889634
 _SPAN_CHUNK = 128  # seq_lens entries read per step when pad_to_span looks for the widest row
-Workspace = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, count_ptr, qk_scale, bt_stride,
-                  max_blocks, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+def _split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale, bt_stride, max_blocks,
+                  NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                   BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SPAN_CHUNK: tl.constexpr,
-                  PAD_TO_SPAN: tl.constexpr, DIRECT: tl.constexpr, FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  PAD_TO_SPAN: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -84,30 +83,6 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_ptr, lse_
         idx = (row * (NUM_KV_HEADS * GROUP) + head) * num_splits + split
         tl.store(part_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], o, mask=g_mask[:, None])
         tl.store(lse_ptr + idx, tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=g_mask)
-        if FUSED:
-            # The last of the row's splits to finish merges the partials of those that hold keys (acq_rel: every
-            # split's stores are visible to it), so no second launch; it resets the counter for the next call.
-            count = count_ptr + row * NUM_KV_HEADS + kv_head
-            if tl.atomic_add(count, 1) == num_splits - 1:
-                tl.atomic_xchg(count, 0)
-                first = (row * (NUM_KV_HEADS * GROUP) + head) * num_splits
-                m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-                den = tl.zeros([GROUP_PAD], tl.float32)
-                acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-                for s in range(tl.minimum(tl.cdiv(n_blocks, per_split), num_splits)):
-                    lse = tl.load(lse_ptr + first + s, mask=g_mask, other=float("-inf"), cache_modifier=".cg")
-                    part = tl.load(part_ptr + (first + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=g_mask[:, None],
-                                   other=0.0, cache_modifier=".cg")
-                    m_new = tl.maximum(m, lse)
-                    ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no keys yet: every weight is 0
-                    alpha = tl.exp2(m - ref)
-                    w = tl.exp2(lse - ref)
-                    den = den * alpha + w
-                    acc = acc * alpha[:, None] + w[:, None] * part
-                    m = m_new
-                o = acc / tl.where(den > 0, den, 1.0)[:, None]
-                tl.store(out_ptr + (row * (NUM_KV_HEADS * GROUP) + head[:, None]) * HEAD_DIM + offs_d[None, :],
-                         o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
 
 
 @triton.jit
@@ -128,29 +103,27 @@ def _combine_kernel(part_ptr, lse_ptr, out_ptr, NUM_SPLITS: tl.constexpr, SPLITS
 
 
 def paged_attention_workspace(max_batch: int, num_q_heads: int, head_dim: int, num_splits: int,
-                              device: torch.device | str | None = None) -> Workspace:
-    """fp32 split partials for up to max_batch rows: (outputs [max_batch, Hq, S, D], base-2 lse [max_batch, Hq, S],
-    and each (row, kv head)'s count of finished splits, zero between calls)."""
+                              device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 split partials for up to max_batch rows: (outputs [max_batch, Hq, S, D], base-2 lse [max_batch, Hq, S])."""
     return (torch.empty(max_batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=device),
-            torch.empty(max_batch, num_q_heads, num_splits, dtype=torch.float32, device=device),
-            torch.zeros(max_batch * num_q_heads, dtype=torch.int32, device=device))
+            torch.empty(max_batch, num_q_heads, num_splits, dtype=torch.float32, device=device))
 
 
-def default_num_splits(batch: int, num_kv_heads: int, *, max_blocks: int, chunk: int | None = None) -> int:
+def default_num_splits(batch: int, num_kv_heads: int, *, max_blocks: int) -> int:
     """Splits of a few blocks each across the block table's width (max_blocks, fixed for a CUDA graph).
 
     A split covers the same block range in every row, so a long row spreads over more programs rather than
     lengthening all of them: the step costs the blocks read, not the longest row's walk. Four blocks a split
     once the batch gives enough programs; two for small batches, which need the extra parallelism.
     """
-    chunk = chunk or (4 if batch * num_kv_heads >= 16 else 2)
+    chunk = 4 if batch * num_kv_heads >= 16 else 2
     return max(1, min(triton.cdiv(max_blocks, chunk), MAX_SPLITS))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_lens: torch.Tensor, scale: float, *, num_splits: int, pad_to_span: bool = False,
-                    out: torch.Tensor | None = None, workspace: Workspace | None = None,
-                    num_warps: int | None = None, num_stages: int | None = None, fused: bool = True) -> torch.Tensor:
+                    out: torch.Tensor | None = None,
+                    workspace: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Attention of q [B, Hq, D] over each row's first seq_lens[i] cached tokens; returns out [B, Hq, D] in q's dtype.
 
     block_tables [>= B, max_blocks] int32 and seq_lens [>= B] int32 live on q's device. q, out and the caches are
@@ -166,20 +139,19 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     assert out.shape == q.shape and out.is_contiguous()
     direct = num_splits == 1
     if direct:
-        part, lse, count = out, out, out  # not touched
+        part, lse = out, out  # not touched
     else:
-        part, lse, count = workspace if workspace is not None else paged_attention_workspace(
+        part, lse = workspace if workspace is not None else paged_attention_workspace(
             batch, num_q_heads, head_dim, num_splits, q.device)
         assert part.shape[0] >= batch and part.shape[1:] == (num_q_heads, num_splits, head_dim)
     _split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part, lse, count, scale * _LOG2E, block_tables.stride(0),
+        q, k_cache, v_cache, block_tables, seq_lens, out, part, lse, scale * _LOG2E, block_tables.stride(0),
         block_tables.shape[1],
         NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         BLOCK=block_size, HEAD_DIM=head_dim, SPAN_CHUNK=_SPAN_CHUNK, PAD_TO_SPAN=pad_to_span, DIRECT=direct,
-        FUSED=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32; fp16 ignores it
-        num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
-    if not direct and not fused:
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if not direct:
         _combine_kernel[(batch, num_q_heads)](
             part, lse, out, NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
             HEAD_DIM=head_dim, num_warps=NUM_WARPS)

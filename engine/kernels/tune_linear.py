@@ -77,10 +77,7 @@ def measure(name: str, n: int, k: int, has_bias: bool, silu: bool, rows: int, co
 
     timings = {"cublas": time_us(cublas, copies)}
     for cfg in candidates(n, k, quick):
-        try:
-            out = linear_triton(a, ws[0], bias, cfg, silu_mul=silu).float()
-        except triton.runtime.errors.OutOfResources:  # too much shared memory for this tile and pipeline depth
-            continue
+        out = linear_triton(a, ws[0], bias, cfg, silu_mul=silu).float()
         err = ((out - ref).norm() / ref.norm()).item()
         if not err < MAX_ERR:
             raise RuntimeError(f"{name} {cfg}: relative error {err:.2e} against torch")
@@ -106,10 +103,8 @@ def main(argv: list[str] | None = None) -> None:
         for rows in ROWS:
             r = measure(shape, n, k, has_bias, silu, rows, copies, args.quick)
             results.append(r)
-            ranked = sorted(r["timings_us"], key=r["timings_us"].get)
             print(f"{shape:>8} {n:>6}x{k:<5} rows {rows:>2}: cuBLAS {r['cublas_us']:7.2f} us, best {r['best']:<22} "
-                  f"{r['best_us']:7.2f} us ({r['cublas_us'] / r['best_us']:.2f}x, {r['gbps']:.0f} GB/s); next "
-                  + ", ".join(f"{c} {r['timings_us'][c]:.2f}" for c in ranked[1:4]), flush=True)
+                  f"{r['best_us']:7.2f} us ({r['cublas_us'] / r['best_us']:.2f}x, {r['gbps']:.0f} GB/s)", flush=True)
     try:
         doc = json.loads(args.out.read_text()) if args.out.exists() else {}
     except json.JSONDecodeError as e:
