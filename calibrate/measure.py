@@ -17,18 +17,16 @@ def identity(cfg) -> dict:
 
     Checks the device first (no GPU, or not the --expect-gpu one), so a wrong machine is refused before any work.
     """
-    from engine.engine import check_device, device_info, linears_identity
+    from engine.engine import check_device, device_info
     from traces.model_spec import config_hash
     from traces.provenance import versions
 
-    dev = check_device(cfg)
-    device = device_info(dev)
+    device = device_info(check_device(cfg))
     return {"device": device["name"], "gpu_uuid": device.get("uuid"), "model": cfg.spec["name"],
             "config_hash": config_hash(cfg.spec), "dtype": cfg.dtype,
             "weights": f"checkpoint:{Path(cfg.checkpoint).resolve()}" if cfg.checkpoint else f"random(seed={cfg.seed})",
             "block_size": cfg.block_size, "max_batch": cfg.max_batch, "max_prompt": cfg.max_prompt,
-            "max_budget": cfg.max_budget, "decode_linears": linears_identity(cfg, dev),
-            **versions(("torch", "triton", "transformers"))}
+            "max_budget": cfg.max_budget, **versions(("torch", "triton", "transformers"))}
 
 
 def measure(engine, run: Run) -> dict:

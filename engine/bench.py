@@ -1,15 +1,14 @@
 """Engine speed on the GPU, measured side by side in one run.
 
-    python -m engine.bench [--out results/bench] [--expect-gpu "NVIDIA H200"] [--quick] [--hf] [--profile]
+    python -m engine.bench [--out results/bench] [--expect-gpu "NVIDIA H200"] [--quick] [--hf]
 
 Prints, for uniform decode batches (rows 1, 8, 32 x context 256, 1024, 4096): the engine's decode step
 time from its own step log (`paged`, `padded`) and the GPU time of one graph replay, tokens/s, the
 bandwidth floor (weight + K/V bytes over the device-to-device copy bandwidth measured here) and the
 ratio to it, and with --hf HF transformers' eager `generate` on the same weights; prefill steps by group
 width and padded length, each as the engine runs it (a graph replay up to its graph bucket) and the same
-step's forward pass run eagerly, side by side; the closed mixed 32-row run and 64 requests through 8 rows;
-last, the paged decode steps at context 1024 on a second engine whose matrix products all run on cuBLAS (the
-tuned split-K kernel's gain, side by side), and with --profile the kernels of one 32 x 1024 step. Writes bench.json and bench.md to --out with the device and versions.
+step's forward pass run eagerly, side by side; the closed mixed 32-row run and 64 requests through 8 rows.
+Writes bench.json and bench.md to --out with the device and versions.
 """
 from __future__ import annotations
 
@@ -144,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expect-gpu", metavar="NAME")
     ap.add_argument("--quick", action="store_true", help="rows 8,32 x context 1024 only")
     ap.add_argument("--hf", action="store_true", help="also time HF transformers' eager generate (slow)")
-    ap.add_argument("--profile", action="store_true", help="also list the kernels of one 32 x 1024 decode step")
     args = ap.parse_args(argv)
     engine = Engine(EngineConfig(expect_gpu=args.expect_gpu))
     m = engine.model
@@ -172,14 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prefill {p['width']:2d} x {p['padded_len']:4d}: {p['ms']:.2f} ms ({p['tok_s']:,.0f} tok/s)"
               + (f", eager forward {p['eager_ms']:.2f} ms" if p["eager_ms"] else ""))
     closed = [closed_point(engine, closed_mixed(32, 0), 32), closed_point(engine, closed_mixed(64, 0), 8)]
-    kernels = profile_decode(engine, 32, 1024) if args.profile else None
-    meta = engine.metadata()
-    linears = linears_side_by_side(engine, decode, args.expect_gpu)
     uniform32 = next((p["tok_s"] for p in decode if p["backend"] == "paged" and p["rows"] == 32
                       and p["ctx"] == 1024), None)
     report = {"device": device_info(engine.device), "copy_bandwidth_Bps": bw, "weight_bytes": weight_bytes,
-              "decode": decode, "prefill": prefill, "closed": closed, "linears": linears, "decode_kernels": kernels,
-              "engine": meta["engine"],
+              "decode": decode, "prefill": prefill, "closed": closed, "engine": engine.metadata()["engine"],
               **provenance(), "targets": _targets(decode, prefill, closed, uniform32)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -188,45 +182,6 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench.md").write_text(md)
     print(md)
     return 0
-
-
-def linears_side_by_side(engine: Engine, decode: list[dict], expect_gpu: str | None) -> list[dict]:
-    """The paged decode steps at context 1024 again on an engine whose products all run on cuBLAS; closes `engine`."""
-    tuned = {p["rows"]: p for p in decode if p["backend"] == "paged" and p["ctx"] == 1024}
-    engine.close()
-    ref = Engine(EngineConfig(expect_gpu=expect_gpu, linears="cublas", backends=("paged",)))
-    out = []
-    for rows, p in sorted(tuned.items()):
-        c = decode_point(ref, "paged", rows, 1024)
-        out.append({"rows": rows, "ctx": 1024, "tuned_ms": p["step_ms"], "cublas_ms": c["step_ms"],
-                    "tuned_gpu_ms": p["gpu_ms"], "cublas_gpu_ms": c["gpu_ms"], "cublas_over_tuned": c["step_ms"] / p["step_ms"]})
-        print(f"rows {rows:2d} ctx 1024: tuned products {p['step_ms']:.3f} ms, cuBLAS {c['step_ms']:.3f} ms "
-              f"({out[-1]['cublas_over_tuned']:.2f}x)")
-    ref.close()
-    return out
-
-
-def profile_decode(engine: Engine, rows: int, ctx: int, reps: int = 20) -> list[dict]:
-    """GPU time per kernel name in one decode step (graph replays under torch's profiler), largest first."""
-    from torch.profiler import ProfilerActivity, profile
-
-    decode_point(engine, "paged", rows, ctx)  # leaves the graph's inputs at this shape
-    g = engine.runner.graphs["paged", rows]
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            g.replay()
-        torch.cuda.synchronize()
-    agg: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            agg.setdefault(e.name, []).append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time)
-    rows_out = sorted(({"kernel": k[:90], "calls_per_step": len(v) / reps, "us_per_step": sum(v) / reps}
-                       for k, v in agg.items()), key=lambda r: -r["us_per_step"])
-    total = sum(r["us_per_step"] for r in rows_out)
-    print(f"decode {rows} x {ctx}: {sum(r['calls_per_step'] for r in rows_out):.0f} kernels, {total:.0f} us of kernel time")
-    for r in rows_out[:25]:
-        print(f"  {r['us_per_step']:8.1f} us  {r['calls_per_step']:5.0f} x  {r['kernel']}")
-    return rows_out
 
 
 def _targets(decode: list[dict], prefill: list[dict], closed: list[dict], uniform32: float | None) -> dict:
@@ -271,12 +226,6 @@ def _markdown(r: dict) -> str:
               "|---|---|---|---|---|"]
     lines += [f"| {c['requests']} | {c['max_batch']} | {c['wall_s']:.3f} | {c['decode_tok_s']:.0f} | {c['ttft_p50_s']:.3f} |"
               for c in r["closed"]]
-    if r.get("linears"):
-        lines += ["", "## Decode products: the tuned split-K kernel against cuBLAS (paged, context 1024, one run)", "",
-                  "| rows | tuned step ms | cuBLAS step ms | tuned gpu ms | cuBLAS gpu ms | cuBLAS / tuned |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {p['rows']} | {p['tuned_ms']:.3f} | {p['cublas_ms']:.3f} | {p['tuned_gpu_ms']:.3f} | "
-                  f"{p['cublas_gpu_ms']:.3f} | {p['cublas_over_tuned']:.2f} |" for p in r["linears"]]
     lines += ["", "## Targets", ""] + [f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}"
                                        for k, v in r["targets"].items()]
     return "\n".join(lines) + "\n"

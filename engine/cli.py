@@ -47,9 +47,6 @@ def engine_options() -> argparse.ArgumentParser:
     g.add_argument("--max-budget", type=count_arg, default=None, help="largest token budget (default 256; 32 for tiny)")
     g.add_argument("--backends", default=",".join(BACKENDS), help="decode backends to compile (default paged,padded)")
     g.add_argument("--expect-gpu", metavar="NAME", help="refuse to run on any other device, e.g. 'NVIDIA H200'")
-    g.add_argument("--linears", choices=("tuned", "cublas"), default="tuned",
-                   help="decode's matrix products: the split-K kernel where tuned for this GPU "
-                        "(engine/kernels/linear_configs.json), else cuBLAS (default tuned)")
     return p
 
 
@@ -94,7 +91,7 @@ def build_engine(args: argparse.Namespace):
                        max_budget=args.max_budget, backends=tuple(args.backends.split(",")),
                        checkpoint=args.checkpoint, seed=args.weights_seed,
                        dtype=args.dtype or ("float32" if args.device == "cpu" else "float16"), device=args.device,
-                       spec=dict(MODELS[args.model]), expect_gpu=args.expect_gpu, linears=args.linears)
+                       spec=dict(MODELS[args.model]), expect_gpu=args.expect_gpu)
     return Engine(cfg)
 
 

@@ -46,7 +46,6 @@ class EngineConfig:
     device: str = "cuda"
     spec: dict = field(default_factory=lambda: dict(QWEN25_1P5B))
     expect_gpu: str | None = None
-    linears: str = "tuned"  # decode's products: "tuned" (split-K kernel where measured for this GPU) or "cublas"
 
     @property
     def max_tokens(self) -> int:
@@ -60,11 +59,6 @@ def device_info(device: torch.device) -> dict:
     uuid = getattr(props, "uuid", None)
     return {"name": props.name, "uuid": f"GPU-{uuid}" if uuid is not None else None, "memory_gib": round(props.total_memory / 2**30, 2),
             "cuda": torch.version.cuda, "sms": props.multi_processor_count}
-
-
-def linears_identity(cfg: EngineConfig, dev: torch.device) -> str:
-    from .kernels.linear import identity
-    return identity(device_info(dev)["name"], cfg.linears == "tuned") if dev.type == "cuda" else "cublas"
 
 
 def check_device(cfg: EngineConfig) -> torch.device:
@@ -91,7 +85,7 @@ class Engine:
         log(f"loading {cfg.spec['name']} ({'checkpoint ' + cfg.checkpoint if cfg.checkpoint else 'random weights'}) "
             f"in {cfg.dtype} on {device_info(dev)['name']}")
         self.loaded = load_model(cfg.checkpoint, cfg.spec, cfg.seed, dtype, dev)
-        self.model = PagedQwen2(self.loaded, cfg.max_tokens, tuned_linears=cfg.linears == "tuned")
+        self.model = PagedQwen2(self.loaded, cfg.max_tokens)
         self.peak_prefill_bytes = self._largest_prefill() if dev.type == "cuda" else 0
         num_blocks = self._pool_blocks(dev)
         log(f"KV pool: {num_blocks} blocks of {cfg.block_size} tokens "
@@ -152,7 +146,7 @@ class Engine:
                            "prefill_attention": "triton varlen (engine/kernels/prefill_attention.py)",
                            "prefill_buckets": r.buckets, "prefill_block_m": r.block_m,
                            "prefill_graph_buckets": sorted(r.prefill_graphs), "graph_tokens": GRAPH_TOKENS,
-                           "eager_bucket": EAGER_BUCKET, "decode_linears": linears_identity(self.cfg, self.device)},
+                           "eager_bucket": EAGER_BUCKET},
                 **provenance()}
 
     def close(self) -> None:

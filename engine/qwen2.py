@@ -1,8 +1,7 @@
 """A compact Qwen2 forward pass over the paged KV pool, sharing the HF model's weights.
 
 QKV and gate/up projections are fused into one matmul each; RoPE and the K/V store are one kernel;
-residual add and RMSNorm are one kernel; SiLU(gate) * up is the down projection's input. With `tuned_linears`,
-products of at most 32 rows (decode) run the split-K kernel where this GPU has a measured configuration. Prefill and decode run the same layer stack and differ only
+residual add and RMSNorm are one kernel. Prefill and decode run the same layer stack and differ only
 in attention: prefill runs causal attention within each of the step's packed sequences (engine/kernels/
 prefill_attention.py), decode reads the pool.
 """
@@ -14,8 +13,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .kernels import add_rms_norm, rms_norm, rope_cos_sin, rope_kv
-from .kernels.linear import linear, torch_linear
+from .kernels import add_rms_norm, rms_norm, rope_cos_sin, rope_kv, silu_mul
 from .kernels.prefill_attention import default_block_m, plan, prefill_attention
 from .weights import LoadedModel
 
@@ -36,9 +34,8 @@ Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class PagedQwen2:
-    def __init__(self, loaded: LoadedModel, max_positions: int, tuned_linears: bool = True):
+    def __init__(self, loaded: LoadedModel, max_positions: int):
         hf, s = loaded.hf, loaded.spec
-        self.linear = linear if tuned_linears else torch_linear
         self.num_layers, self.hq, self.hkv, self.head_dim = (s["num_hidden_layers"], s["num_attention_heads"],
                                                              s["num_key_value_heads"], s["head_dim"])
         self.eps = s["rms_norm_eps"]
@@ -73,14 +70,14 @@ class PagedQwen2:
                 h, residual = rms_norm(x, L.ln1, self.eps), x
             else:
                 h, residual = add_rms_norm(x, residual, L.ln1, self.eps)
-            qkv = self.linear(h, L.qkv_w, L.qkv_b)
+            qkv = F.linear(h, L.qkv_w, L.qkv_b)
             q, k = rope_kv(qkv, positions, self.cos_sin, k_cache[i], v_cache[i], slots)
             v = qkv[:, self.hq * self.head_dim + kv:].view(n, self.hkv, self.head_dim)
-            x = self.linear(attend(i, q, k, v), L.o_w)
+            x = F.linear(attend(i, q, k, v), L.o_w)
             h, residual = add_rms_norm(x, residual, L.ln2, self.eps)
-            x = self.linear(self.linear(h, L.gate_up_w), L.down_w, silu_mul=True)
+            x = F.linear(silu_mul(F.linear(h, L.gate_up_w)), L.down_w)
         h, _ = add_rms_norm(x[last], residual[last], self.norm, self.eps)
-        return self.linear(h, self.lm_head)
+        return F.linear(h, self.lm_head)
 
     def dense_logits(self, ids: torch.Tensor, block_size: int = 16) -> torch.Tensor:
         """Last-position logits [G, vocab] of prompts ids [G, W] through the prefill path, touching no pool."""
