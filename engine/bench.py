@@ -1,14 +1,14 @@
 """Engine speed on the GPU, measured side by side in one run.
 
-    python -m engine.bench [--out results/bench] [--expect-gpu "NVIDIA H200"] [--quick] [--hf]
+    python -m engine.bench [--out results/bench] [--expect-gpu "NVIDIA H200"] [--quick] [--hf] [--profile]
 
 Prints, for uniform decode batches (rows 1, 8, 32 x context 256, 1024, 4096): the engine's decode step
 time from its own step log (`paged`, `padded`) and the GPU time of one graph replay, tokens/s, the
 bandwidth floor (weight + K/V bytes over the device-to-device copy bandwidth measured here) and the
 ratio to it, and with --hf HF transformers' eager `generate` on the same weights; prefill steps by group
 width and padded length, each as the engine runs it (a graph replay up to its graph bucket) and the same
-step's forward pass run eagerly, side by side; the closed mixed 32-row run and 64 requests through 8 rows.
-Writes bench.json and bench.md to --out with the device and versions.
+step's forward pass run eagerly, side by side; the closed mixed 32-row run and 64 requests through 8 rows;
+with --profile, the GPU time of each kernel of one 32 x 1024 decode step. Writes bench.json and bench.md to --out with the device and versions.
 """
 from __future__ import annotations
 
@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expect-gpu", metavar="NAME")
     ap.add_argument("--quick", action="store_true", help="rows 8,32 x context 1024 only")
     ap.add_argument("--hf", action="store_true", help="also time HF transformers' eager generate (slow)")
+    ap.add_argument("--profile", action="store_true", help="also list the kernels of one 32 x 1024 decode step")
     args = ap.parse_args(argv)
     engine = Engine(EngineConfig(expect_gpu=args.expect_gpu))
     m = engine.model
@@ -170,10 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prefill {p['width']:2d} x {p['padded_len']:4d}: {p['ms']:.2f} ms ({p['tok_s']:,.0f} tok/s)"
               + (f", eager forward {p['eager_ms']:.2f} ms" if p["eager_ms"] else ""))
     closed = [closed_point(engine, closed_mixed(32, 0), 32), closed_point(engine, closed_mixed(64, 0), 8)]
+    kernels = profile_decode(engine, 32, 1024) if args.profile else None
     uniform32 = next((p["tok_s"] for p in decode if p["backend"] == "paged" and p["rows"] == 32
                       and p["ctx"] == 1024), None)
     report = {"device": device_info(engine.device), "copy_bandwidth_Bps": bw, "weight_bytes": weight_bytes,
-              "decode": decode, "prefill": prefill, "closed": closed, "engine": engine.metadata()["engine"],
+              "decode": decode, "prefill": prefill, "closed": closed, "decode_kernels": kernels,
+              "engine": engine.metadata()["engine"],
               **provenance(), "targets": _targets(decode, prefill, closed, uniform32)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -182,6 +185,29 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench.md").write_text(md)
     print(md)
     return 0
+
+
+def profile_decode(engine: Engine, rows: int, ctx: int, reps: int = 20) -> list[dict]:
+    """GPU time per kernel in one decode step (graph replays under torch's profiler), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    decode_point(engine, "paged", rows, ctx)  # leaves the graph's inputs at this shape
+    g = engine.runner.graphs["paged", rows]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            g.replay()
+        torch.cuda.synchronize()
+    agg: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            agg.setdefault(e.name, []).append(e.device_time_total)
+    out = sorted(({"kernel": k[:90], "calls_per_step": len(v) / reps, "us_per_step": sum(v) / reps}
+                  for k, v in agg.items()), key=lambda r: -r["us_per_step"])
+    print(f"decode {rows} x {ctx}: {sum(r['calls_per_step'] for r in out):.0f} kernels, "
+          f"{sum(r['us_per_step'] for r in out):.0f} us of kernel time")
+    for r in out[:25]:
+        print(f"  {r['us_per_step']:8.1f} us  {r['calls_per_step']:5.0f} x  {r['kernel']}")
+    return out
 
 
 def _targets(decode: list[dict], prefill: list[dict], closed: list[dict], uniform32: float | None) -> dict:

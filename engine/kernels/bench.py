@@ -1,4 +1,4 @@
-"""Attention micro-benchmarks on a CUDA GPU: `python -m engine.kernels.bench [--only decode|prefill] [--warps N] ...`.
+"""Attention micro-benchmarks on a CUDA GPU: `python -m engine.kernels.bench [--only decode|prefill] [--sweep] ...`.
 
 Qwen2.5-1.5B shapes (12 q heads over 2 kv heads, head_dim 128, fp16). Each call is captured in a CUDA graph and
 timed by triton's do_bench (median, L2 flushed before each rep).
@@ -6,7 +6,8 @@ timed by triton's do_bench (median, L2 flushed before each rep).
 Decode: random KV in shuffled 64-token blocks (the flush is as a decode step finds it: the layers between two
 reads of one layer's KV evict it). Reference: torch's flash SDPA on the same KV laid out densely, with each kv
 head's query group as G query rows of one head (the same math as GQA decode, without copying KV per query head).
---warps and --stages tune the decode kernel.
+--warps and --stages tune the decode kernel; --sweep times blocks a split x warps x stages at the engine's
+block-table width.
 
 Prefill: groups of equal-length sequences, packed for the prefill kernel; the reference is torch's flash SDPA
 (causal, GQA) on the same memory viewed as [groups, heads, length, D], as the model's padded prefill calls it.
@@ -19,6 +20,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
@@ -79,6 +81,44 @@ def bench_case(batch: int, ctx: int, gen: torch.Generator) -> dict:
     row["mixed_padded"] = paged(mixed, splits, pad_to_span=True)
     row["gbps"] = batch * ctx * HKV * D * 2 * 2 / row["paged"] / 1e3  # K and V, fp16
     return row
+
+
+ENGINE_TABLE_BLOCKS = 68  # the engine's block tables: (4096 + 256) tokens of 64
+SWEEP_CASES = ((1, 1024), (8, 1024), (32, 256), (32, 1024), (32, 4096))
+
+
+def sweep_decode() -> None:
+    """Blocks per split, warps and stages of the decode kernel at the engine's block-table width, where most splits
+    of a short row find no blocks; each case's best, what the engine runs, and the configurations best overall."""
+    gen = torch.Generator().manual_seed(0)
+    configs = [(c, w, st) for c in (1, 2, 4) for w in (4, 8) for st in (2, 3, 4)]
+    shipped = pa.NUM_WARPS, pa.NUM_STAGES
+    results = {}
+    for batch, ctx in SWEEP_CASES:
+        n = ctx // BLOCK
+        k_cache, v_cache = (torch.randn(batch * n + 1, HKV, BLOCK, D, generator=gen).half().cuda() for _ in range(2))
+        tables = torch.full((batch, ENGINE_TABLE_BLOCKS), batch * n, dtype=torch.int32)
+        tables[:, :n] = torch.randperm(batch * n, generator=gen).view(batch, n)
+        tables = tables.cuda()
+        q = torch.randn(batch, HQ, D, generator=gen).half().cuda()
+        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        out = torch.empty_like(q)
+        for chunk, warps, stages in configs:
+            splits = min(triton.cdiv(ENGINE_TABLE_BLOCKS, chunk), pa.MAX_SPLITS)
+            ws = pa.paged_attention_workspace(batch, HQ, D, splits, "cuda")
+            pa.NUM_WARPS, pa.NUM_STAGES = warps, stages
+            results[batch, ctx, chunk, warps, stages] = time_us(lambda: pa.paged_attention(
+                q, k_cache, v_cache, tables, lens, D ** -0.5, num_splits=splits, out=out, workspace=ws))
+        pa.NUM_WARPS, pa.NUM_STAGES = shipped
+        engine = (ENGINE_TABLE_BLOCKS // pa.default_num_splits(batch, HKV, max_blocks=ENGINE_TABLE_BLOCKS), *shipped)
+        best = min((k for k in results if k[:2] == (batch, ctx)), key=results.get)
+        print(f"{batch:>3} x {ctx:>4}: best (blocks a split, warps, stages) {best[2:]} {results[best]:.1f} us "
+              f"({batch * ctx * HKV * D * 2 * 2 / results[best] / 1e3:.0f} GB/s); the engine's {engine} "
+              f"{results[(batch, ctx, *engine)]:.1f} us", flush=True)
+    totals = {c: sum(results[(b, x, *c)] for b, x in SWEEP_CASES) for c in configs}
+    print("best over all cases (blocks a split, warps, stages): sum of the cases' us, then each case")
+    for c in sorted(totals, key=totals.get)[:6]:
+        print(f"  {c}: {totals[c]:.1f}  " + "  ".join(f"{results[(b, x, *c)]:.1f}" for b, x in SWEEP_CASES))
 
 
 def decode_section(warps: int, stages: int) -> None:
@@ -147,9 +187,12 @@ def prefill_section() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("decode", "prefill"))
+    parser.add_argument("--sweep", action="store_true", help="sweep the decode kernel's splits, warps and stages")
     parser.add_argument("--warps", type=int, default=pa.NUM_WARPS)
     parser.add_argument("--stages", type=int, default=pa.NUM_STAGES)
     args = parser.parse_args()
+    if args.sweep:
+        return sweep_decode()
     if args.only != "prefill":
         decode_section(args.warps, args.stages)
     if args.only != "decode":
