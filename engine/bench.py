@@ -252,6 +252,12 @@ def _markdown(r: dict) -> str:
               "|---|---|---|---|---|"]
     lines += [f"| {c['requests']} | {c['max_batch']} | {c['wall_s']:.3f} | {c['decode_tok_s']:.0f} | {c['ttft_p50_s']:.3f} |"
               for c in r["closed"]]
+    if r.get("decode_kernels"):
+        k = r["decode_kernels"]
+        lines += ["", f"## Kernels of one 32 x 1024 decode step (graph replays under torch's profiler): "
+                      f"{sum(x['calls_per_step'] for x in k):.0f} launches, {sum(x['us_per_step'] for x in k):.0f} us", "",
+                  "| us per step | launches | kernel |", "|---|---|---|"]
+        lines += [f"| {x['us_per_step']:.1f} | {x['calls_per_step']:.0f} | `{x['kernel']}` |" for x in k]
     lines += ["", "## Targets", ""] + [f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}"
                                        for k, v in r["targets"].items()]
     return "\n".join(lines) + "\n"
