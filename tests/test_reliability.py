@@ -510,3 +510,14 @@ def test_an_interrupted_engine_run_keeps_every_completed_row(tmp_path):
     assert rec.meta["status"] == "running"
     assert 3 <= len(rec.requests) < 200
     assert (rec.requests["output_tokens"] == 3).all() and len(rec.tokens) == 3 * len(rec.requests)
+
+
+def test_commit_named_by_the_gpu_script_wins_over_a_stale_git(monkeypatch):
+    """A working tree sent to a GPU machine may carry an older .git: the commit the script names is the record's."""
+    from traces.provenance import git_commit
+    git_commit.cache_clear()
+    monkeypatch.setenv("SERVECAP_GIT_COMMIT", "abc1234")
+    try:
+        assert git_commit() == "abc1234"
+    finally:
+        git_commit.cache_clear()

@@ -30,8 +30,10 @@ def versions(packages=PACKAGES) -> dict[str, str | None]:
 
 @lru_cache(maxsize=1)
 def git_commit() -> str | None:
-    """The checkout's commit, with '-dirty' when tracked files differ from it. A copy of the working tree without
-    .git (as on a lent GPU machine) says which commit it is in SERVECAP_GIT_COMMIT."""
+    """The checkout's commit, with '-dirty' when tracked files differ from it; SERVECAP_GIT_COMMIT, where set, wins:
+    a copy of the working tree sent to a lent GPU machine can carry a .git older than the tree."""
+    if os.environ.get("SERVECAP_GIT_COMMIT"):
+        return os.environ["SERVECAP_GIT_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
@@ -42,7 +44,7 @@ def git_commit() -> str | None:
             return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("SERVECAP_GIT_COMMIT") or None
+    return None
 
 
 def now_iso() -> str:
