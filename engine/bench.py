@@ -8,7 +8,8 @@ bandwidth floor (weight + K/V bytes over the device-to-device copy bandwidth mea
 ratio to it, and with --hf HF transformers' eager `generate` on the same weights; prefill steps by group
 width and padded length, each as the engine runs it (a graph replay up to its graph bucket) and the same
 step's forward pass run eagerly, side by side; the closed mixed 32-row run and 64 requests through 8 rows;
-with --profile, the GPU time of each kernel of one 32 x 1024 decode step. Writes bench.json and bench.md to --out with the device and versions.
+with --profile, the GPU time of each kernel of one 32 x 1024 decode step. Writes bench.json and bench.md to
+--out with the device and versions.
 """
 from __future__ import annotations
 
