@@ -7,7 +7,7 @@ shapes, the engine records them, the cost model prices them and calibration meas
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 BACKENDS = ("paged", "padded")
 
@@ -19,10 +19,10 @@ def kv_read(backend: str, rows: int, kv_tokens, kv_max):
     return kv_tokens if backend == "paged" else rows * kv_max
 
 
-@dataclass(frozen=True)
-class DecodeShape:
+class DecodeShape(NamedTuple):
     """One decode step: `rows` rows holding `kv_tokens` K/V tokens in all and `kv_max` in the longest, each
-    counting the token the row writes in this step (it attends to itself)."""
+    counting the token the row writes in this step (it attends to itself). A named tuple, not a frozen dataclass:
+    the step loop makes one every pass, and a frozen dataclass takes several times as long to make."""
 
     rows: int
     kv_tokens: int

@@ -40,7 +40,7 @@ class StepTimer(Protocol):
         computed) and the time it ends."""
 
     def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int,
-               stop: float) -> tuple[list[int] | None, Sequence[float]]:
+               stop: float) -> tuple[list[int] | None, list[float]]:
         """Decode steps from `start`: the next token of each row (None when not computed) and each step's end.
         One step, or up to `limit` of them, ending with the first that ends at or after `stop`."""
 
@@ -108,10 +108,12 @@ class StepLoop:
         while True:
             t = timer.now()
             if stretch is not None:
-                first, shape, starts, ends, retired = stretch
-                rec.decode_steps(first, shape, starts, ends + [t], retired)
+                first, shape, decode_start, ends, retired = stretch
+                rec.decode_steps(first, shape, decode_start, ends, t, retired)
                 stretch = None
-            self._submit(arrivals.due(t))
+            due = arrivals.due(t)
+            if due:
+                self._submit(due)
             if sched.idle:
                 if arrivals.exhausted:
                     return
@@ -124,10 +126,11 @@ class StepLoop:
             if work is not None:
                 tokens, t = timer.prefill(work, start)
                 first_tokens = sched.prefilled(work, t)
-                for i, s in enumerate(first_tokens):
-                    if tokens is not None:
+                if tokens is not None:
+                    for i, s in enumerate(first_tokens):
                         s.token_ids.append(tokens[i])
-                    if keep_times:
+                if keep_times:
+                    for s in first_tokens:
                         s.token_times.append(t)
                 rec.prefill(step, work, len(group), start, t)
             rows = sched.decode_rows()
@@ -137,7 +140,6 @@ class StepLoop:
                 limit = sched.max_decode_steps()
                 stop = arrivals.next_admission(sched) if limit > 1 and timer.fast_forward else math.inf
                 tokens, ends = timer.decode(rows, shape, t, limit, stop)
-                ends = list(ends)
                 k = len(ends)
                 decode_start, t = t, ends[-1]
                 sched.advance(rows, t, k)
@@ -149,12 +151,13 @@ class StepLoop:
                         s.token_times.extend(ends)
             yield t
             done = sched.retire()
-            rec.finish(done)
-            timer.retired(len(done))
+            if done:
+                rec.finish(done)
+                timer.retired(len(done))
+                if self.on_finish:
+                    self.on_finish(done)
             if rows:
-                stretch = (step, shape, [decode_start] + ends[:-1], ends[:-1], len(done))
-            if done and self.on_finish:
-                self.on_finish(done)
+                stretch = (step, shape, decode_start, ends, len(done))
             step += max(k, 1)
 
 
