@@ -54,6 +54,7 @@ class TraceArrivals:
     def __init__(self, requests: Sequence[Request]):
         self.pending = sorted(requests, key=lambda r: r.arrival)
         self.i = 0
+        self._acceptable = (-1, 0)  # (i, the first pending request from i that the scheduler accepts)
 
     def due(self, t: float) -> list[Request]:
         i = j = self.i
@@ -76,15 +77,23 @@ class TraceArrivals:
         if sched.queue or len(sched.running) >= sched.max_batch:  # a head waiting for blocks, or no free row
             return math.inf
         p = self.pending
-        for k in range(self.i, len(p)):  # by index: a slice would copy the rest of the trace on every pass
-            req = p[k]
-            try:
-                sched.check(req)
-            except InputError:  # it will be refused on arrival and change nothing
-                continue
-            fits = sched.pool.blocks_for(req.prompt_tokens + req.budget) <= sched.pool.free
-            return req.arrival if fits else math.inf  # one that does not fit blocks everything behind it
-        return math.inf
+        # Whether the scheduler accepts a request changes only when it accepts another (a repeated id), which
+        # happens only as i moves on; so the search is done once per i, not once per pass.
+        i, k = self._acceptable
+        if i != self.i:
+            k = self.i
+            while k < len(p):  # by index: a slice would copy the rest of the trace
+                try:
+                    sched.check(p[k])
+                    break
+                except InputError:  # it will be refused on arrival and change nothing
+                    k += 1
+            self._acceptable = (self.i, k)
+        if k == len(p):
+            return math.inf
+        req = p[k]
+        fits = sched.pool.blocks_for(req.prompt_tokens + req.budget) <= sched.pool.free
+        return req.arrival if fits else math.inf  # one that does not fit blocks everything behind it
 
 
 class StepLoop:
@@ -102,14 +111,13 @@ class StepLoop:
 
     def run(self) -> Iterator[float | None]:
         sched, rec, timer, arrivals = self.sched, self.rec, self.timer, self.arrivals
-        keep_times = rec.tokens
+        keep_times, keep_decode, fast_forward = rec.tokens, rec.keep_decode, timer.fast_forward
         step = 0
-        stretch = None  # the last decode stretch's steps; the last of them ends where the next pass starts
+        stretch = None  # the last decode stretch's steps, when kept; the last of them ends where the next pass starts
         while True:
             t = timer.now()
             if stretch is not None:
-                first, shape, decode_start, ends, retired = stretch
-                rec.decode_steps(first, shape, decode_start, ends, t, retired)
+                rec.decode_steps(*stretch, t)
                 stretch = None
             due = arrivals.due(t)
             if due:
@@ -138,7 +146,7 @@ class StepLoop:
             if rows:
                 shape = decode_shape(rows)
                 limit = sched.max_decode_steps()
-                stop = arrivals.next_admission(sched) if limit > 1 and timer.fast_forward else math.inf
+                stop = arrivals.next_admission(sched) if limit > 1 and fast_forward else math.inf
                 tokens, ends = timer.decode(rows, shape, t, limit, stop)
                 k = len(ends)
                 decode_start, t = t, ends[-1]
@@ -156,7 +164,7 @@ class StepLoop:
                 timer.retired(len(done))
                 if self.on_finish:
                     self.on_finish(done)
-            if rows:
+            if rows and keep_decode:
                 stretch = (step, shape, decode_start, ends, len(done))
             step += max(k, 1)
 
