@@ -6,7 +6,6 @@ shapes, the engine records them, the cost model prices them and calibration meas
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 BACKENDS = ("paged", "padded")
@@ -33,10 +32,10 @@ class DecodeShape(NamedTuple):
         return DecodeShape(self.rows, self.kv_tokens + self.rows * steps, self.kv_max + steps)
 
 
-@dataclass(frozen=True)
-class PrefillShape:
+class PrefillShape(NamedTuple):
     """One prefill step: sequence i computes `computed[i]` positions after `prefix[i]` already in the pool (a
-    padded group's rows compute the whole padded length; a chunk follows the prompt's earlier chunks).
+    padded group's rows compute the whole padded length; a chunk follows the prompt's earlier chunks). A named
+    tuple, as DecodeShape: the simulator makes one and hashes it (the cost model's cache) for most requests.
 
     rows, tokens and attn are what the records keep: attn is the causal attention work, the sum over sequences of
     n * (n + 2p) (each position attends to the prefix and to itself and the positions before it, about n^2 / 2

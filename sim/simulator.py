@@ -166,6 +166,28 @@ def _collector_paused():
             gc.enable()
 
 
+def start_run(trace: Trace, cost: CostModel, cfg: SimConfig, **fleet) -> tuple[int, RunWriter]:
+    """What simulate() and a fleet (sim/fleet.py, which passes its shape as `fleet`) do before a run: refuse what
+    cannot run, size the pool, and open the record with the engine's run metadata, the cost table standing in for
+    the device it was measured on. Returns the pool's blocks and the record's writer."""
+    table = cost.table
+    if cfg.backend not in table.backends:
+        raise InputError(f"{table.summary()} has no decode costs for backend {cfg.backend!r} "
+                         f"(it has {', '.join(table.backends)})")
+    check_policy(cost, cfg.policy, cost.strict)
+    if not trace.requests:
+        raise InputError("the trace has no requests")
+    pool_blocks = cfg.pool_blocks or unbounded_pool(trace.requests, cfg.max_batch, table.block_size)
+    run_meta = {"kind": "sim", "backend": cfg.backend, "prefill": str(cfg.policy), "trace_id": trace.trace_id,
+                "trace": trace.meta, "max_batch": cfg.max_batch, "pool_blocks": pool_blocks,
+                "block_size": table.block_size, "max_tokens": table.max_tokens, "model": table.model,
+                "device": table.device, "table_id": table.table_id,
+                "sim": {"detail": cfg.detail, "fast_forward": cfg.fast_forward, "noise_seed": cfg.noise_seed,
+                        "strict": cost.strict}, **fleet}
+    tables = ("requests", "steps", "rejected") + (("tokens",) if cfg.detail == "tokens" else ())
+    return pool_blocks, RunWriter(None, run_meta, tables)
+
+
 def simulate(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
              on_finish: Callable[[int], None] | None = None) -> SimResult:
     """Run `trace` through the engine's scheduler and step loop on simulated time; the record has the engine's
@@ -174,24 +196,9 @@ def simulate(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
     Requests the scheduler refuses are recorded as rejected and the run goes on (as on the engine); check a
     trace up front with sim.inputs.check_trace to refuse it instead. `on_finish(n)` is called as rows retire.
     """
-    table = cost.table
-    if cfg.backend not in table.backends:
-        raise InputError(f"{table.summary()} has no decode costs for backend {cfg.backend!r} "
-                         f"(it has {', '.join(table.backends)})")
-    check_policy(cost, cfg.policy, cost.strict)
-    if not trace.requests:
-        raise InputError("the trace has no requests")
     t0 = time.perf_counter()
-    pool_blocks = cfg.pool_blocks or unbounded_pool(trace.requests, cfg.max_batch, table.block_size)
-    # The engine's run metadata, with the cost table standing in for the device it was measured on.
-    run_meta = {"kind": "sim", "backend": cfg.backend, "prefill": str(cfg.policy), "trace_id": trace.trace_id,
-                "trace": trace.meta, "max_batch": cfg.max_batch, "pool_blocks": pool_blocks,
-                "block_size": table.block_size, "max_tokens": table.max_tokens, "model": table.model,
-                "device": table.device, "table_id": table.table_id,
-                "sim": {"detail": cfg.detail, "fast_forward": cfg.fast_forward, "noise_seed": cfg.noise_seed,
-                        "strict": cost.strict}}
-    tables = ("requests", "steps", "rejected") + (("tokens",) if cfg.detail == "tokens" else ())
-    writer = RunWriter(None, run_meta, tables)
+    pool_blocks, writer = start_run(trace, cost, cfg)
+    table = cost.table
     recorder = Recorder(writer, cfg.backend, tokens=cfg.detail == "tokens", decode_steps=cfg.detail != "summary")
     sched = Scheduler(cfg.max_batch, BlockPool(pool_blocks, table.block_size), table.max_tokens, cfg.policy)
     timer = SimTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed)
