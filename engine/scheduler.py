@@ -100,7 +100,7 @@ class PrefillWork:
     shape: PrefillShape = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        self.shape = PrefillShape.of(self.computed, self.prefix)
+        self.shape = PrefillShape(tuple(self.computed), tuple(self.prefix))  # the scheduler's ints: no conversion
 
     @property
     def prompt_tokens(self) -> int:
