@@ -143,9 +143,10 @@ def _trend_rise(arrival: np.ndarray, wait: np.ndarray) -> float:
 def theil_sen_slope(x: np.ndarray, y: np.ndarray) -> float:
     """The median of the slopes between every pair of points with distinct x (scipy.stats.theilslopes' slope)."""
     dx = x[:, None] - x
-    dy = y[:, None] - y
     pos = dx > 0
-    return float(np.median(dy[pos] / dx[pos])) if pos.any() else math.nan
+    slopes = (y[:, None] - y).astype(float, copy=False)
+    np.divide(slopes, dx, out=slopes, where=pos)  # in place, then one selection (not two) of the pairs kept
+    return float(np.median(slopes[pos])) if pos.any() else math.nan
 
 
 def stability(rec: RunRecord, rate: float | None = None, rise_tol_s: float = RISE_TOL_S) -> dict:
