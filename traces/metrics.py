@@ -215,8 +215,9 @@ def admission_groups(rec: RunRecord) -> dict:
     return {**_group_figures(size, waste), "groups": groups}
 
 
-def _prefill_steps(rec: RunRecord) -> pd.DataFrame:
-    return rec.steps[rec.steps["kind"] == "prefill"]
+def _prefill_steps(rec: RunRecord, columns: list[str] | None = None) -> pd.DataFrame:
+    """The prefill steps, with only `columns` when given (a copy of a million-step table is ~100 MB)."""
+    return rec.steps.loc[rec.steps["kind"] == "prefill", columns or slice(None)]
 
 
 def _group_sizes(p: pd.DataFrame) -> tuple[np.ndarray, ...]:
@@ -340,7 +341,7 @@ def closed_run(rec: RunRecord) -> dict:
 
 
 def _closed_run(rec: RunRecord, served: pd.DataFrame) -> dict:
-    d = rec.steps[rec.steps["kind"] == "decode"]
+    d = rec.steps.loc[rec.steps["kind"] == "decode", ["start", "end"]]
     return {"wall_time_s": _wall_time(served),
             "decode_tok_s": _ratio(float((served["output_tokens"] - 1).sum()), float((d["end"] - d["start"]).sum())),
             "ttft_p50": _pct(served["first_token"] - served["arrival"], 50)}
@@ -403,15 +404,20 @@ def _occupancy_integrals(requests: pd.DataFrame, pool: int, max_batch: int) -> t
     if t.size < 2:
         return None
     dt, t = np.diff(t), t[:-1]  # the state is constant on each [t, t + dt)
+    # Arrays as long as t (3 per request) are dropped as soon as they are used: a million-request run's are ~24 MB
+    # each, and this is where its summary peaks.
     admitted_by = np.searchsorted(admitted, t, side="right")  # FIFO: the first k in arrival order
-    fin_order = np.argsort(finished, kind="stable")
-    finished_by = np.searchsorted(finished[fin_order], t, side="right")
-    running = admitted_by - finished_by
-    used = np.concatenate(([0.0], np.cumsum(blocks)))[admitted_by] - \
-        np.concatenate(([0.0], np.cumsum(blocks[fin_order])))[finished_by]
     head = np.minimum(admitted_by, n - 1)
     queued = (admitted_by < n) & (arrival[head] <= t)
-    blocked = queued & (running < max_batch) & (blocks[head] > pool - used)
+    fin_order = np.argsort(finished, kind="stable")
+    finished_by = np.searchsorted(finished[fin_order], t, side="right")
+    del t
+    running = admitted_by - finished_by
+    free = pool - (np.concatenate(([0.0], np.cumsum(blocks)))[admitted_by] -
+                   np.concatenate(([0.0], np.cumsum(blocks[fin_order])))[finished_by])
+    del admitted_by, finished_by
+    blocked = queued & (running < max_batch) & (blocks[head] > free)
+    del head, free
     busy = dt * (running > 0)
     while_queued = dt * queued
     return (float((running * dt).sum()), float(dt.sum()), float((running * while_queued).sum()),
@@ -465,7 +471,8 @@ def summary(rec: RunRecord, rate: float | None = None, slos: tuple[SLO, ...] = (
     """
     served = _served(rec)  # once: every figure below starts from it
     m = _request_metrics(served)
-    size, _, _, waste = _group_sizes(_prefill_steps(rec))  # admission_groups' figures, without its groups frame
+    # admission_groups' figures, without its groups frame
+    size, _, _, waste = _group_sizes(_prefill_steps(rec, ["rows", "tokens", "prompt_tokens"]))
     closed = _closed_run(rec, served)
     served_rate_ = _served_rate(served)
     out = {"n": len(m), "served_rate": served_rate_,
