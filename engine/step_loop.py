@@ -9,9 +9,10 @@ decide: a row finishing, a prompt waiting for its next chunk, or the next arriva
 
 The loop is a generator of times: it yields a time whenever the driver must let time pass before it goes on
 (the end of a pass's work, or the next arrival when idle; None when the next arrival is not known, as for a
-replica fed by a router). The engine's driver sleeps until then (a no-op for work already done); the
-simulator's SimPy process waits on its clock. Rows finish at the yielded time, after the wait, so anything that
-looks at the scheduler from outside (a router) sees it as it is at that moment.
+replica fed by a router). The engine's driver (drive) sleeps until then (a no-op for work already done); the
+simulator's, the same function, sets its virtual clock; a simulated fleet's replicas wait in SimPy processes.
+Rows finish at the yielded time, after the wait, so anything that looks at the scheduler from outside (a router)
+sees it as it is at that moment.
 """
 from __future__ import annotations
 
