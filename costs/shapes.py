@@ -6,8 +6,7 @@ shapes, the engine records them, the cost model prices them and calibration meas
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 BACKENDS = ("paged", "padded")
 
@@ -19,10 +18,10 @@ def kv_read(backend: str, rows: int, kv_tokens, kv_max):
     return kv_tokens if backend == "paged" else rows * kv_max
 
 
-@dataclass(frozen=True)
-class DecodeShape:
+class DecodeShape(NamedTuple):
     """One decode step: `rows` rows holding `kv_tokens` K/V tokens in all and `kv_max` in the longest, each
-    counting the token the row writes in this step (it attends to itself)."""
+    counting the token the row writes in this step (it attends to itself). A named tuple, not a frozen dataclass:
+    the step loop makes one every pass, and a frozen dataclass takes several times as long to make."""
 
     rows: int
     kv_tokens: int
@@ -33,10 +32,10 @@ class DecodeShape:
         return DecodeShape(self.rows, self.kv_tokens + self.rows * steps, self.kv_max + steps)
 
 
-@dataclass(frozen=True)
-class PrefillShape:
+class PrefillShape(NamedTuple):
     """One prefill step: sequence i computes `computed[i]` positions after `prefix[i]` already in the pool (a
-    padded group's rows compute the whole padded length; a chunk follows the prompt's earlier chunks).
+    padded group's rows compute the whole padded length; a chunk follows the prompt's earlier chunks). A named
+    tuple, as DecodeShape: the simulator makes one and hashes it (the cost model's cache) for most requests.
 
     rows, tokens and attn are what the records keep: attn is the causal attention work, the sum over sequences of
     n * (n + 2p) (each position attends to the prefix and to itself and the positions before it, about n^2 / 2

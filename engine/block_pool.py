@@ -30,7 +30,7 @@ def gib_of(blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, kv_bytes_per_token
 
 def largest_request_blocks(requests: Iterable, block_size: int) -> int:
     """Blocks the largest request (prompt + full budget) reserves."""
-    return max(blocks_for(r.prompt_tokens + r.budget, block_size) for r in requests)
+    return blocks_for(max(r.prompt_tokens + r.budget for r in requests), block_size)  # rounding up keeps the order
 
 
 def unbounded_pool(requests: Iterable, max_batch: int, block_size: int) -> int:

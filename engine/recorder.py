@@ -29,12 +29,14 @@ class Recorder:
         self.writer.add("steps", (step, "prefill", s.rows, work.padded_len, work.prompt_tokens, s.tokens, s.attn,
                                   0, 0, 0, start, end, work.seqs[0].group_id, admitted, 0, self.replica))
 
-    def decode_steps(self, step: int, shape: DecodeShape, starts, ends, retired: int) -> None:
-        """Consecutive decode steps of the same rows from `step` (the first has `shape`), one start and end each;
-        rows retire only in the last. The simulator writes a whole stretch of decode steps at once."""
-        if not self.keep_decode:
-            return
+    def decode_steps(self, step: int, shape: DecodeShape, start: float, ends: list[float], retired: int,
+                     next_start: float) -> None:
+        """Consecutive decode steps of the same rows from `step` (the first has `shape`), the first starting at
+        `start`, each ending where the next starts; the timer's `ends`, but the last step ends where the next pass
+        starts (`next_start`: it holds the rows' retirement). Rows retire only in the last. The simulator writes a
+        whole stretch of decode steps at once. Called only when the recorder keeps decode steps (keep_decode)."""
         n = len(ends)
+        starts, ends = [start, *ends[:-1]], [*ends[:-1], next_start]
         j = np.arange(n)
         rows = shape.rows
         kv_tokens, kv_max = shape.kv_tokens + rows * j, shape.kv_max + j

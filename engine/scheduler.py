@@ -67,11 +67,12 @@ PADDED = PrefillPolicy()
 class Seq:
     """A request inside the engine: its blocks, progress and the times the records need."""
 
-    __slots__ = ("req", "blocks_needed", "block_table", "kv_len", "generated", "admitted", "admit_step",
+    __slots__ = ("req", "budget", "blocks_needed", "block_table", "kv_len", "generated", "admitted", "admit_step",
                  "group_id", "group_size", "first_token", "last_token", "finished", "token_times", "token_ids")
 
     def __init__(self, req: Request, blocks_needed: int):
         self.req = req
+        self.budget = req.budget  # the request's, at hand: the scheduler compares it with every row every pass
         self.blocks_needed = blocks_needed
         self.block_table: list[int] = []
         self.kv_len = 0  # tokens whose K/V are in the pool: the prompt's computed part, then one per decode step
@@ -83,7 +84,7 @@ class Seq:
 
     @property
     def remaining(self) -> int:
-        return self.req.budget - self.generated
+        return self.budget - self.generated
 
 
 @dataclass
@@ -99,7 +100,7 @@ class PrefillWork:
     shape: PrefillShape = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        self.shape = PrefillShape.of(self.computed, self.prefix)
+        self.shape = PrefillShape(tuple(self.computed), tuple(self.prefix))  # the scheduler's ints: no conversion
 
     @property
     def prompt_tokens(self) -> int:
@@ -164,6 +165,8 @@ class Scheduler:
 
     def admit(self, now: float, step: int) -> list[Seq]:
         """Admit from the queue head while a row and the head's full reservation are free."""
+        if not self.can_admit():  # most passes admit no one
+            return []
         group: list[Seq] = []
         while self.can_admit():
             seq = self.queue.popleft()
@@ -215,14 +218,14 @@ class Scheduler:
 
     def decode_rows(self) -> list[Seq]:
         """Rows with their first token and budget left: the ones a decode step advances."""
-        return [s for s in self.running if 0 < s.generated < s.req.budget]
+        return [s for s in self.running if 0 < s.generated < s.budget]
 
     def max_decode_steps(self) -> int:
         """Decode steps that can run back to back before the scheduler has anything to decide: until the first
         running row finishes, and one while prompts still wait for chunk steps (at least 1)."""
         if self.prefilling:
             return 1
-        return max(1, min([s.req.budget - s.generated for s in self.running]))  # each row's remaining, inlined
+        return max(1, min([s.budget - s.generated for s in self.running]))  # each row's remaining, inlined
 
     def advance(self, rows: list[Seq], t: float, steps: int = 1) -> None:
         """`steps` decode steps for `rows` ended at `t`: each step wrote one token's K/V and generated one token."""
@@ -233,9 +236,9 @@ class Scheduler:
 
     def retire(self) -> list[Seq]:
         """Finish rows that generated their whole budget (at their last token) and free their blocks."""
-        done = [s for s in self.running if s.generated >= s.req.budget]
+        done = [s for s in self.running if s.generated >= s.budget]
         if done:
-            self.running = [s for s in self.running if s.generated < s.req.budget]
+            self.running = [s for s in self.running if s.generated < s.budget]
             for s in done:
                 s.finished = s.last_token
                 self.pool.release(s.block_table)

@@ -9,9 +9,10 @@ decide: a row finishing, a prompt waiting for its next chunk, or the next arriva
 
 The loop is a generator of times: it yields a time whenever the driver must let time pass before it goes on
 (the end of a pass's work, or the next arrival when idle; None when the next arrival is not known, as for a
-replica fed by a router). The engine's driver sleeps until then (a no-op for work already done); the
-simulator's SimPy process waits on its clock. Rows finish at the yielded time, after the wait, so anything that
-looks at the scheduler from outside (a router) sees it as it is at that moment.
+replica fed by a router). The engine's driver (drive) sleeps until then (a no-op for work already done); the
+simulator's, the same function, sets its virtual clock; a simulated fleet's replicas wait in SimPy processes.
+Rows finish at the yielded time, after the wait, so anything that looks at the scheduler from outside (a router)
+sees it as it is at that moment.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class StepTimer(Protocol):
         computed) and the time it ends."""
 
     def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int,
-               stop: float) -> tuple[list[int] | None, Sequence[float]]:
+               stop: float) -> tuple[list[int] | None, list[float]]:
         """Decode steps from `start`: the next token of each row (None when not computed) and each step's end.
         One step, or up to `limit` of them, ending with the first that ends at or after `stop`."""
 
@@ -54,6 +55,7 @@ class TraceArrivals:
     def __init__(self, requests: Sequence[Request]):
         self.pending = sorted(requests, key=lambda r: r.arrival)
         self.i = 0
+        self._acceptable = (-1, 0)  # (i, the first pending request from i that the scheduler accepts)
 
     def due(self, t: float) -> list[Request]:
         i = j = self.i
@@ -76,15 +78,23 @@ class TraceArrivals:
         if sched.queue or len(sched.running) >= sched.max_batch:  # a head waiting for blocks, or no free row
             return math.inf
         p = self.pending
-        for k in range(self.i, len(p)):  # by index: a slice would copy the rest of the trace on every pass
-            req = p[k]
-            try:
-                sched.check(req)
-            except InputError:  # it will be refused on arrival and change nothing
-                continue
-            fits = sched.pool.blocks_for(req.prompt_tokens + req.budget) <= sched.pool.free
-            return req.arrival if fits else math.inf  # one that does not fit blocks everything behind it
-        return math.inf
+        # Whether the scheduler accepts a request changes only when it accepts another (a repeated id), which
+        # happens only as i moves on; so the search is done once per i, not once per pass.
+        i, k = self._acceptable
+        if i != self.i:
+            k = self.i
+            while k < len(p):  # by index: a slice would copy the rest of the trace
+                try:
+                    sched.check(p[k])
+                    break
+                except InputError:  # it will be refused on arrival and change nothing
+                    k += 1
+            self._acceptable = (self.i, k)
+        if k == len(p):
+            return math.inf
+        req = p[k]
+        fits = sched.pool.blocks_for(req.prompt_tokens + req.budget) <= sched.pool.free
+        return req.arrival if fits else math.inf  # one that does not fit blocks everything behind it
 
 
 class StepLoop:
@@ -102,16 +112,17 @@ class StepLoop:
 
     def run(self) -> Iterator[float | None]:
         sched, rec, timer, arrivals = self.sched, self.rec, self.timer, self.arrivals
-        keep_times = rec.tokens
+        keep_times, keep_decode, fast_forward = rec.tokens, rec.keep_decode, timer.fast_forward
         step = 0
-        stretch = None  # the last decode stretch's steps; the last of them ends where the next pass starts
+        stretch = None  # the last decode stretch's steps, when kept; the last of them ends where the next pass starts
         while True:
             t = timer.now()
             if stretch is not None:
-                first, shape, starts, ends, retired = stretch
-                rec.decode_steps(first, shape, starts, ends + [t], retired)
+                rec.decode_steps(*stretch, t)
                 stretch = None
-            self._submit(arrivals.due(t))
+            due = arrivals.due(t)
+            if due:
+                self._submit(due)
             if sched.idle:
                 if arrivals.exhausted:
                     return
@@ -124,10 +135,11 @@ class StepLoop:
             if work is not None:
                 tokens, t = timer.prefill(work, start)
                 first_tokens = sched.prefilled(work, t)
-                for i, s in enumerate(first_tokens):
-                    if tokens is not None:
+                if tokens is not None:
+                    for i, s in enumerate(first_tokens):
                         s.token_ids.append(tokens[i])
-                    if keep_times:
+                if keep_times:
+                    for s in first_tokens:
                         s.token_times.append(t)
                 rec.prefill(step, work, len(group), start, t)
             rows = sched.decode_rows()
@@ -135,9 +147,8 @@ class StepLoop:
             if rows:
                 shape = decode_shape(rows)
                 limit = sched.max_decode_steps()
-                stop = arrivals.next_admission(sched) if limit > 1 and timer.fast_forward else math.inf
+                stop = arrivals.next_admission(sched) if limit > 1 and fast_forward else math.inf
                 tokens, ends = timer.decode(rows, shape, t, limit, stop)
-                ends = list(ends)
                 k = len(ends)
                 decode_start, t = t, ends[-1]
                 sched.advance(rows, t, k)
@@ -149,12 +160,13 @@ class StepLoop:
                         s.token_times.extend(ends)
             yield t
             done = sched.retire()
-            rec.finish(done)
-            timer.retired(len(done))
-            if rows:
-                stretch = (step, shape, [decode_start] + ends[:-1], ends[:-1], len(done))
-            if done and self.on_finish:
-                self.on_finish(done)
+            if done:
+                rec.finish(done)
+                timer.retired(len(done))
+                if self.on_finish:
+                    self.on_finish(done)
+            if rows and keep_decode:
+                stretch = (step, shape, decode_start, ends, len(done))
             step += max(k, 1)
 
 

@@ -235,7 +235,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from costs.model import CostModel
     from traces.metrics import per_replica, summary
 
-    from .fleet import simulate_fleet
     from .fleet_report import replica_table, slo_line
     from .simulator import SimConfig, simulate
     table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
@@ -251,8 +250,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                     policy=PrefillPolicy.parse(args.prefill))
     with tqdm(total=len(trace), unit="req", desc="simulating", disable=len(trace) < 20_000) as bar:
         cost = CostModel(table, args.strict)
-        result = simulate(trace, cost, cfg, on_finish=bar.update) if args.replicas == 1 else \
-            simulate_fleet(trace, cost, cfg, args.replicas, args.router, on_finish=bar.update)
+        if args.replicas == 1:
+            result = simulate(trace, cost, cfg, on_finish=bar.update)
+        else:
+            from .fleet import simulate_fleet  # SimPy: only a fleet needs it
+            result = simulate_fleet(trace, cost, cfg, args.replicas, args.router, on_finish=bar.update)
     rate = trace.meta.get("rate") or trace.offered_rate  # None for a closed run: no stability verdict
     s = summary(result.record, rate, args.slo)
     if args.out:

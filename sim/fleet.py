@@ -31,7 +31,7 @@ import simpy
 from simpy.events import NORMAL, URGENT
 
 from costs.model import CostModel
-from engine.block_pool import BlockPool, unbounded_pool
+from engine.block_pool import BlockPool
 from engine.recorder import Recorder
 from engine.routing import Load, Router, router as router_named
 from engine.scheduler import Scheduler, Seq
@@ -40,7 +40,7 @@ from traces.errors import InputError
 from traces.records import RunWriter
 from traces.workload import Request, Trace
 
-from .simulator import SimConfig, SimResult, SimTimer, _Noise, check_policy
+from .simulator import SimConfig, SimResult, SimTimer, _Noise, start_run
 
 
 class FleetEnv(simpy.Environment):
@@ -184,28 +184,12 @@ def simulate_fleet(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(), 
     """Run `trace` through `replicas` engines of configuration `cfg` behind `router`, on simulated time; one
     record of the engine's schema, each row with its replica (steps and passes in the result are the fleet's).
     `on_finish(n)` is called as rows retire, as simulate() calls it."""
-    table = cost.table
-    if cfg.backend not in table.backends:
-        raise InputError(f"{table.summary()} has no decode costs for backend {cfg.backend!r} "
-                         f"(it has {', '.join(table.backends)})")
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise InputError(f"a fleet needs a whole number of replicas >= 1, got {replicas!r}")
     pick = router_named(router)
-    check_policy(cost, cfg.policy, cost.strict)
-    if not trace.requests:
-        raise InputError("the trace has no requests")
     t0 = time.perf_counter()
-    pool_blocks = cfg.pool_blocks or unbounded_pool(trace.requests, cfg.max_batch, table.block_size)
-    # simulate()'s run metadata (tests/test_fleet.py holds them equal), with the fleet's shape.
-    run_meta = {"kind": "sim", "backend": cfg.backend, "prefill": str(cfg.policy), "trace_id": trace.trace_id,
-                "trace": trace.meta, "max_batch": cfg.max_batch, "pool_blocks": pool_blocks,
-                "block_size": table.block_size, "max_tokens": table.max_tokens, "model": table.model,
-                "device": table.device, "table_id": table.table_id,
-                "sim": {"detail": cfg.detail, "fast_forward": cfg.fast_forward, "noise_seed": cfg.noise_seed,
-                        "strict": cost.strict},
-                "replicas": replicas, "router": router}
-    tables = ("requests", "steps", "rejected") + (("tokens",) if cfg.detail == "tokens" else ())
-    writer = RunWriter(None, run_meta, tables)
+    pool_blocks, writer = start_run(trace, cost, cfg, replicas=replicas, router=router)
+    table = cost.table
     env = FleetEnv()
     dispatcher = Dispatcher(env, trace.requests, pick, replicas)
     env.process(dispatcher.run())  # first: arrivals at t=0 are in the inboxes before any replica's first pass

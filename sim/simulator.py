@@ -1,4 +1,4 @@
-"""The simulator: the engine's own step loop (engine/step_loop.py) in a SimPy process, with step durations from
+"""The simulator: the engine's own step loop (engine/step_loop.py) on a virtual clock, with step durations from
 a cost model instead of a GPU.
 
 The scheduler, block pool, recorder and loop are the engine's own, so admission, grouping, the prefill policy
@@ -7,29 +7,34 @@ and retirement are the engine's decisions; only how long a step takes is modelle
 Fast-forward. Between two points where the scheduler has something to decide (a row finishing, a chunk step
 due, an arrival that could be admitted), the decode rows cannot change, so SimTimer prices the whole stretch of
 decode steps at once (CostModel.decode_stretch, in plain Python: a stretch is a few steps on average) and the
-loop's clock jumps to its end in one SimPy timeout. When the next arrival would be admitted, the stretch stops
+loop's clock jumps to its end in one pass. When the next arrival would be admitted, the stretch stops
 at the first step that ends at or after it, where the engine would admit it. The arithmetic is the one-step
 arithmetic done in order (the times are a cumulative sum that starts from the stretch's start), so a
 fast-forwarded run is identical, bit for bit, to one stepped one step at a time.
+
+One engine is one process with nothing to interleave, so simulate() drives its loop as the engine's driver does
+(engine/step_loop.drive), on SimTimer's clock: waiting is setting that clock. SimPy schedules the fleet
+(sim/fleet.py), where replicas and the router take turns; for one engine it would only add an event per pass.
 """
 from __future__ import annotations
 
+import gc
 import time
 import warnings
 from bisect import bisect_left
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Callable
 
 import numpy as np
-import simpy
 
 from costs.model import CostModel
 from costs.shapes import DecodeShape
 from engine.block_pool import BlockPool, unbounded_pool
 from engine.recorder import Recorder
 from engine.scheduler import PADDED, PrefillPolicy, PrefillWork, Scheduler, Seq
-from engine.step_loop import StepLoop, TraceArrivals
+from engine.step_loop import StepLoop, TraceArrivals, drive
 from traces.errors import InputError
 from traces.records import RunRecord, RunWriter
 from traces.workload import Trace
@@ -63,7 +68,7 @@ class SimResult:
     record: RunRecord
     pool_blocks: int
     steps: int  # prefill and decode steps simulated
-    passes: int  # engine-loop passes, one SimPy timeout each; fewer than steps thanks to fast-forward
+    passes: int  # engine-loop passes; fewer than steps thanks to fast-forward
     wall_s: float
 
     @property
@@ -147,6 +152,42 @@ def check_policy(cost: CostModel, policy: PrefillPolicy, strict: bool) -> None:
     warnings.warn(what, DerivedCostWarning, stacklevel=3)
 
 
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off for a run, as it was after. A run frees what it allocates by reference
+    counting (it makes no reference cycles), so the collector finds nothing, yet every few hundred allocations it
+    walks the young objects, and now and then every live one (the trace, the records): about a tenth of a run."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def start_run(trace: Trace, cost: CostModel, cfg: SimConfig, **fleet) -> tuple[int, RunWriter]:
+    """What simulate() and a fleet (sim/fleet.py, which passes its shape as `fleet`) do before a run: refuse what
+    cannot run, size the pool, and open the record with the engine's run metadata, the cost table standing in for
+    the device it was measured on. Returns the pool's blocks and the record's writer."""
+    table = cost.table
+    if cfg.backend not in table.backends:
+        raise InputError(f"{table.summary()} has no decode costs for backend {cfg.backend!r} "
+                         f"(it has {', '.join(table.backends)})")
+    check_policy(cost, cfg.policy, cost.strict)
+    if not trace.requests:
+        raise InputError("the trace has no requests")
+    pool_blocks = cfg.pool_blocks or unbounded_pool(trace.requests, cfg.max_batch, table.block_size)
+    run_meta = {"kind": "sim", "backend": cfg.backend, "prefill": str(cfg.policy), "trace_id": trace.trace_id,
+                "trace": trace.meta, "max_batch": cfg.max_batch, "pool_blocks": pool_blocks,
+                "block_size": table.block_size, "max_tokens": table.max_tokens, "model": table.model,
+                "device": table.device, "table_id": table.table_id,
+                "sim": {"detail": cfg.detail, "fast_forward": cfg.fast_forward, "noise_seed": cfg.noise_seed,
+                        "strict": cost.strict}, **fleet}
+    tables = ("requests", "steps", "rejected") + (("tokens",) if cfg.detail == "tokens" else ())
+    return pool_blocks, RunWriter(None, run_meta, tables)
+
+
 def simulate(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
              on_finish: Callable[[int], None] | None = None) -> SimResult:
     """Run `trace` through the engine's scheduler and step loop on simulated time; the record has the engine's
@@ -155,39 +196,17 @@ def simulate(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
     Requests the scheduler refuses are recorded as rejected and the run goes on (as on the engine); check a
     trace up front with sim.inputs.check_trace to refuse it instead. `on_finish(n)` is called as rows retire.
     """
-    table = cost.table
-    if cfg.backend not in table.backends:
-        raise InputError(f"{table.summary()} has no decode costs for backend {cfg.backend!r} "
-                         f"(it has {', '.join(table.backends)})")
-    check_policy(cost, cfg.policy, cost.strict)
-    if not trace.requests:
-        raise InputError("the trace has no requests")
     t0 = time.perf_counter()
-    pool_blocks = cfg.pool_blocks or unbounded_pool(trace.requests, cfg.max_batch, table.block_size)
-    # The engine's run metadata, with the cost table standing in for the device it was measured on.
-    run_meta = {"kind": "sim", "backend": cfg.backend, "prefill": str(cfg.policy), "trace_id": trace.trace_id,
-                "trace": trace.meta, "max_batch": cfg.max_batch, "pool_blocks": pool_blocks,
-                "block_size": table.block_size, "max_tokens": table.max_tokens, "model": table.model,
-                "device": table.device, "table_id": table.table_id,
-                "sim": {"detail": cfg.detail, "fast_forward": cfg.fast_forward, "noise_seed": cfg.noise_seed,
-                        "strict": cost.strict}}
-    tables = ("requests", "steps", "rejected") + (("tokens",) if cfg.detail == "tokens" else ())
-    writer = RunWriter(None, run_meta, tables)
+    pool_blocks, writer = start_run(trace, cost, cfg)
+    table = cost.table
     recorder = Recorder(writer, cfg.backend, tokens=cfg.detail == "tokens", decode_steps=cfg.detail != "summary")
     sched = Scheduler(cfg.max_batch, BlockPool(pool_blocks, table.block_size), table.max_tokens, cfg.policy)
     timer = SimTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed)
     loop = StepLoop(sched, recorder, timer, TraceArrivals(trace.requests),
                     (lambda done: on_finish(len(done))) if on_finish else None)
-    env = simpy.Environment()
-    env.process(_process(env, loop, timer))
-    env.run()
+    with _collector_paused():
+        drive(loop, timer)
     steps = timer.prefills + timer.decodes
     writer.close(sim_steps=steps, sim_passes=loop.passes)
     return SimResult(writer.record(), pool_blocks, steps, loop.passes, time.perf_counter() - t0)
 
-
-def _process(env: simpy.Environment, loop: StepLoop, timer: SimTimer):
-    """The loop as a SimPy process: each time it yields, simulated time moves to it."""
-    for t in loop.run():
-        yield env.timeout(max(0.0, t - env.now))
-        timer.wait_until(t)

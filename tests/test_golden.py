@@ -4,6 +4,10 @@ tests/data/sim_golden.json holds digests of the requests, steps and token times 
 (before the one step loop, the costs package and the speed work) wrote for these five runs on the first shipped
 H200 table (tests/data/h200-v1-59e02847ee9daee8.json, a version-1 table: it also shows old tables still read).
 Any change to a decision or an addition order shows here as a different digest.
+
+tests/data/sim_golden_v2.json holds the same digests, and the summary figures, for what version 1 could not run
+(packed and chunked prefill, fleets behind routers), as the simulator wrote them before the second round of speed
+work (commit 42c7072): that work changed how fast the records are made, not what they hold.
 """
 from __future__ import annotations
 
@@ -18,7 +22,10 @@ import pytest
 from costs.model import CostModel
 from costs.table import StationarityWarning, load_cost_table
 from engine.block_pool import blocks_for_gib
+from engine.scheduler import PrefillPolicy
+from sim.fleet import simulate_fleet
 from sim.simulator import SimConfig, simulate
+from traces.metrics import summary
 from traces.workload import closed_mixed, length_trace, poisson_trace
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -68,4 +75,29 @@ def test_records_are_bit_identical_to_the_first_simulator(cost, name):
     got = {"requests": _digest(rec.requests, REQUESTS), "steps": _digest(rec.steps, STEPS),
            "tokens": _digest(rec.tokens, ("request_id", "index", "time")), "n_steps": len(rec.steps),
            "finished_last": float(rec.requests.finished.max())}
+    assert got == want
+
+
+CASES_V2 = {
+    "packed-paged32-rate30": (1, "round-robin", dict(backend="paged", max_batch=32, policy=PrefillPolicy("packed"))),
+    "chunked256-padded16-0.5gib-rate30": (1, "round-robin", dict(backend="padded", max_batch=16,
+                                                                pool_blocks=blocks_for_gib(0.5),
+                                                                policy=PrefillPolicy("chunked", 256))),
+    "fleet3-least-tokens-rate60-noise3": (3, "least-tokens", dict(backend="paged", max_batch=16, noise_seed=3)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES_V2))
+def test_policies_and_fleets_write_the_records_they_wrote_before(cost, name):
+    want = json.loads((DATA / "sim_golden_v2.json").read_text())[name]
+    replicas, router, cfg = CASES_V2[name]
+    rate = 60 if replicas > 1 else 30
+    trace, cfg = poisson_trace(rate, 400, 3), SimConfig(detail="tokens", **cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # extrapolation and derived-cost notices of the old table
+        result = simulate(trace, cost, cfg) if replicas == 1 else simulate_fleet(trace, cost, cfg, replicas, router)
+    rec = result.record
+    got = {"requests": _digest(rec.requests, REQUESTS + ("replica",)),
+           "steps": _digest(rec.steps, STEPS + ("replica",)), "tokens": _digest(rec.tokens, ("request_id", "index", "time")), "n_steps": len(rec.steps),
+           "summary": repr(summary(rec, rate))}
     assert got == want

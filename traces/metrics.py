@@ -90,7 +90,9 @@ def _ratio(num: float, den: float) -> float:
 
 def _served(rec: RunRecord) -> pd.DataFrame:
     r = rec.requests
-    return r[r["finished"].notna()].sort_values("arrival", kind="stable")
+    # Only the columns the figures read: a million-request run's full table is ~100 MB a copy.
+    r = r.loc[r["finished"].notna(), ["request_id", "arrival", "admitted", "first_token", "finished", "output_tokens"]]
+    return r.sort_values("arrival", kind="stable")
 
 
 def _wall_time(served: pd.DataFrame) -> float:
@@ -104,7 +106,10 @@ def _meta_rate(rec: RunRecord) -> float | None:
 
 def request_metrics(rec: RunRecord) -> pd.DataFrame:
     """One row per served request in arrival order: request_id, arrival, queue_wait, ttft, tpot, sojourn."""
-    r = _served(rec)
+    return _request_metrics(_served(rec))
+
+
+def _request_metrics(r: pd.DataFrame) -> pd.DataFrame:
     decode_tokens = (r["output_tokens"] - 1).where(r["output_tokens"] > 1)
     return pd.DataFrame({
         "request_id": r["request_id"].to_numpy(),
@@ -118,7 +123,10 @@ def request_metrics(rec: RunRecord) -> pd.DataFrame:
 
 def served_rate(rec: RunRecord) -> float:
     """Requests served / (last finished - first arrival); NaN for an empty run."""
-    served = _served(rec)
+    return _served_rate(_served(rec))
+
+
+def _served_rate(served: pd.DataFrame) -> float:
     return _ratio(len(served), _wall_time(served))
 
 
@@ -135,9 +143,10 @@ def _trend_rise(arrival: np.ndarray, wait: np.ndarray) -> float:
 def theil_sen_slope(x: np.ndarray, y: np.ndarray) -> float:
     """The median of the slopes between every pair of points with distinct x (scipy.stats.theilslopes' slope)."""
     dx = x[:, None] - x
-    dy = y[:, None] - y
     pos = dx > 0
-    return float(np.median(dy[pos] / dx[pos])) if pos.any() else math.nan
+    slopes = (y[:, None] - y).astype(float, copy=False)
+    np.divide(slopes, dx, out=slopes, where=pos)  # in place, then one selection (not two) of the pairs kept
+    return float(np.median(slopes[pos])) if pos.any() else math.nan
 
 
 def stability(rec: RunRecord, rate: float | None = None, rise_tol_s: float = RISE_TOL_S) -> dict:
@@ -146,14 +155,19 @@ def stability(rec: RunRecord, rate: float | None = None, rise_tol_s: float = RIS
     Keys: rate (r, from meta['trace']['rate'] when not given; only reported), served_rate, expected_rate,
     trend_rise_s, served_ok, trending, stable.
     """
-    m = request_metrics(rec)
+    served = _served(rec)
+    return _stability(_request_metrics(served), _served_rate(served), rate if rate is not None else _meta_rate(rec),
+                      rise_tol_s)
+
+
+def _stability(m: pd.DataFrame, served: float, rate: float | None, rise_tol_s: float) -> dict:
+    """stability() from the run's request_metrics and served rate."""
     early = m["sojourn"].iloc[:max(1, math.ceil(EARLY_FRACTION * len(m)))]
     expected = _ratio(len(m), float(m["arrival"].max() - m["arrival"].min() + early.median()))
-    served = served_rate(rec)
     rise = _trend_rise(m["arrival"].to_numpy(), m["queue_wait"].to_numpy())
     served_ok = served >= SERVED_FRACTION * expected
     trending = rise > rise_tol_s
-    return {"rate": rate if rate is not None else _meta_rate(rec), "served_rate": served, "expected_rate": expected,
+    return {"rate": rate, "served_rate": served, "expected_rate": expected,
             "trend_rise_s": rise, "served_ok": bool(served_ok), "trending": bool(trending),
             "stable": bool(served_ok and not trending)}
 
@@ -183,10 +197,8 @@ def admission_groups(rec: RunRecord) -> dict:
     chunked prefill) with its size, positions, waste, duration, the part of it spent on padding (padding_s: the
     duration split by positions) and the queue depth when its group was admitted (NaN for a group whose requests
     the record lacks)."""
-    p = rec.steps[rec.steps["kind"] == "prefill"]
-    size = p["rows"].to_numpy(float)
-    computed = p["tokens"].to_numpy(float)
-    real = p["prompt_tokens"].to_numpy(float)
+    p = _prefill_steps(rec)
+    size, computed, real, waste = _group_sizes(p)
     duration = (p["end"] - p["start"]).to_numpy(float)
     admitted = rec.requests.groupby("group_id")["admitted"].min().reindex(p["group_id"]).to_numpy(float)
     known = np.isfinite(admitted)
@@ -196,13 +208,27 @@ def admission_groups(rec: RunRecord) -> dict:
                            "start": p["start"].to_numpy(float), "end": p["end"].to_numpy(float),
                            "size": p["rows"].to_numpy(), "padded_len": p["padded_len"].to_numpy(),
                            "prompt_tokens": p["prompt_tokens"].to_numpy(), "padded_tokens": computed,
-                           "waste": (computed - real) / real, "duration": duration,
+                           "waste": waste, "duration": duration,
                            "padding_s": duration * np.divide(computed - real, computed, out=np.zeros_like(real),
                                                              where=computed > 0),
                            "depth": depth})
+    return {**_group_figures(size, waste), "groups": groups}
+
+
+def _prefill_steps(rec: RunRecord, columns: list[str] | None = None) -> pd.DataFrame:
+    """The prefill steps, with only `columns` when given (a copy of a million-step table is ~100 MB)."""
+    return rec.steps.loc[rec.steps["kind"] == "prefill", columns or slice(None)]
+
+
+def _group_sizes(p: pd.DataFrame) -> tuple[np.ndarray, ...]:
+    """Each prefill step's rows, positions computed, real prompt tokens and padding waste."""
+    computed, real = p["tokens"].to_numpy(float), p["prompt_tokens"].to_numpy(float)
+    return p["rows"].to_numpy(float), computed, real, (computed - real) / real
+
+
+def _group_figures(size: np.ndarray, waste: np.ndarray) -> dict:
     return {"group_size_p50": _pct(size, 50), "group_size_p95": _pct(size, 95), "group_size_max": _pct(size, 100),
-            "padding_waste_p50": _pct(groups["waste"], 50), "padding_waste_p95": _pct(groups["waste"], 95),
-            "groups": groups}
+            "padding_waste_p50": _pct(waste, 50), "padding_waste_p95": _pct(waste, 95)}
 
 
 def groups_at_admission(rec: RunRecord) -> pd.DataFrame:
@@ -311,8 +337,11 @@ def retire_overhead(rec: RunRecord, neighbours: int = RETIRE_NEIGHBOURS) -> pd.D
 
 def closed_run(rec: RunRecord) -> dict:
     """wall_time_s, decode_tok_s and ttft_p50 of a closed (all arrive at once) run."""
-    served = _served(rec)
-    d = rec.steps[rec.steps["kind"] == "decode"]
+    return _closed_run(rec, _served(rec))
+
+
+def _closed_run(rec: RunRecord, served: pd.DataFrame) -> dict:
+    d = rec.steps.loc[rec.steps["kind"] == "decode", ["start", "end"]]
     return {"wall_time_s": _wall_time(served),
             "decode_tok_s": _ratio(float((served["output_tokens"] - 1).sum()), float((d["end"] - d["start"]).sum())),
             "ttft_p50": _pct(served["first_token"] - served["arrival"], 50)}
@@ -347,8 +376,10 @@ def occupancy(rec: RunRecord) -> dict:
     nan = {"mean_running_rows": math.nan, "rows_while_queued": math.nan, "head_blocked_frac": math.nan}
     if pool is None or max_batch is None:
         return nan
-    parts = [p for _, r in rec.requests.groupby("replica", sort=True)
-             if (p := _occupancy_integrals(r, pool, max_batch)) is not None]
+    replica = rec.requests["replica"].to_numpy()
+    engines = [rec.requests] if replica.size and (replica == replica[0]).all() else \
+        [r for _, r in rec.requests.groupby("replica", sort=True)]  # a groupby costs a 400-request point ~1 ms
+    parts = [p for r in engines if (p := _occupancy_integrals(r, pool, max_batch)) is not None]
     if not parts:
         return nan
     sums = [sum(p[k] for p in parts) for k in range(6)]  # the sum of one term is that term, bit for bit
@@ -358,7 +389,8 @@ def occupancy(rec: RunRecord) -> dict:
 
 def _occupancy_integrals(requests: pd.DataFrame, pool: int, max_batch: int) -> tuple[float, ...] | None:
     """One engine's (running x dt, dt, running x dt while queued, dt while queued, dt blocked, dt running) sums."""
-    r = requests.sort_values(["arrival", "request_id"], kind="stable")
+    r = requests[["arrival", "request_id", "admitted", "finished", "blocks"]].sort_values(["arrival", "request_id"],
+                                                                                        kind="stable")
     n = len(r)
     if n == 0:
         return None
@@ -372,15 +404,20 @@ def _occupancy_integrals(requests: pd.DataFrame, pool: int, max_batch: int) -> t
     if t.size < 2:
         return None
     dt, t = np.diff(t), t[:-1]  # the state is constant on each [t, t + dt)
+    # Arrays as long as t (3 per request) are dropped as soon as they are used: a million-request run's are ~24 MB
+    # each, and this is where its summary peaks.
     admitted_by = np.searchsorted(admitted, t, side="right")  # FIFO: the first k in arrival order
-    fin_order = np.argsort(finished, kind="stable")
-    finished_by = np.searchsorted(finished[fin_order], t, side="right")
-    running = admitted_by - finished_by
-    used = np.concatenate(([0.0], np.cumsum(blocks)))[admitted_by] - \
-        np.concatenate(([0.0], np.cumsum(blocks[fin_order])))[finished_by]
     head = np.minimum(admitted_by, n - 1)
     queued = (admitted_by < n) & (arrival[head] <= t)
-    blocked = queued & (running < max_batch) & (blocks[head] > pool - used)
+    fin_order = np.argsort(finished, kind="stable")
+    finished_by = np.searchsorted(finished[fin_order], t, side="right")
+    del t
+    running = admitted_by - finished_by
+    free = pool - (np.concatenate(([0.0], np.cumsum(blocks)))[admitted_by] -
+                   np.concatenate(([0.0], np.cumsum(blocks[fin_order])))[finished_by])
+    del admitted_by, finished_by
+    blocked = queued & (running < max_batch) & (blocks[head] > free)
+    del head, free
     busy = dt * (running > 0)
     while_queued = dt * queued
     return (float((running * dt).sum()), float(dt.sum()), float((running * while_queued).sum()),
@@ -390,7 +427,12 @@ def _occupancy_integrals(requests: pd.DataFrame, pool: int, max_batch: int) -> t
 def slo_scores(rec: RunRecord, slos: tuple[SLO, ...]) -> dict:
     """goodput, and per SLO attain_<metric> (the fraction of served requests within its limit) and, for an SLO
     with a percentile, that percentile as <metric>_p<NN>; tails_ok: every such percentile within its limit."""
-    m = request_metrics(rec)
+    served = _served(rec)
+    return _slo_scores(_request_metrics(served), served, slos)
+
+
+def _slo_scores(m: pd.DataFrame, served: pd.DataFrame, slos: tuple[SLO, ...]) -> dict:
+    """slo_scores() from the run's served requests and their request_metrics."""
     good = np.ones(len(m), dtype=bool)
     out: dict = {}
     tails_ok = True
@@ -403,7 +445,6 @@ def slo_scores(rec: RunRecord, slos: tuple[SLO, ...]) -> dict:
             tail = _pct(values, slo.percentile)  # over the requests that have the metric
             out[slo.name] = tail
             tails_ok = tails_ok and bool(tail <= slo.limit_s)  # NaN (no requests) is not within it
-    served = _served(rec)
     out["goodput"] = _ratio(float(good.sum()), _wall_time(served)) if len(served) else math.nan
     out["good_fraction"] = _ratio(float(good.sum()), len(m))
     out["tails_ok"] = tails_ok
@@ -428,21 +469,24 @@ def summary(rec: RunRecord, rate: float | None = None, slos: tuple[SLO, ...] = (
     with a rate (given, or meta['trace']['rate']) also rate, stable, served_ok, trend_rise_s, expected_rate;
     with SLOs also slo_scores()'s keys (but tails_ok), and with both slo_ok (the module docstring).
     """
-    m = request_metrics(rec)
-    groups = admission_groups(rec)
-    closed = closed_run(rec)
-    out = {"n": len(m), "served_rate": served_rate(rec),
+    served = _served(rec)  # once: every figure below starts from it
+    m = _request_metrics(served)
+    # admission_groups' figures, without its groups frame
+    size, _, _, waste = _group_sizes(_prefill_steps(rec, ["rows", "tokens", "prompt_tokens"]))
+    closed = _closed_run(rec, served)
+    served_rate_ = _served_rate(served)
+    out = {"n": len(m), "served_rate": served_rate_,
            "queue_wait_p50": _pct(m["queue_wait"], 50), "queue_wait_p95": _pct(m["queue_wait"], 95),
            "ttft_p50": _pct(m["ttft"], 50), "ttft_p95": _pct(m["ttft"], 95), "tpot_p50": _pct(m["tpot"], 50),
-           **{k: v for k, v in groups.items() if k != "groups"},
+           **_group_figures(size, waste),
            "wall_time_s": closed["wall_time_s"], "decode_tok_s": closed["decode_tok_s"], **occupancy(rec)}
     rate = rate if rate is not None else _meta_rate(rec)
     if rate is not None:
-        s = stability(rec, rate)
+        s = _stability(m, served_rate_, rate, RISE_TOL_S)
         out.update(rate=float(rate), stable=s["stable"], served_ok=s["served_ok"], trend_rise_s=s["trend_rise_s"],
                    expected_rate=s["expected_rate"])
     if slos:
-        scores = slo_scores(rec, slos)
+        scores = _slo_scores(m, served, slos)
         tails_ok = scores.pop("tails_ok")
         out.update(scores)
         if rate is not None:
