@@ -59,6 +59,12 @@ def _digest(df, cols) -> str:
     return h.hexdigest()[:20]
 
 
+def _digests(rec, extra: tuple[str, ...] = ()) -> dict:
+    """The record's requests, steps and token times as digests (with the `extra` columns), and its step count."""
+    return {"requests": _digest(rec.requests, REQUESTS + extra), "steps": _digest(rec.steps, STEPS + extra),
+            "tokens": _digest(rec.tokens, ("request_id", "index", "time")), "n_steps": len(rec.steps)}
+
+
 @pytest.fixture(scope="module")
 def cost() -> CostModel:
     with pytest.warns(StationarityWarning, match="no stationarity check"):
@@ -72,9 +78,7 @@ def test_records_are_bit_identical_to_the_first_simulator(cost, name):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # extrapolation notices of the old table
         rec = simulate(make(), cost, SimConfig(detail="tokens", **cfg)).record
-    got = {"requests": _digest(rec.requests, REQUESTS), "steps": _digest(rec.steps, STEPS),
-           "tokens": _digest(rec.tokens, ("request_id", "index", "time")), "n_steps": len(rec.steps),
-           "finished_last": float(rec.requests.finished.max())}
+    got = {**_digests(rec), "finished_last": float(rec.requests.finished.max())}
     assert got == want
 
 
@@ -97,7 +101,5 @@ def test_policies_and_fleets_write_the_records_they_wrote_before(cost, name):
         warnings.simplefilter("ignore")  # extrapolation and derived-cost notices of the old table
         result = simulate(trace, cost, cfg) if replicas == 1 else simulate_fleet(trace, cost, cfg, replicas, router)
     rec = result.record
-    got = {"requests": _digest(rec.requests, REQUESTS + ("replica",)),
-           "steps": _digest(rec.steps, STEPS + ("replica",)), "tokens": _digest(rec.tokens, ("request_id", "index", "time")), "n_steps": len(rec.steps),
-           "summary": repr(summary(rec, rate))}
+    got = {**_digests(rec, ("replica",)), "summary": repr(summary(rec, rate))}
     assert got == want
