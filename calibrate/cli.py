@@ -21,6 +21,7 @@ from traces.model_spec import MODELS
 from traces.outpath import check_out_file
 
 from .accuracy import report
+from .measure import STATIONARY_SETTLE_S
 from .plan import FULL, H200_SPEEDS, QUICK, describe, make_plan, max_rows, run_plan
 from .store import PointsFile, points_path
 
@@ -31,6 +32,16 @@ def _backends(text: str) -> tuple[str, ...]:
     if bad or not names:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of backends ({', '.join(BACKENDS)})")
     return names
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0 <= v <= 10:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 10")
+    return v
 
 
 def _count(text: str) -> int:
@@ -51,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
                    help="only the stationarity check: shapes this engine has never run, each timed on its first run "
                         "and on repeats; exit status 1 if a step's cost depended on what ran before (p95 of first / "
                         "repeat above the limit). Writes nothing")
+    p.add_argument("--settle-s", type=_seconds, default=STATIONARY_SETTLE_S, metavar="S",
+                   help="idle seconds before each repetition of a stationarity run, so that first runs and repeats "
+                        "start from the same GPU state (default %(default)s; 0 runs them back to back, as before)")
     p.add_argument("--refresh", type=Path, metavar="TABLE",
                    help="instead of a whole calibration, re-measure a few of TABLE's shapes on this GPU and write TABLE "
                         "rescaled to it (about a minute): for a GPU instance other than the one that made TABLE")
@@ -106,7 +120,7 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         from .refresh import refresh
         return refresh(args.refresh, args.out, cfg, argv)
     if args.check_stationary:
-        return check_stationary(plan, cfg, args.backend)
+        return check_stationary(plan, cfg, args.backend, args.settle_s)
     from engine.engine import POLICIES_BUILT
     runs = make_plan(plan, cfg.max_batch, args.backend,
                      tuple(f"chunked:{plan.chunk}" if p == "chunked" else p for p in POLICIES_BUILT))
@@ -124,7 +138,7 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
             def advance(run):
                 bar.set_postfix_str(run.label, refresh=False)
                 bar.update()
-            made = run_plan(runs, store.__contains__, lambda r: measure(engine, r), store.add, advance)
+            made = run_plan(runs, store.__contains__, lambda r: measure(engine, r, args.settle_s), store.add, advance)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the runs measured so far are kept in {store.path}; run the same command to resume",
               file=sys.stderr)
@@ -153,7 +167,7 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def check_stationary(plan, cfg, backends) -> int:
+def check_stationary(plan, cfg, backends, settle_s: float) -> int:
     """The stationarity check alone, on a freshly started engine."""
     from engine.engine import POLICIES_BUILT, Engine
 
@@ -164,11 +178,12 @@ def check_stationary(plan, cfg, backends) -> int:
     engine = Engine(cfg)
     others = [f"chunked:{plan.chunk}" if p == "chunked" else p for p in POLICIES_BUILT if p != "padded"]
     runs = stationarity_runs(plan, cfg.max_batch, backends, others)
-    samples = {r.key: measure(engine, r) for r in tqdm(runs, unit="run", desc="stationarity")}
+    samples = {r.key: measure(engine, r, settle_s) for r in tqdm(runs, unit="run", desc="stationarity")}
     st = stationarity(runs, samples)
-    worst = sorted(st["shapes"], key=lambda s: -s["first_over_again"])[:5]
-    print(f"engine start {engine.start_s:.1f} s; worst shapes: " +
-          "; ".join(f"{s['run']} {s['first_over_again']:.3f}" for s in worst))
+    print(f"engine start {engine.start_s:.1f} s; {settle_s} s idle before each repetition; every shape in run order "
+          "(first / repeat; SM clock in MHz before and after each repetition):")
+    for s in st["shapes"]:
+        print(f"  {s['run']:<44} {s['first_over_again']:.3f}  {s.get('sm_clock_mhz')}")
     print(stationarity_line(st))
     return 0 if st["passed"] else 1
 

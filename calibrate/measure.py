@@ -8,7 +8,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from .gpu_state import GpuState
 from .plan import Run
+
+# Idle time before each repetition of a stationarity run. A step runs up to ~30% slower for tens of steps after a
+# compute-bound burst while the SM clock recovers; without a common idle start, a small shape measured right after
+# a large one is slower on its first run than on its repeats for a reason that has nothing to do with its shape.
+STATIONARY_SETTLE_S = 0.5
 
 
 def identity(cfg) -> dict:
@@ -29,32 +35,42 @@ def identity(cfg) -> dict:
             "max_budget": cfg.max_budget, **versions(("torch", "triton", "transformers"))}
 
 
-def measure(engine, run: Run) -> dict:
+def measure(engine, run: Run, settle_s: float = STATIONARY_SETTLE_S) -> dict:
     """Make `run` on the engine and keep what the points need from its step log.
 
     Each repetition writes a real run record to a scratch directory: retirement's cost is writing the finished
     requests' records, and a calibration that kept them in memory would measure a cheaper retirement than a
-    real run pays.
+    real run pays. A stationarity run's repetitions each start after `settle_s` of idle, with the SM clock read
+    just before and after (what the GPU's state was is then in the points file, not guessed).
     """
     from traces.workload import length_trace
 
     trace = length_trace([(0.0, p, run.budget) for p in run.prompts], {"kind": "calibration", "label": run.label})
-    prefill, decode = [], []
+    prefill, decode, clocks = [], [], []
+    stationary = run.kind.startswith("stationary-")
+    gpu = GpuState() if stationary else None
     for i in range(run.count):
+        if stationary:
+            gpu.idle(settle_s)
+            before = gpu.sm_clock_mhz()
         with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
             rec = engine.run(trace, Path(tmp) / "run", backend=run.backend, policy=run.policy, progress=False)
         pre, dec = rec.steps[rec.steps.kind == "prefill"], rec.steps[rec.steps.kind == "decode"]
         if pre.admitted.iloc[0] != run.width or (dec.rows != run.width).any():
             raise RuntimeError(f"{run.label}: the engine did not admit the run as one group of {run.width} "
                                f"(admitted {pre.admitted.tolist()}); is its KV pool too small?")
+        if stationary:
+            clocks.append([before, gpu.sm_clock_mhz()])
         if i >= run.warmup:
             prefill.append([[int(s.rows), int(s.tokens), int(s.attn), float(s.end - s.start)]
                             for s in pre.itertuples()])
             decode.append(dec)
+    extra = {"sm_clock_mhz": clocks, "settle_s": settle_s} if stationary else {}
     if run.kind.endswith("prefill"):
-        return {"prefill": prefill}
+        return {"prefill": prefill, **extra}
     if run.kind == "stationary-decode":
-        return {"first": (decode[0].end - decode[0].start).tolist(), "again": (decode[1].end - decode[1].start).tolist()}
+        return {"first": (decode[0].end - decode[0].start).tolist(), "again": (decode[1].end - decode[1].start).tolist(),
+                **extra}
     steps = decode[-1]
     return {"kv_tokens": steps.kv_tokens.astype(int).tolist(), "kv_max": steps.kv_max.astype(int).tolist(),
             "start": steps.start.tolist(), "end": steps.end.tolist()}

@@ -44,7 +44,8 @@ def stationarity(runs: list[Run], samples: dict[str, dict], limit: float = STATI
     """First-run over repeat times of the never-run shapes, summarised per kind; passed when both p95s are within
     the limit."""
     shapes = [{"run": r.label, "kind": r.kind.split("-")[1], "policy": r.policy, "prompts": list(r.prompts),
-               "first_over_again": first_over_again(r, samples[r.key])} for r in runs]
+               "first_over_again": first_over_again(r, samples[r.key]),
+               **{k: samples[r.key][k] for k in ("settle_s", "sm_clock_mhz") if k in samples[r.key]}} for r in runs]
     out = {"limit": limit}
     for kind in ("prefill", "decode"):
         v = np.array([s["first_over_again"] for s in shapes if s["kind"] == kind])
