@@ -158,6 +158,10 @@ class ModelRunner:
             with torch.cuda.graph(g, pool=pool):
                 fn()
             pool = g.pool()
+            # A graph's first launch also uploads it to the device (a step's few hundred kernels): paid here, not by
+            # the first step that lands in its bucket. The inputs are the capture's: the prefill idle inputs store
+            # nothing, and decode rewrites the one slot its eager warm-up wrote.
+            g.replay()
             return g
 
         for bucket in sorted((t for t in self.buckets if t <= graph_top), reverse=True):
