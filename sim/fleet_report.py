@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from traces.slo import SLO
+from traces.slo import SLO, describe, limit_ms
 
 from .sweep import ConfigResult
 
@@ -19,9 +19,10 @@ def _fmt(v, spec: str) -> str:
 def slo_line(s: dict, slos: tuple[SLO, ...]) -> str:
     """A run's goodput, attainment and tails against its SLOs, and the verdict when it has a rate."""
     attained = ", ".join(f"{slo.metric} {_fmt(s[f'attain_{slo.metric}'], '.1%')}" for slo in slos)
-    tails = [f"{slo.name} {_fmt(s[slo.name], '.3f')} s (limit {slo.limit_s:g})" for slo in slos if slo.percentile]
+    tails = [f"{slo.name} {_fmt(s[slo.name] * 1000.0, '.4g')} ms (limit {limit_ms(slo)})"
+             for slo in slos if slo.percentile]
     verdict = "" if "slo_ok" not in s else "; SLOs met" if s["slo_ok"] else "; SLOs NOT met"
-    return (f"SLOs     {', '.join(map(str, slos))}: goodput {_fmt(s['goodput'], '.2f')} req/s "
+    return (f"SLOs     {describe(slos)}: goodput {_fmt(s['goodput'], '.2f')} req/s "
             f"({_fmt(s['good_fraction'], '.1%')} of requests met every SLO); within limits: {attained}"
             + (f"; {', '.join(tails)}" if tails else "") + verdict)
 
