@@ -314,7 +314,7 @@ def write_files(out_dir: Path, results: list[ConfigResult], meta: dict, slos: tu
     With SLOs, the points gain their SLO scores and the configurations their bracket by the SLOs."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [r for res in results for r in _by_rate(res)]
-    columns = CSV_COLUMNS + tuple(latency_keys(percentiles)) + tuple(slo_keys(slos))
+    columns = CSV_COLUMNS + tuple(slo_keys(slos)) + tuple(latency_keys(percentiles))  # new columns last
     atomic_write_text(out_dir / "sweep.csv", _csv(rows, columns))
     groups = by_config(results)
     files = [out_dir / "sweep.csv", out_dir / "sweep.json", out_dir / "sweep.png"]
