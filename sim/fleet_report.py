@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pandas as pd
 
+from traces.latency import fmt_ms
 from traces.slo import SLO, describe, limit_ms
 
 from .sweep import ConfigResult
@@ -29,19 +30,21 @@ def slo_line(s: dict, slos: tuple[SLO, ...]) -> str:
 
 # (heading, column, format) of the per-replica table
 _REPLICA_TABLE = (("replica", "replica", "d"), ("requests", "n", "d"), ("share", "share", ".0%"),
-                  ("served", "served_rate", ".2f"), ("wait p50", "queue_wait_p50", ".3f"),
-                  ("p95", "queue_wait_p95", ".3f"), ("TTFT p50", "ttft_p50", ".3f"), ("p95", "ttft_p95", ".3f"),
-                  ("TPOT p50", "tpot_p50", ".4f"), ("rows", "mean_running_rows", ".1f"),
+                  ("served", "served_rate", ".2f"), ("wait p50 ms", "queue_wait_p50", "ms"),
+                  ("p95", "queue_wait_p95", "ms"), ("TTFT p50 ms", "ttft_p50", "ms"), ("p95", "ttft_p95", "ms"),
+                  ("TPOT p50 ms", "tpot_p50", "ms"), ("rows", "mean_running_rows", ".1f"),
                   ("blocked", "head_blocked_frac", ".0%"))
 
 
 def replica_table(per: pd.DataFrame) -> str:
-    """traces.metrics.per_replica's rows as a text table (with goodput when it was scored against SLOs)."""
+    """traces.metrics.per_replica's rows as a text table, latencies in ms (with goodput when it was scored against
+    SLOs)."""
     cols = _REPLICA_TABLE + ((("goodput", "goodput", ".2f"),) if "goodput" in per else ()) + \
         ((("stable", "stable", None),) if "stable" in per else ())
     cells = [[h for h, _, _ in cols]]
     for row in per.to_dict("records"):
-        cells.append([("yes" if row[k] else "NO") if spec is None else _fmt(row[k], spec) for _, k, spec in cols])
+        cells.append([("yes" if row[k] else "NO") if spec is None else fmt_ms(row[k] * 1000.0) if spec == "ms" else
+                      _fmt(row[k], spec) for _, k, spec in cols])
     widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells)
 
