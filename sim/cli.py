@@ -12,7 +12,7 @@ import sys
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -22,10 +22,12 @@ from engine.routing import ROUTERS
 from engine.scheduler import PrefillPolicy
 from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg,
                         slo_arg)
+from traces.arrival_options import add_arrival_options, given
 from traces.errors import InputError
+from traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, percentiles_arg
 from traces.outpath import check_out_dir
 from traces.prompts import PROMPT_NAMES
-from traces.workload import DEFAULT_N, poisson_trace
+from traces.workload import DEFAULT_N
 
 from . import inputs
 from .store import FILE, PointStore
@@ -36,7 +38,7 @@ from .sweep import AUTO_POINTS, AUTO_SPAN, Config, RemoteMap, Workload, run_swee
 # 400-request point takes to simulate).
 
 DEFAULT_OUT = Path("sim-out")
-SUBCOMMANDS = ("run", "sweep")
+SUBCOMMANDS = ("run", "sweep", "capacity")
 MAX_SEEDS = 1000  # a guard against a typo (0-99999), not a limit of the method
 
 
@@ -101,6 +103,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--rate", type=rate_arg, help="arrival rate in requests/s")
     run.add_argument("--n", type=requests_arg, help=f"requests of --rate or --closed-uniform (default {DEFAULT_N})")
     run.add_argument("--seed", type=seed_arg, help="seed of --rate's trace or --closed-mixed's draw (default 0)")
+    add_arrival_options(run)
     run.add_argument("--backend", type=_backend, default="paged",
                      help="decode backend: paged or padded (default paged)")
     run.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
@@ -117,6 +120,12 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC", help=SLO_HELP)
     run.add_argument("--out", type=Path, help="write the run record here (per-step rows; per-token rows with --tokens)")
     run.add_argument("--tokens", action="store_true", help="with --out, also write every token's time")
+    run.add_argument("--percentiles", type=percentiles_arg, default=DEFAULT_PERCENTILES, metavar="P1,P2,...",
+                     help=PERCENTILES_HELP)
+    run.add_argument("--save-result", type=Path, metavar="FILE.json",
+                     help="also write the run's figures as one flat JSON object under vllm bench serve's keys "
+                          "(request_throughput, p99_ttft_ms, mean_itl_ms, ...; traces/bench_result.py), with the "
+                          "table, seed, trace and git commit; keeps every token's time in memory for ITL")
     run.add_argument("--trace-events", type=Path, metavar="FILE",
                      help="also write the run as Chrome trace-event JSON for ui.perfetto.dev")
     run.add_argument("--no-fast-forward", action="store_true",
@@ -154,6 +163,9 @@ def parser() -> argparse.ArgumentParser:
     sweep.add_argument("--trace", type=Path, help="a request-trace file, scaled in time to each rate "
                                                   "(default: the seeded Poisson trace --n, --seed)")
     sweep.add_argument("--n", type=requests_arg, help=f"requests per point (default {DEFAULT_N})")
+    add_arrival_options(sweep)
+    sweep.add_argument("--percentiles", type=percentiles_arg, default=DEFAULT_PERCENTILES, metavar="P1,P2,...",
+                       help=PERCENTILES_HELP + "; the table shows the lowest and highest, sweep.csv every one")
     seeds = sweep.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=seed_arg, help="workload seed (default 0)")
     seeds.add_argument("--seeds", type=_seeds, metavar="A-B|S1,S2,...",
@@ -170,6 +182,8 @@ def parser() -> argparse.ArgumentParser:
     _common(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
+    from .capacity_cli import add_parser as add_capacity
+    add_capacity(sub, _common)
     return top
 
 
@@ -233,6 +247,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from costs.model import CostModel
+    from traces.latency import latency_ms, latency_table
     from traces.metrics import per_replica, summary
 
     from .fleet_report import replica_table, slo_line
@@ -240,12 +255,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
     inputs.check_backend(table, args.backend)
     trace = inputs.make_trace(rate=args.rate, n=args.n, seed=args.seed, trace_file=args.trace,
-                              closed_mixed_n=args.closed_mixed, closed_uniform_prompt=args.closed_uniform)
+                              closed_mixed_n=args.closed_mixed, closed_uniform_prompt=args.closed_uniform,
+                              burstiness=args.burstiness, ramp_up_s=args.ramp_up_s)
     pool_blocks, how = inputs.pool_size(trace, args.max_batch, table.block_size, args.pool_gib, args.pool_blocks)
     inputs.check_trace(trace, table, args.max_batch, pool_blocks, table.block_size)
     _check_out(args.out)
-    cfg = SimConfig(args.backend, args.max_batch, pool_blocks,
-                    detail=("tokens" if args.tokens else "steps") if args.out or args.trace_events else "summary",
+    if args.save_result:
+        from traces.bench_result import check_result_path
+        check_result_path(args.save_result)
+    detail = "tokens" if args.save_result or (args.tokens and args.out) else \
+        "steps" if args.out or args.trace_events else "summary"
+    cfg = SimConfig(args.backend, args.max_batch, pool_blocks, detail=detail,
                     fast_forward=not args.no_fast_forward, noise_seed=args.noise_seed,
                     policy=PrefillPolicy.parse(args.prefill))
     with tqdm(total=len(trace), unit="req", desc="simulating", disable=len(trace) < 20_000) as bar:
@@ -260,7 +280,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.out:
         _write_record(result.record, args.out, args.tokens, s)
     kind = trace.meta.get("kind", "trace file" if args.trace else "trace")
-    print(f"trace    {kind}, {len(trace)} requests" + (f", rate {rate:g}/s" if rate else "") +
+    shape = "".join(f", {k.replace('_s', '')} {v:g}{' s' * k.endswith('_s')}" for k, v in given(args).items())
+    print(f"trace    {kind}, {len(trace)} requests" + (f", rate {rate:g}/s" if rate else "") + shape +
           (f", seed {trace.meta['seed']}" if "seed" in trace.meta else "") + f" (trace {trace.trace_id})")
     print(f"engine   {args.backend}, {args.prefill} prefill, max batch {args.max_batch}, pool {pool_blocks} blocks "
           f"({how}); {table.summary()}")
@@ -272,9 +293,8 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"(queue wait rose {_fmt(s['trend_rise_s'])} s over the run)")
     else:
         print(f"served   {s['n']} requests in {_fmt(s['wall_time_s'])} s ({_fmt(s['served_rate'])} req/s)")
-    print(f"latency  queue wait p50 {_fmt(s['queue_wait_p50'], '.3f')} s, p95 {_fmt(s['queue_wait_p95'], '.3f')} s; "
-          f"TTFT p50 {_fmt(s['ttft_p50'], '.3f')} s, p95 {_fmt(s['ttft_p95'], '.3f')} s; "
-          f"TPOT p50 {_fmt(s['tpot_p50'], '.4f')} s")
+    lat = latency_ms(result.record, args.percentiles)
+    print("latency\n" + latency_table(lat, args.percentiles, indent="  "))
     print(f"groups   admission group size p50/p95/max {_fmt(s['group_size_p50'], '.0f')}/"
           f"{_fmt(s['group_size_p95'], '.0f')}/{_fmt(s['group_size_max'], '.0f')}; padding waste p50/p95 "
           f"{_fmt(s['padding_waste_p50'])}/{_fmt(s['padding_waste_p95'])} padded positions per prompt token")
@@ -294,10 +314,25 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{result.wall_s:.2f} s ({result.events / result.wall_s:,.0f} events/s)")
     if args.out:
         print(f"wrote    the run record to {args.out}/")
+    if args.save_result:
+        print(f"wrote    the result to {_save_result(args, result.record, s, table, trace, pool_blocks)}")
     if args.trace_events:
         from traces.timeline import write_timeline
         print(f"wrote    the timeline to {write_timeline([result.record], args.trace_events)}")
     return 0
+
+
+def _save_result(args: argparse.Namespace, rec, s: dict, table, trace, pool_blocks: int) -> Path:
+    from traces.bench_result import bench_result, write_result
+    from traces.provenance import provenance
+    config = {"backend": args.backend, "prefill": args.prefill, "max_batch": args.max_batch, "pool_blocks": pool_blocks,
+              "replicas": args.replicas, "router": args.router, "block_size": table.block_size,
+              "noise_seed": args.noise_seed, "strict": args.strict}
+    prov = {"table_id": table.table_id, "trace_id": trace.trace_id, "trace": trace.meta,
+            "seed": trace.meta.get("seed"), "config": config,
+            "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance()}
+    doc = bench_result(rec, s, backend="servecap-sim", percentiles=args.percentiles, slos=args.slo, provenance=prov)
+    return write_result(args.save_result, doc)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -305,6 +340,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _refuse_unused(args, {"--n": "with --trace: the trace file holds the requests",
                               "--seed": "with --trace: the trace file holds the requests",
                               "--seeds": "with --trace: one trace file is one sample (seeds draw Poisson traces)"})
+        if given(args):
+            raise InputError("--burstiness and --ramp-up-s shape the seeded trace; a trace file keeps its own arrivals")
     if args.on != "local":
         _refuse_unused(args, {"--jobs": f"with --on {args.on}: its containers run the points"})
     seeds = args.seeds or [0 if args.seed is None else args.seed]
@@ -316,12 +353,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
     for b in args.backend:
         inputs.check_backend(table, b)
-    workload = Workload(n, seeds[0], inputs.load_trace(args.trace) if args.trace else None)
+    workload = Workload(n, seeds[0], inputs.load_trace(args.trace) if args.trace else None, args.burstiness,
+                        args.ramp_up_s)
     if workload.base is not None and workload.base.offered_rate is None:
         raise InputError("every request of this trace arrives at once, so it cannot be scaled to arrival rates; "
                          "simulate it with `sim run --trace`", path=args.trace)
     # The same requests at every rate: one trace per seed
-    samples = [workload.base] if workload.base else [poisson_trace(1.0, n, s) for s in seeds]
+    samples = [workload.base] if workload.base else [replace(workload, seed=s).at(1.0) for s in seeds]
     configs = list(dict.fromkeys(Config(b, m, g, p, k, r) for b in args.backend for p in args.prefill
                                  for m in args.max_batch for g in args.pool_gib for r in args.router
                                  for k in args.replicas))
@@ -336,10 +374,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 raise InputError(f"{c.label} ({pool_blocks} blocks{on}): {e}") from None
     _check_sweep_out(args)
     wl = {"trace_file": str(args.trace), "trace_id": samples[0].trace_id} if args.trace else \
-        {"kind": "poisson", "n": n, **({"seeds": seeds} if len(seeds) > 1 else {"seed": seeds[0]})}
+        {"kind": "poisson" if args.burstiness == 1.0 else "gamma", "n": n, **given(args),
+         **({"seeds": seeds} if len(seeds) > 1 else {"seed": seeds[0]})}
     setup = {"table_id": table.table_id, "workload": wl, "configs": [asdict(c) for c in configs],
              "rates": "auto" if rates is None else rates, "block_size": table.block_size,
-             "noise_seed": args.noise_seed, "strict": args.strict, "slos": [str(slo) for slo in args.slo]}
+             "noise_seed": args.noise_seed, "strict": args.strict, "slos": [str(slo) for slo in args.slo],
+             # only when not the default, so that a sweep interrupted before the option existed still resumes
+             **({"percentiles": list(args.percentiles)} if args.percentiles != DEFAULT_PERCENTILES else {})}
     what = f"trace {args.trace} ({len(samples[0])} requests)" if args.trace else \
         f"the seeded Poisson trace, {n} requests, " + (f"seed {seeds[0]}" if len(seeds) == 1 else
                                                         f"{len(seeds)} seeds ({_seed_text(seeds)})")
@@ -356,7 +397,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         try:
             results, warned = run_sweep(table, configs, rates, workload, seeds=seeds, strict=args.strict,
                                         noise_seed=args.noise_seed, jobs=args.jobs, slos=args.slo, remote=remote,
-                                        store=store)
+                                        store=store, percentiles=args.percentiles)
         except KeyboardInterrupt:
             again = [a for a in args.argv if a not in ("--force", "--resume")] + ["--resume"]
             print(f"\nsim: interrupted: {len(store.done)} finished results are kept in {store.path}; complete the "
@@ -366,7 +407,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             store.close()
     for w in warned:
         _warn(w)
-    print(report(results, args.slo))
+    print(report(results, args.slo, args.percentiles))
     fewest = fewest_replicas(results, args.slo) if len(set(args.replicas)) > 1 else None
     if fewest is not None:
         print("\n" + "\n".join(fewest_lines(fewest, args.slo)))
@@ -377,7 +418,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "slos": setup["slos"], "capacity_by": "slos" if args.slo else "stability",
             **({"fewest_replicas": fewest} if fewest is not None else {}),
             "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance()}
-    files = write_files(args.out, results, meta, args.slo)
+    files = write_files(args.out, results, meta, args.slo, args.percentiles)
     for stale in set(SWEEP_FILES) - {f.name for f in files} - {FILE}:  # a replaced sweep's, this one did not write
         (args.out / stale).unlink(missing_ok=True)
     events = sum(r["sim_events"] for res in results for r in res.rows)

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pandas as pd
 
-from traces.slo import SLO
+from traces.latency import fmt_ms
+from traces.slo import SLO, describe, limit_ms
 
 from .sweep import ConfigResult
 
@@ -19,28 +20,31 @@ def _fmt(v, spec: str) -> str:
 def slo_line(s: dict, slos: tuple[SLO, ...]) -> str:
     """A run's goodput, attainment and tails against its SLOs, and the verdict when it has a rate."""
     attained = ", ".join(f"{slo.metric} {_fmt(s[f'attain_{slo.metric}'], '.1%')}" for slo in slos)
-    tails = [f"{slo.name} {_fmt(s[slo.name], '.3f')} s (limit {slo.limit_s:g})" for slo in slos if slo.percentile]
+    tails = [f"{slo.name} {_fmt(s[slo.name] * 1000.0, '.4g')} ms (limit {limit_ms(slo)})"
+             for slo in slos if slo.percentile]
     verdict = "" if "slo_ok" not in s else "; SLOs met" if s["slo_ok"] else "; SLOs NOT met"
-    return (f"SLOs     {', '.join(map(str, slos))}: goodput {_fmt(s['goodput'], '.2f')} req/s "
+    return (f"SLOs     {describe(slos)}: goodput {_fmt(s['goodput'], '.2f')} req/s "
             f"({_fmt(s['good_fraction'], '.1%')} of requests met every SLO); within limits: {attained}"
             + (f"; {', '.join(tails)}" if tails else "") + verdict)
 
 
 # (heading, column, format) of the per-replica table
 _REPLICA_TABLE = (("replica", "replica", "d"), ("requests", "n", "d"), ("share", "share", ".0%"),
-                  ("served", "served_rate", ".2f"), ("wait p50", "queue_wait_p50", ".3f"),
-                  ("p95", "queue_wait_p95", ".3f"), ("TTFT p50", "ttft_p50", ".3f"), ("p95", "ttft_p95", ".3f"),
-                  ("TPOT p50", "tpot_p50", ".4f"), ("rows", "mean_running_rows", ".1f"),
+                  ("served", "served_rate", ".2f"), ("wait p50 ms", "queue_wait_p50", "ms"),
+                  ("p95", "queue_wait_p95", "ms"), ("TTFT p50 ms", "ttft_p50", "ms"), ("p95", "ttft_p95", "ms"),
+                  ("TPOT p50 ms", "tpot_p50", "ms"), ("rows", "mean_running_rows", ".1f"),
                   ("blocked", "head_blocked_frac", ".0%"))
 
 
 def replica_table(per: pd.DataFrame) -> str:
-    """traces.metrics.per_replica's rows as a text table (with goodput when it was scored against SLOs)."""
+    """traces.metrics.per_replica's rows as a text table, latencies in ms (with goodput when it was scored against
+    SLOs)."""
     cols = _REPLICA_TABLE + ((("goodput", "goodput", ".2f"),) if "goodput" in per else ()) + \
         ((("stable", "stable", None),) if "stable" in per else ())
     cells = [[h for h, _, _ in cols]]
     for row in per.to_dict("records"):
-        cells.append([("yes" if row[k] else "NO") if spec is None else _fmt(row[k], spec) for _, k, spec in cols])
+        cells.append([("yes" if row[k] else "NO") if spec is None else fmt_ms(row[k] * 1000.0) if spec == "ms" else
+                      _fmt(row[k], spec) for _, k, spec in cols])
     widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells)
 

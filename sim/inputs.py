@@ -79,8 +79,13 @@ def closed(trace: Trace) -> Trace:
 
 
 def make_trace(*, rate: float | None = None, n: int = 400, seed: int = 0, trace_file: str | Path | None = None,
-               closed_mixed_n: int | None = None, closed_uniform_prompt: str | None = None) -> Trace:
-    """The trace a command asks for: a trace file (at `rate` if given), a closed run, or a seeded Poisson trace."""
+               closed_mixed_n: int | None = None, closed_uniform_prompt: str | None = None,
+               burstiness: float = 1.0, ramp_up_s: float = 0.0) -> Trace:
+    """The trace a command asks for: a trace file (at `rate` if given), a closed run, or a seeded Poisson trace
+    (gamma arrivals with burstiness != 1, ramped up over ramp_up_s)."""
+    if (burstiness != 1.0 or ramp_up_s > 0) and (rate is None or trace_file is not None):
+        raise InputError("--burstiness and --ramp-up-s shape the seeded trace of --rate; a trace file or a closed "
+                         "run keeps its own arrivals")
     if trace_file is not None:
         trace = load_trace(trace_file)
         return at_rate(trace, rate) if rate is not None else trace
@@ -91,7 +96,7 @@ def make_trace(*, rate: float | None = None, n: int = 400, seed: int = 0, trace_
             closed_uniform(closed_uniform_prompt, n)
     if rate is None:
         raise InputError("give an arrival rate (--rate), a trace file (--trace) or a closed run")
-    return poisson_trace(check_rate(rate), n, seed)
+    return poisson_trace(check_rate(rate), n, seed, burstiness, ramp_up_s)
 
 
 def pool_size(trace: Trace, max_batch: int, block_size: int, gib: float | None = None,

@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 
 from traces.csvio import atomic_write_text
+from traces.latency import DEFAULT_PERCENTILES, fmt_ms, latency_keys, p_key
 from traces.metrics import GOODPUT_FRACTION, slo_keys
 from traces.slo import SLO, describe
 
@@ -32,12 +33,26 @@ CSV_COLUMNS = ("backend", "max_batch", "pool_gib", "replicas", "router", "pool_b
                "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "group_size_p50", "group_size_p95",
                "group_size_max", "padding_waste_p50", "padding_waste_p95", "mean_running_rows", "rows_while_queued",
                "head_blocked_frac", "sim_events", "sim_wall_s")
-# (heading, row key, format) for the printed table
-_TABLE = (("rate", "rate", "{:.3g}"), ("served", "served_rate", "{:.2f}"), ("wait p50", "queue_wait_p50", "{:.2f}"),
-          ("p95", "queue_wait_p95", "{:.2f}"), ("TTFT p50", "ttft_p50", "{:.2f}"), ("p95", "ttft_p95", "{:.2f}"),
-          ("TPOT p50", "tpot_p50", "{:.3f}"), ("group p50/p95/max", None, None), ("waste p50/p95", None, None),
+# (heading, row key, format) for the printed table; the latencies' columns (in ms) come from _latency_columns
+_TABLE_HEAD = (("rate", "rate", "{:.3g}"), ("served", "served_rate", "{:.2f}"))
+_TABLE = (("group p50/p95/max", None, None), ("waste p50/p95", None, None),
           ("rows", "mean_running_rows", "{:.1f}"), ("blocked", "head_blocked_frac", "{:.0%}"),
           ("stable", "stable", None))
+_LATENCIES = (("queue_wait", "wait"), ("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"))
+
+
+def _latency_columns(percentiles: tuple[float, ...]) -> tuple:
+    """The lowest and highest percentile of each latency in ms; ITL's mean alone (sweep points keep no token
+    times, and the mean needs none: traces/latency.py)."""
+    shown = sorted({min(percentiles), max(percentiles)})
+    cols = []
+    for metric, label in _LATENCIES:
+        if metric == "itl":
+            cols.append(("ITL mean ms", "mean_itl_ms", "ms"))
+            continue
+        cols += [(f"{label} {p_key(q)} ms" if i == 0 else p_key(q), f"{p_key(q)}_{metric}_ms", "ms")
+                 for i, q in enumerate(shown)]
+    return tuple(cols)
 _SLO_TABLE = (("goodput", "goodput", "{:.2f}"), ("SLOs", "slo_ok", None))
 BANDED = ("served_rate", "queue_wait_p50")  # the quantities sweep.bands.csv and the figure give a band
 SLO_BANDED = ("goodput",)  # and with SLOs
@@ -51,15 +66,17 @@ def _cell(row: dict, key: str | None, fmt: str | None, heading: str) -> str:
         return "/".join(f"{row[k]:.0f}" for k in ("group_size_p50", "group_size_p95", "group_size_max"))
     if heading.startswith("waste"):
         return "/".join(f"{row[k]:.2f}" for k in ("padding_waste_p50", "padding_waste_p95"))
-    value = row[key]
+    value = row.get(key)  # a point kept before the figure existed (a resumed sweep) has none
     if isinstance(value, bool):
         return "yes" if value else "NO"
+    if fmt == "ms":
+        return fmt_ms(value)
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
 
 
-def table(res: ConfigResult, slos: tuple[SLO, ...] = ()) -> str:
-    """The configuration's points, one line per rate (times in seconds, rates in requests per second)."""
-    cols = _TABLE + (_SLO_TABLE if slos else ())
+def table(res: ConfigResult, slos: tuple[SLO, ...] = (), percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> str:
+    """The configuration's points, one line per rate (latencies in ms, rates in requests per second)."""
+    cols = _TABLE_HEAD + _latency_columns(percentiles) + _TABLE + (_SLO_TABLE if slos else ())
     cells = [[h for h, _, _ in cols]] + [[_cell(r, k, f, h) for h, k, f in cols] for r in _by_rate(res)]
     widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells)
@@ -215,26 +232,30 @@ def band_rows(group: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> list[dic
 def band_table(group: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> str:
     """The configuration's band per rate: served rate and queue wait p50 (and goodput, with SLOs) as mean +/- sd
     [min, max] across seeds, and how many seeds were stable (met the SLOs)."""
-    banded = (("served_rate", "served"), ("queue_wait_p50", "wait p50")) + ((("goodput", "goodput"),) if slos else ())
+    banded = (("served_rate", "served"), ("queue_wait_p50", "wait p50 ms")) + \
+        ((("goodput", "goodput"),) if slos else ())
+    scale = {"queue_wait_p50": 1000.0}  # seconds in sweep.bands.csv, ms here
     cells = [["rate", *(f"{name} mean +/- sd [min, max]" for _, name in banded), "stable seeds",
               *(["SLOs met seeds"] if slos else [])]]
     for r in band_rows(group, slos):
         cells.append([f"{r['rate']:.3g}"] + [
-            f"{r[k + '_mean']:.2f} +/- {r[k + '_sd']:.2f} [{r[k + '_min']:.2f}, {r[k + '_max']:.2f}]"
+            " ".join(f.format(r[k + s] * scale.get(k, 1.0)) for f, s in (("{:.2f}", "_mean"), ("+/- {:.2f}", "_sd"),
+                                                                           ("[{:.2f},", "_min"), ("{:.2f}]", "_max")))
             for k, _ in banded] + [f"{r['stable_seeds']}/{r['seeds']}"] +
             ([f"{r['slo_ok_seeds']}/{r['seeds']}"] if slos else []))
     widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells)
 
 
-def report(results: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> str:
+def report(results: list[ConfigResult], slos: tuple[SLO, ...] = (),
+           percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> str:
     parts = [slo_definition(slos)] if slos else []
     for group in by_config(results):
         res = group[0]
         estimate = f" (saturated estimate {res.estimate:.3g} req/s)" if res.estimate else ""
         if len(group) == 1:
             parts.append(f"\n{res.config.label} ({res.pool_blocks} blocks): {capacity(res, slos)}{estimate}")
-            parts.append(table(res, slos))
+            parts.append(table(res, slos, percentiles))
             parts.extend(f"  - {line}" for line in mechanism(res))
         else:
             parts.append(f"\n{res.config.label} ({res.pool_blocks} blocks), {len(group)} workload seeds{estimate}: "
@@ -286,13 +307,14 @@ def _config_doc(group: list[ConfigResult], slos: tuple[SLO, ...]) -> dict:
             "bands": band_rows(group, slos)}
 
 
-def write_files(out_dir: Path, results: list[ConfigResult], meta: dict, slos: tuple[SLO, ...] = ()) -> list[Path]:
+def write_files(out_dir: Path, results: list[ConfigResult], meta: dict, slos: tuple[SLO, ...] = (),
+                percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> list[Path]:
     """sweep.csv (a row per point and seed), sweep.json (meta, configurations with bracket and mechanism, points),
     sweep.png, and with several seeds sweep.bands.csv (a row per configuration and rate: bands across seeds).
     With SLOs, the points gain their SLO scores and the configurations their bracket by the SLOs."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [r for res in results for r in _by_rate(res)]
-    columns = CSV_COLUMNS + tuple(slo_keys(slos))
+    columns = CSV_COLUMNS + tuple(slo_keys(slos)) + tuple(latency_keys(percentiles))  # new columns last
     atomic_write_text(out_dir / "sweep.csv", _csv(rows, columns))
     groups = by_config(results)
     files = [out_dir / "sweep.csv", out_dir / "sweep.json", out_dir / "sweep.png"]

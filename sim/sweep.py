@@ -30,6 +30,7 @@ from costs.model import CostModel
 from costs.table import CostTable
 from engine.block_pool import blocks_for_gib
 from engine.scheduler import PrefillPolicy
+from traces.latency import DEFAULT_PERCENTILES
 from traces.slo import SLO
 from traces.workload import Trace, poisson_trace
 
@@ -65,14 +66,18 @@ class Config:
 
 @dataclass(frozen=True)
 class Workload:
-    """The requests every point replays: a trace file scaled to each rate, or the seeded Poisson trace (n, seed)."""
+    """The requests every point replays: a trace file scaled to each rate, or the seeded trace (n, seed; Poisson
+    unless bursty or ramped)."""
 
     n: int = 400
     seed: int = 0
     base: Trace | None = None
+    burstiness: float = 1.0  # the seeded trace's arrivals (traces/workload.py: poisson_arrivals)
+    ramp_up_s: float = 0.0
 
     def at(self, rate: float) -> Trace:
-        return at_rate(self.base, rate) if self.base is not None else poisson_trace(rate, self.n, self.seed)
+        return at_rate(self.base, rate) if self.base is not None else \
+            poisson_trace(rate, self.n, self.seed, self.burstiness, self.ramp_up_s)
 
     def saturated(self) -> Trace:
         return closed(self.base if self.base is not None else poisson_trace(1.0, self.n, self.seed))
@@ -104,14 +109,16 @@ _cost: CostModel | None = None
 _workload: Workload | None = None
 _noise_seed: int | None = None
 _slos: tuple[SLO, ...] = ()
+_percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
 
 
 def _init(table: CostTable, strict: bool, workload: Workload, noise_seed: int | None, slos: tuple[SLO, ...] = (),
-          parent: int | None = None) -> None:
-    global _cost, _workload, _noise_seed, _slos
+          percentiles: tuple[float, ...] = DEFAULT_PERCENTILES, parent: int | None = None) -> None:
+    global _cost, _workload, _noise_seed, _slos, _percentiles
     if parent is not None:
         _tie_to_parent(parent)
     _cost, _workload, _noise_seed, _slos = CostModel(table, strict), workload, noise_seed, slos
+    _percentiles = percentiles
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -152,11 +159,12 @@ def _estimate(config: Config, seed: int) -> tuple[float, list[str]]:
 
 
 def _point(config: Config, rate: float, seed: int) -> tuple[dict, list[str]]:
+    from traces.latency import latency_ms
     from traces.metrics import summary
     result, caught = _simulate(config, _workload_for(seed).at(rate))
     row = {**asdict(config), "rate": rate, "seed": seed, "pool_blocks": result.pool_blocks,
            "trace_id": result.record.meta["trace_id"], **summary(result.record, rate, _slos),
-           "sim_events": result.events, "sim_wall_s": result.wall_s}
+           **latency_ms(result.record, _percentiles), "sim_events": result.events, "sim_wall_s": result.wall_s}
     return row, caught
 
 
@@ -208,8 +216,8 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 def run_sweep(table: CostTable, configs: list[Config], rates: list[float] | None, workload: Workload, *,
               seeds: list[int] | None = None, strict: bool = False, noise_seed: int | None = None,
               jobs: int | None = None, progress: bool = True, slos: tuple[SLO, ...] = (),
-              remote: RemoteMap | None = None,
-              store: PointStore | None = None) -> tuple[list[ConfigResult], list[str]]:
+              remote: RemoteMap | None = None, store: PointStore | None = None,
+              percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> tuple[list[ConfigResult], list[str]]:
     """Every configuration at every rate (rates=None: automatic per configuration) for every workload seed (default:
     the workload's own), scored against `slos` if any, on local processes or through `remote`; the results per
     configuration and seed, configuration-major, and the distinct cost-model warnings raised on the way. With
@@ -226,7 +234,7 @@ def run_sweep(table: CostTable, configs: list[Config], rates: list[float] | None
     # pandas and SimPy again (the CLI imports them lazily).
     from traces import metrics  # noqa: F401
     from . import fleet, simulator  # noqa: F401
-    init = (table, strict, workload, noise_seed, slos)
+    init = (table, strict, workload, noise_seed, slos, percentiles)
     seen: dict[str, None] = {}
     pool = ProcessPoolExecutor(jobs, initializer=_init, initargs=(*init, os.getpid())) \
         if jobs > 1 and remote is None else None

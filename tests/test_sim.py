@@ -207,7 +207,7 @@ def test_cli_run_writes_the_run_record(capsys, tables, tmp_path):
     out = tmp_path / "run"
     code, stdout, _ = cli(capsys, "run", "--rate", "2", "--n", "60", "--pool-gib", "0.5", "--table",
                           str(tables["linear"]), "--out", str(out), "--tokens")
-    assert code == 0 and "queue wait p50" in stdout and "292 blocks (0.5 GiB)" in stdout
+    assert code == 0 and "\n  queue wait " in stdout and "292 blocks (0.5 GiB)" in stdout
     rec = read_run(out)
     assert rec.meta["status"] == "complete" and rec.meta["kind"] == "sim" and rec.meta["pool_blocks"] == 292
     assert len(rec.requests) == 60 and set(rec.steps["kind"]) == {"prefill", "decode"}

@@ -21,7 +21,7 @@ def test_slos_are_written_as_vllm_names_them():
     assert [s.name for s in slos] == ["ttft_p99", "tpot_p99", "e2el_p99"]
     assert [s.column for s in slos] == ["ttft", "tpot", "sojourn"]
     assert parse_slos(" TTFT = 1.5 , e2el_p99.9=3") == (SLO("ttft", 1.5), SLO("e2el", 3.0, 99.9))
-    assert describe(slos[:2]) == "ttft <= 2 s (and its p99), tpot <= 0.05 s (and its p99)"
+    assert describe(slos[:2]) == "ttft <= 2000 ms (and its p99), tpot <= 50 ms (and its p99)"
     assert str(slos[2]) == "e2el_p99=20"
 
 

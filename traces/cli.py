@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from .arrival_options import add_arrival_options, given
 from .errors import InputError
 from .importers import (FORMATS, MAX_BUDGET, MAX_PROMPT, TIME_UNITS, ImportOptions, import_azure, import_lengths,
                         import_table, time_unit_warning)
@@ -45,9 +46,9 @@ def slo_arg(text: str) -> tuple[SLO, ...]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-SLO_HELP = ("service-level objectives, NAME[_pNN]=SECONDS,...: NAME ttft, tpot or e2el (e2e), each a per-request "
-            "limit that goodput counts; a _pNN suffix also holds that percentile to the limit "
-            "(e.g. ttft_p99=2,tpot_p99=0.05,e2e_p99=20)")
+SLO_HELP = ("service-level objectives, NAME[_pNN]=SECONDS,... or vLLM's NAME[_pNN]:MILLISECONDS,...: NAME ttft, tpot "
+            "or e2el (e2e), each a per-request limit that goodput counts; a _pNN suffix also holds that percentile to "
+            "the limit (e.g. ttft_p99=2,tpot_p99=0.05 or ttft:500,tpot:50); reports print limits in ms")
 rate_arg = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of requests per second")
 count_arg = checked(int, lambda v: v >= 1, "a whole number >= 1")
 seed_arg = checked(int, lambda v: v >= 0, "a whole number >= 0")
@@ -87,12 +88,15 @@ def workload_options() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=seed_arg, default=0, help="seed of the mixed draw and arrival gaps (default 0)")
     g.add_argument("--budget", type=count_arg, default=DEFAULT_BUDGET,
                    help=f"tokens per request for --closed-uniform (default {DEFAULT_BUDGET})")
+    add_arrival_options(g)
     return p
 
 
 def workload_from_args(args: argparse.Namespace) -> Trace:
     if args.rate is not None:
-        return poisson_trace(args.rate, args.n, args.seed)
+        return poisson_trace(args.rate, args.n, args.seed, args.burstiness, args.ramp_up_s)
+    if given(args):
+        raise InputError("--burstiness and --ramp-up-s shape the seeded trace of --rate; give --rate")
     if args.trace:
         return read_trace(args.trace)
     if args.closed_mixed:
@@ -125,7 +129,7 @@ def _write(trace: Trace, out: str) -> None:
 
 
 def _poisson(args: argparse.Namespace) -> None:
-    _write(poisson_trace(args.rate, args.n, args.seed), args.out)
+    _write(poisson_trace(args.rate, args.n, args.seed, args.burstiness, args.ramp_up_s), args.out)
 
 
 def _closed(args: argparse.Namespace) -> None:
@@ -229,10 +233,12 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--out", required=True, metavar="FILE", help="trace file to write")
     out.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
 
-    s = sub.add_parser("poisson", parents=[out], help="the seeded Poisson arrival trace (rate, n, seed)")
+    s = sub.add_parser("poisson", parents=[out], help="the seeded Poisson arrival trace (rate, n, seed; "
+                                                                "--burstiness for gamma arrivals, --ramp-up-s)")
     s.add_argument("--rate", type=rate_arg, required=True, help="arrivals per second")
     s.add_argument("--n", type=requests_arg, default=DEFAULT_N, help=f"requests (default {DEFAULT_N})")
     s.add_argument("--seed", type=seed_arg, default=0, help="seed of the mixed draw and the arrival gaps (default 0)")
+    add_arrival_options(s)
     s.set_defaults(func=_poisson)
 
     s = sub.add_parser("closed", parents=[out], help="a closed run: n requests all arriving at t=0")

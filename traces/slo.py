@@ -1,12 +1,14 @@
 """Service-level objectives: per-request latency limits, named as vLLM's benchmark names its --goodput ones.
 
-    ttft_p99=2,tpot_p99=0.05,e2el_p99=20
+    ttft_p99=2,tpot_p99=0.05,e2el_p99=20      (NAME=SECONDS: servecap's form, like every time in its records)
+    ttft:500,tpot:50                           (NAME:MILLISECONDS: vLLM's --goodput form)
 
 NAME is ttft (arrival to first token), tpot (time per output token after the first) or e2el (end-to-end latency:
 arrival to last token; e2e is accepted for it). The value is a limit in seconds that every request is held to:
 a request that meets every limit counts toward goodput. A _pNN suffix (0 < NN <= 100) also asks that the NNth
 percentile of the metric be within the limit before a point counts toward SLO capacity (traces/metrics.py).
-Limits are in seconds, not vLLM's milliseconds, like every time in the run records.
+`=` takes seconds and `:` milliseconds, so a vLLM user's `--goodput ttft:500` means here what it means there; every
+report states the unit (describe(), in ms).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from .errors import InputError
 COLUMNS = {"ttft": "ttft", "tpot": "tpot", "e2el": "sojourn"}
 ALIASES = {"e2e": "e2el"}
 _NAME = re.compile(r"(?P<metric>[a-z0-9]+?)(?:_p(?P<q>\d+(?:\.\d+)?))?")
-_FORM = "write NAME[_pNN]=SECONDS with NAME one of ttft, tpot, e2el (or e2e), e.g. ttft_p99=2,tpot_p99=0.05"
+_FORM = ("write NAME[_pNN]=SECONDS or NAME[_pNN]:MILLISECONDS with NAME one of ttft, tpot, e2el (or e2e), e.g. "
+         "ttft_p99=2,tpot_p99=0.05 or ttft:500,tpot:50")
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,12 @@ class SLO:
 
 
 def parse_slo(item: str) -> SLO:
-    """One NAME[_pNN]=SECONDS."""
-    name, eq, value = item.strip().partition("=")
+    """One NAME[_pNN]=SECONDS or NAME[_pNN]:MILLISECONDS."""
+    text = item.strip()
+    sep = "=" if "=" in text else ":"
+    name, eq, value = text.partition(sep)
     m = _NAME.fullmatch(name.strip().lower())
-    if not eq or m is None:
+    if not eq or m is None or ("=" in value or ":" in value):
         raise InputError(f"{item!r} is not an SLO: {_FORM}")
     metric = ALIASES.get(m["metric"], m["metric"])
     if metric not in COLUMNS:
@@ -57,9 +62,10 @@ def parse_slo(item: str) -> SLO:
         limit = float(value)
     except ValueError:
         limit = math.nan
+    unit = "seconds" if sep == "=" else "milliseconds"
     if not (math.isfinite(limit) and limit > 0):
-        raise InputError(f"{item!r}: the limit must be a positive number of seconds")
-    return SLO(metric, limit, q)
+        raise InputError(f"{item!r}: the limit must be a positive number of {unit}")
+    return SLO(metric, limit if sep == "=" else limit / 1000.0, q)
 
 
 def parse_slos(text: str) -> tuple[SLO, ...]:
@@ -74,7 +80,12 @@ def parse_slos(text: str) -> tuple[SLO, ...]:
     return slos
 
 
+def limit_ms(slo: SLO) -> str:
+    """'500 ms': the limit as reports print it (vLLM's unit)."""
+    return f"{slo.limit_s * 1000.0:.6g} ms"
+
+
 def describe(slos: tuple[SLO, ...]) -> str:
-    """'ttft <= 2 s (and its p99), tpot <= 0.05 s' for reports."""
-    return ", ".join(f"{s.metric} <= {s.limit_s:g} s" + (f" (and its p{s.percentile:g})" if s.percentile else "")
+    """'ttft <= 2000 ms (and its p99), tpot <= 50 ms' for reports."""
+    return ", ".join(f"{s.metric} <= {limit_ms(s)}" + (f" (and its p{s.percentile:g})" if s.percentile else "")
                      for s in slos)

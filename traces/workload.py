@@ -73,13 +73,37 @@ def mixed_draw(n: int, seed: int) -> list[tuple[str, int]]:
     return [(PROMPT_NAMES[int(p)], BUDGETS[int(b)]) for p, b in zip(prompts, budgets)]
 
 
-def poisson_arrivals(rate: float, n: int, seed: int) -> list[float]:
-    """Arrival times of a Poisson process of `rate` per second from t=0, rounded to microseconds."""
+def poisson_arrivals(rate: float, n: int, seed: int, burstiness: float = 1.0, ramp_up_s: float = 0.0) -> list[float]:
+    """Arrival times from t=0, rounded to microseconds: a Poisson process of `rate` per second, or with burstiness
+    b != 1 a gamma renewal process (gaps of shape b and mean 1 / rate), optionally ramped up over the first ramp_up_s
+    seconds (ramped())."""
     if not (rate > 0 and math.isfinite(rate)):
         raise ValueError(f"arrival rate must be a positive number of requests per second, got {rate}")
-    u = ((_raw(seed, 2, n) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
-    times = np.cumsum(-np.log(u) / rate)
+    if not (burstiness > 0 and math.isfinite(burstiness)):
+        raise ValueError(f"burstiness must be a positive number, got {burstiness}")
+    if not (ramp_up_s >= 0 and math.isfinite(ramp_up_s)):
+        raise ValueError(f"the ramp-up must be a number of seconds >= 0, got {ramp_up_s}")
+    if burstiness == 1.0:
+        u = ((_raw(seed, 2, n) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+        times = np.cumsum(-np.log(u) / rate)
+    else:
+        # vLLM's definition (benchmarks' get_request): gamma gaps of shape b and scale 1 / (rate b), mean 1 / rate.
+        # NumPy's gamma sampler is not promised to stay the same across NumPy versions (the Poisson gaps, from raw
+        # words, are): a bursty trace is reproducible on one NumPy version, and its trace id tells them apart.
+        gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 5])))
+        times = np.cumsum(gen.gamma(burstiness, 1.0 / (rate * burstiness), n))
+    if ramp_up_s > 0:
+        times = ramped(times, ramp_up_s)
     return [round(float(t), ARRIVAL_DECIMALS) for t in times]
+
+
+def ramped(times: np.ndarray, ramp_up_s: float) -> np.ndarray:
+    """Arrival times of a steady process moved so that its rate ramps linearly from 0 to the steady rate over
+    ramp_up_s: the arrival at steady time a goes where the ramped process's expected count equals the steady one's,
+    sqrt(2 S a) for a <= S/2, a + S/2 after (the inverse of the cumulative rate S -> t^2/(2S), then t - S/2)."""
+    a = np.asarray(times, float)
+    half = ramp_up_s / 2.0
+    return np.where(a <= half, np.sqrt(2.0 * ramp_up_s * np.minimum(a, half)), a + half)
 
 
 def row_draw(rows: int, n: int, seed: int) -> list[int]:
@@ -142,10 +166,20 @@ def synthetic_trace(rate: float, n: int, seed: int, prompts: str, budgets: str) 
     return Trace(reqs, {"kind": "synthetic", "rate": rate, "n": n, "seed": seed, "prompts": prompts, "budgets": budgets})
 
 
-def poisson_trace(rate: float, n: int = DEFAULT_N, seed: int = 0) -> Trace:
-    """The seeded arrival trace (rate, n, seed): Poisson arrivals carrying a mixed draw."""
-    reqs = _requests(mixed_draw(n, seed), poisson_arrivals(rate, n, seed))
-    return Trace(reqs, {"kind": "poisson", "rate": rate, "n": n, "seed": seed})
+def poisson_trace(rate: float, n: int = DEFAULT_N, seed: int = 0, burstiness: float = 1.0,
+                  ramp_up_s: float = 0.0) -> Trace:
+    """The seeded arrival trace (rate, n, seed): Poisson arrivals carrying a mixed draw; with burstiness != 1 gamma
+    arrivals (kind "gamma"), with ramp_up_s > 0 ramped up (poisson_arrivals). The mixed draw is the same either way."""
+    reqs = _requests(mixed_draw(n, seed), poisson_arrivals(rate, n, seed, burstiness, ramp_up_s))
+    return Trace(reqs, {"kind": "poisson" if burstiness == 1.0 else "gamma", "rate": rate, "n": n, "seed": seed,
+                        **arrival_meta(burstiness, ramp_up_s)})
+
+
+def arrival_meta(burstiness: float = 1.0, ramp_up_s: float = 0.0) -> dict:
+    """The arrival options a trace's metadata names: only those away from their defaults, so a Poisson trace's
+    metadata (and file) is what it was before the options existed."""
+    return {**({"burstiness": burstiness} if burstiness != 1.0 else {}),
+            **({"ramp_up_s": ramp_up_s} if ramp_up_s > 0 else {})}
 
 
 def closed_mixed(n: int, seed: int = 0) -> Trace:

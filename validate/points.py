@@ -34,8 +34,9 @@ class Point:
 
 def build_trace(spec: dict, root: Path) -> Trace:
     kind = spec["kind"]
-    if kind == "poisson":
-        return poisson_trace(spec["rate"], spec["n"], spec["seed"])
+    if kind in ("poisson", "gamma"):
+        return poisson_trace(spec["rate"], spec["n"], spec["seed"], spec.get("burstiness", 1.0),
+                             spec.get("ramp_up_s", 0.0))
     if kind == "closed-mixed":
         return closed_mixed(spec["n"], spec["seed"])
     if kind == "closed-uniform":
