@@ -37,7 +37,8 @@ def _styles(configs: list[Config]) -> tuple[list[dict], dict[str, str]]:
     getters = dict(AXES)
     styles = [dict(color="C0", marker="o", linestyle="-", fillstyle="full", linewidth=1.2) for _ in configs]
     for axis, channel in chosen.items():
-        order = sorted(set(map(getters[axis], configs)))
+        values = list(dict.fromkeys(map(getters[axis], configs)))  # names in the order given (paged first), sizes
+        order = sorted(values) if all(isinstance(v, (int, float)) for v in values) else values  # small to large
         for style, config in zip(styles, configs):
             k = order.index(getters[axis](config))
             if channel == "colour":
