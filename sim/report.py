@@ -216,9 +216,10 @@ def band_rows(group: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> list[dic
 
 
 def band_table(group: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> str:
-    """The configuration's band per rate: served rate and queue wait p50 (and goodput, with SLOs) as mean +/- sd
-    [min, max] across seeds, and how many seeds were stable (met the SLOs)."""
-    banded = (("expected_rate", "offered"), ("served_rate", "served"), ("queue_wait_p50", "wait p50")) + ((("goodput", "goodput"),) if slos else ())
+    """The configuration's band per rate: offered and served rate and queue wait p50 (and goodput, with SLOs) as
+    mean +/- sd [min, max] across seeds, and how many seeds were stable (met the SLOs)."""
+    banded = (("expected_rate", "offered"), ("served_rate", "served"), ("queue_wait_p50", "wait p50")) + \
+        ((("goodput", "goodput"),) if slos else ())
     cells = [["rate", *(f"{name} mean +/- sd [min, max]" for _, name in banded), "stable seeds",
               *(["SLOs met seeds"] if slos else [])]]
     for r in band_rows(group, slos):
