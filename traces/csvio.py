@@ -165,8 +165,8 @@ def read_frame(path: Path, schema: str | None, versions: Sequence[int], columns:
     row whole (its last field there) and every `numeric` column all numbers; None otherwise, for read_table to
     find the problem and name its line. Tens of times faster than read_table for a large table.
 
-    Floats are parsed exactly (the shortest repr a writer wrote reads back as the same double); only "nan" and the empty field are missing values, as the writers write
-    them."""
+    Floats are parsed exactly (the shortest repr a writer wrote reads back as the same double); only "nan" and
+    the empty field are missing values, as the writers write them."""
     import pandas as pd
     data = read_bytes(path)
     if appended:
