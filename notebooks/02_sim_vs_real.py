@@ -336,8 +336,9 @@ for ax, key in zip(axes.flat, keys):
     ax.set_xlabel(f"measured {name} ({unit})")
     ax.set_ylabel(f"predicted ({unit})")
     e = d.error.abs()
-    ax.set_title(f"{name}: median |error| {e.median():.1%}, worst {e.max():.0%}" if e.max() < 10 else
-                 f"{name}: median |error| {e.median():.1%}, worst over 1000%")
+    # Two lines: on one, the longer names ran past the panel into the next one's title and out of the figure
+    ax.set_title(f"{name}\nmedian |error| {e.median():.1%}, worst " +
+                 (f"{e.max():.0%}" if e.max() < 10 else "over 1000%"), fontsize=10)
 for ax in list(axes.flat)[len(keys):]:
     ax.axis("off")
 S.legend_once(fig, list(axes.flat)[:len(keys)], title="point group", ncol=10)

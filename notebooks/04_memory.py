@@ -200,14 +200,14 @@ for _, p in real.iterrows():
     ax2.errorbar(p.pool_gib, p.mean_running_rows_real, color="tab:red", **S.REAL)
     ax2.plot(p.pool_gib, p.mean_running_rows_sim, "s", mfc="none", mec="tab:red", ms=9)
 if len(real):
-    for a in (ax, ax2):
-        a.plot([], [], "o", color="tab:red", mec="black", label="real small-pool runs")
-        a.plot([], [], "s", mfc="none", mec="tab:red", label=PRED)
+    ax.plot([], [], "o", color="tab:red", mec="black", label="real small-pool runs")
+    ax.plot([], [], "s", mfc="none", mec="tab:red", label=PRED)
 for a in (ax, ax2):
     a.set_xscale("log", base=2)
     a.set_xticks(POOLS, [f"{p:g}" for p in POOLS])
     a.set_xlabel("K/V pool size (GiB)")
-    a.legend()
+# One legend below both panels: inside either, the long prediction label ran over the other panel's tick labels
+S.legend_once(fig, (ax, ax2), ncol=2)
 ax.set_ylabel("queue head blocked on memory (% of busy time)")
 ax.set_title("Head of the queue waiting for blocks while a row is free")
 ax2.set_ylabel("mean running rows (rows)")

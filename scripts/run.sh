@@ -4,6 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e .
+# The install is editable, so only a changed pyproject.toml (dependencies, console scripts) needs another: the
+# stamp holds the hash of the one last installed.
+stamp=.venv/.servecap-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e .
+    echo "$want" > "$stamp"
+fi
 exec .venv/bin/python -m sim "$@"

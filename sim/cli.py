@@ -373,7 +373,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 on = f", seed {seed}" if len(samples) > 1 else ""
                 raise InputError(f"{c.label} ({pool_blocks} blocks{on}): {e}") from None
     _check_sweep_out(args)
-    wl = {"trace_file": str(args.trace), "trace_id": samples[0].trace_id} if args.trace else \
+    wl = {"trace_file": str(args.trace), "trace_id": samples[0].trace_id, "n": len(samples[0])} if args.trace else \
         {"kind": "poisson" if args.burstiness == 1.0 else "gamma", "n": n, **given(args),
          **({"seeds": seeds} if len(seeds) > 1 else {"seed": seeds[0]})}
     setup = {"table_id": table.table_id, "workload": wl, "configs": [asdict(c) for c in configs],

@@ -10,7 +10,7 @@ import pandas as pd
 from traces.latency import fmt_ms
 from traces.slo import SLO, describe, limit_ms
 
-from .sweep import ConfigResult
+from .sweep import SINGLE_ROUTER, ConfigResult
 
 
 def _fmt(v, spec: str) -> str:
@@ -52,19 +52,26 @@ def replica_table(per: pd.DataFrame) -> str:
 def fewest_replicas(results: list[ConfigResult], slos: tuple[SLO, ...]) -> list[dict]:
     """For each configuration but its replica count (router included) and each rate every count was tested at:
     the fewest replicas that hold the rate (meet the SLOs when given, else stay stable), None if none does. With
-    several workload seeds a count holds a rate when most seeds do, as in the sweep's bands (sim/report.py)."""
+    several workload seeds a count holds a rate when most seeds do, as in the sweep's bands (sim/report.py). A
+    single engine has no router: its results count under every router its fleets were run behind."""
     key = "slo_ok" if slos else "stable"
-    groups: dict = {}
-    for res in results:  # configuration but its replica count -> replica count -> its results, one per seed
-        groups.setdefault(replace(res.config, replicas=1), {}).setdefault(res.config.replicas, []).append(res)
+    # one engine's configuration -> router (None: the single engine's) -> replica count -> its results, one per seed
+    engines: dict = {}
+    for res in results:
+        router = res.config.router if res.config.replicas > 1 else None
+        engines.setdefault(replace(res.config, replicas=1), {}).setdefault(router, {}) \
+            .setdefault(res.config.replicas, []).append(res)
     found = []
-    for base, by_count in groups.items():
-        counts = sorted(by_count)
-        rates = sorted(set.intersection(*(set(r.rates) for seeds in by_count.values() for r in seeds)))
-        for rate in rates:
-            held = [n for n in counts if _holds(by_count[n], rate, key)]
-            found.append({"configuration": replace(base, router="round-robin").label, "router": base.router,
-                          "rate": rate, "replicas": min(held) if held else None, "tested": counts})
+    for engine, by_router in engines.items():
+        single = by_router.pop(None, {})
+        for router, fleets in (by_router or {SINGLE_ROUTER: {}}).items():
+            by_count = {**single, **fleets}
+            counts = sorted(by_count)
+            rates = sorted(set.intersection(*(set(r.rates) for seeds in by_count.values() for r in seeds)))
+            for rate in rates:
+                held = [n for n in counts if _holds(by_count[n], rate, key)]
+                found.append({"configuration": engine.label, "router": router, "rate": rate,
+                              "replicas": min(held) if held else None, "tested": counts})
     return found
 
 

@@ -24,17 +24,21 @@ from traces.slo import SLO, describe
 
 from .bands import Band, exceeds_seed_spread
 from .sweep import ConfigResult
+from .sweep_plot import plot, title
 
 SAG = 0.95  # past capacity, a served rate below this fraction of the peak is a sag worth explaining
 MEMORY_BOUND = 0.10  # the head blocked by blocks this much of step time (with rows free) is memory-bound
 
-CSV_COLUMNS = ("backend", "max_batch", "pool_gib", "replicas", "router", "pool_blocks", "rate", "seed", "trace_id",
+CSV_COLUMNS = ("backend", "prefill", "max_batch", "pool_gib", "replicas", "router", "pool_blocks", "rate", "seed",
+               "trace_id",
                "n", "served_rate", "expected_rate", "stable", "served_ok", "trend_rise_s", "queue_wait_p50",
                "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "group_size_p50", "group_size_p95",
                "group_size_max", "padding_waste_p50", "padding_waste_p95", "mean_running_rows", "rows_while_queued",
                "head_blocked_frac", "sim_events", "sim_wall_s")
-# (heading, row key, format) for the printed table; the latencies' columns (in ms) come from _latency_columns
-_TABLE_HEAD = (("rate", "rate", "{:.3g}"), ("served", "served_rate", "{:.2f}"))
+# (heading, row key, format) for the printed table; the latencies' columns (in ms) come from _latency_columns.
+# `rate` is the nominal rate the trace was scaled to; `offered` what the trace's sample actually offered
+# (traces/metrics.py: expected), which the served rate keeps up with.
+_TABLE_HEAD = (("rate", "rate", "{:.3g}"), ("offered", "expected_rate", "{:.2f}"), ("served", "served_rate", "{:.2f}"))
 _TABLE = (("group p50/p95/max", None, None), ("waste p50/p95", None, None),
           ("rows", "mean_running_rows", "{:.1f}"), ("blocked", "head_blocked_frac", "{:.0%}"),
           ("stable", "stable", None))
@@ -54,7 +58,7 @@ def _latency_columns(percentiles: tuple[float, ...]) -> tuple:
                  for i, q in enumerate(shown)]
     return tuple(cols)
 _SLO_TABLE = (("goodput", "goodput", "{:.2f}"), ("SLOs", "slo_ok", None))
-BANDED = ("served_rate", "queue_wait_p50")  # the quantities sweep.bands.csv and the figure give a band
+BANDED = ("expected_rate", "served_rate", "queue_wait_p50")  # the quantities sweep.bands.csv and the figure give a band
 SLO_BANDED = ("goodput",)  # and with SLOs
 BAND_COLUMNS = ("backend", "prefill", "max_batch", "pool_gib", "replicas", "router", "pool_blocks", "rate", "seeds",
                 "stable_seeds", *(f"{k}_{s}" for k in BANDED for s in ("mean", "sd", "min", "max")))
@@ -190,8 +194,8 @@ def mechanism(res: ConfigResult, seeds: list[ConfigResult] | None = None) -> lis
                   f"{'beyond' if beyond else 'within'} the seed spread")
         sags = sags and beyond
     if sags:
-        lines = [f"past capacity the served rate sags from {peak['served_rate']:.2f} req/s (offered "
-                 f"{peak['rate']:.3g}) to {last['served_rate']:.2f} (offered {last['rate']:.3g}{spread}): the queue "
+        lines = [f"past capacity the served rate sags from {peak['served_rate']:.2f} req/s (at rate "
+                 f"{peak['rate']:.3g}) to {last['served_rate']:.2f} (at rate {last['rate']:.3g}{spread}): the queue "
                  f"deepens (wait p50 {first['queue_wait_p50']:.1f} -> {last['queue_wait_p50']:.1f} s), {groups}, so "
                  f"each prefill spends more of the engine's time on padding"]
     else:
@@ -230,9 +234,9 @@ def band_rows(group: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> list[dic
 
 
 def band_table(group: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> str:
-    """The configuration's band per rate: served rate and queue wait p50 (and goodput, with SLOs) as mean +/- sd
-    [min, max] across seeds, and how many seeds were stable (met the SLOs)."""
-    banded = (("served_rate", "served"), ("queue_wait_p50", "wait p50 ms")) + \
+    """The configuration's band per rate: offered and served rate and queue wait p50 (and goodput, with SLOs) as
+    mean +/- sd [min, max] across seeds, and how many seeds were stable (met the SLOs)."""
+    banded = (("expected_rate", "offered"), ("served_rate", "served"), ("queue_wait_p50", "wait p50 ms")) + \
         ((("goodput", "goodput"),) if slos else ())
     scale = {"queue_wait_p50": 1000.0}  # seconds in sweep.bands.csv, ms here
     cells = [["rate", *(f"{name} mean +/- sd [min, max]" for _, name in banded), "stable seeds",
@@ -326,50 +330,5 @@ def write_files(out_dir: Path, results: list[ConfigResult], meta: dict, slos: tu
            "trace_ids": sorted({r["trace_id"] for r in rows}),
            "points": [{k: r.get(k) for k in columns} for r in rows]}
     atomic_write_text(out_dir / "sweep.json", json.dumps(_json_safe(doc), indent=1) + "\n")
-    plot(results, out_dir / "sweep.png")
+    plot([(g, band_rows(g)) for g in groups], out_dir / "sweep.png", title(meta))
     return files
-
-
-def plot(results: list[ConfigResult], path: Path) -> None:
-    """Served rate and queue wait p50 against arrival rate, one line per configuration; with several seeds the
-    line is their mean and the shaded band their min to max, rate by rate."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (served, wait) = plt.subplots(1, 2, figsize=(13, 7))
-    pools = sorted({res.config.pool_gib for res in results})
-    batches = sorted({res.config.max_batch for res in results})
-    colors = plt.get_cmap("viridis")([i / max(1, len(pools) - 1) * 0.9 for i in range(len(pools))])
-    top = 0.0
-    for group in by_config(results):
-        config = group[0].config
-        bands = band_rows(group)
-        rate = [b["rate"] for b in bands]
-        top = max(top, *rate)
-        label = config.label if len(group) == 1 else \
-            f"{config.label}: mean of {len(group)} seeds, shaded min-max across seeds"
-        style = dict(color=colors[pools.index(config.pool_gib)], markersize=4, label=label,
-                     marker="os^D"[batches.index(config.max_batch) % 4],
-                     linestyle="-" if config.backend == "paged" else "--")
-        for ax, k in ((served, "served_rate"), (wait, "queue_wait_p50")):
-            ax.plot(rate, [b[f"{k}_mean"] for b in bands], **style)
-            if len(group) > 1:
-                ax.fill_between(rate, [b[f"{k}_min"] for b in bands], [b[f"{k}_max"] for b in bands],
-                                color=style["color"], alpha=0.2, linewidth=0)
-    served.plot([0, top], [0, top], color="grey", linewidth=0.8, linestyle=":", label="served = offered")
-    served.set(xlabel="arrival rate (requests/s)", ylabel="served rate (requests/s)",
-               title="served rate: leaves the diagonal at capacity")
-    wait.set(xlabel="arrival rate (requests/s)", ylabel="queue wait p50 (s)",
-             title="median queue wait: jumps past capacity")
-    wait.set_yscale("symlog", linthresh=0.01)
-    for ax in (served, wait):
-        ax.grid(alpha=0.3)
-    handles, labels = served.get_legend_handles_labels()
-    rows = 1 + len(labels) // 4
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
-    fig.suptitle("Where each configuration stops keeping up: the served rate flattens (or sags) and the queue wait "
-                 "explodes")
-    fig.tight_layout(rect=(0, 0.035 * rows, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

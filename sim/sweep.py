@@ -42,6 +42,7 @@ from .store import PointStore
 
 AUTO_SPAN = (0.3, 2.0)
 AUTO_POINTS = 12
+SINGLE_ROUTER = "round-robin"  # the router a single engine's configuration names (any router sends it everything)
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,17 @@ class Config:
     pool_gib: float
     prefill: str = "padded"  # a PrefillPolicy as text: padded, packed, chunked:N
     replicas: int = 1  # engines of this configuration behind a router (sim/fleet.py)
-    router: str = "round-robin"
+    router: str = SINGLE_ROUTER
+
+    def __post_init__(self):
+        # One engine gets every request whatever the router: one configuration, run and reported once.
+        if self.replicas == 1:
+            object.__setattr__(self, "router", SINGLE_ROUTER)
 
     @property
     def label(self) -> str:
         policy = "" if self.prefill == "padded" else f", {self.prefill} prefill"
-        fleet = "" if (self.replicas, self.router) == (1, "round-robin") else \
-            f", {self.replicas} replica{'s' * (self.replicas > 1)} behind {self.router}"
+        fleet = "" if self.replicas == 1 else f", {self.replicas} replicas behind {self.router}"
         return f"{self.backend}{policy}, max batch {self.max_batch}, pool {self.pool_gib:g} GiB{fleet}"
 
     def pool_blocks(self, block_size: int) -> int:
@@ -228,6 +233,7 @@ def run_sweep(table: CostTable, configs: list[Config], rates: list[float] | None
     missing points run.
     """
     seeds = list(seeds) if seeds else [workload.seed]
+    configs = list(dict.fromkeys(configs))  # a single engine named under several routers is one configuration
     store = store if store is not None else PointStore(None, {})
     jobs = jobs or os.cpu_count() or 1
     # What the workers run, imported before they are forked so that they share it rather than each importing

@@ -66,17 +66,18 @@ def test_cli_sweep_answers_the_fewest_replicas(capsys, table, tmp_path):
         "  paged, max batch 8, pool 2 GiB, least-outstanding: rate 2.5 req/s -> 2",
         "  paged, max batch 8, pool 2 GiB, least-outstanding: rate 6 req/s -> none of 1,2"]
     points = pd.read_csv(out / "sweep.csv")
-    assert list(points.columns[:6]) == ["backend", "max_batch", "pool_gib", "replicas", "router", "pool_blocks"]
-    assert list(points.columns[-7 - len(latency_keys()):-len(latency_keys())]) == ["sim_events", "sim_wall_s", "goodput", "good_fraction", "slo_ok",
-                                         "attain_ttft", "ttft_p99"]
-    assert len(points) == 12 and sorted(set(zip(points["replicas"], points["router"]))) == [
-        (1, "least-outstanding"), (1, "round-robin"), (2, "least-outstanding"), (2, "round-robin")]
+    assert list(points.columns[:7]) == ["backend", "prefill", "max_batch", "pool_gib", "replicas", "router",
+                                        "pool_blocks"]
+    assert list(points.columns[-7 - len(latency_keys()):-len(latency_keys())]) == [
+        "sim_events", "sim_wall_s", "goodput", "good_fraction", "slo_ok", "attain_ttft", "ttft_p99"]
+    # One engine has no router: it runs once, not once per router
+    assert len(points) == 9 and sorted(set(zip(points["replicas"], points["router"]))) == [
+        (1, "round-robin"), (2, "least-outstanding"), (2, "round-robin")]
     doc = json.loads((out / "sweep.json").read_text())
     assert doc["capacity_by"] == "slos" and doc["slos"] == ["ttft_p99=3"]
     assert [f["replicas"] for f in doc["fewest_replicas"]] == [1, 2, None, 1, 2, None]
     assert {(c["replicas"], c["router"], c["slo_capacity_lo"], c["slo_capacity_hi"]) for c in doc["configurations"]} \
-        == {(1, "round-robin", 1.0, 2.5), (1, "least-outstanding", 1.0, 2.5), (2, "round-robin", 2.5, 6.0),
-            (2, "least-outstanding", 2.5, 6.0)}
+        == {(1, "round-robin", 1.0, 2.5), (2, "round-robin", 2.5, 6.0), (2, "least-outstanding", 2.5, 6.0)}
 
 
 def _row(rate: float, ok: bool) -> dict:
@@ -258,12 +259,13 @@ def test_a_fleet_sweep_with_slos_and_seeds_resumes_to_the_same_results(capsys, t
     assert code == 0, err
     lines = [json.loads(line) for line in (whole / FILE).read_text().splitlines()]
     keys = [json.loads(e["key"]) for e in lines[1:]]
-    # 4 configurations x 2 seeds x 2 rates, each under its replicas, router, seed and rate
-    assert len(keys) == 16 and lines[0]["setup"]["slos"] == ["ttft_p99=3"]
+    # 3 configurations (one engine, two fleets) x 2 seeds x 2 rates, each under its replicas, router, seed and rate
+    assert len(keys) == 12 and lines[0]["setup"]["slos"] == ["ttft_p99=3"]
     assert {(k[1]["replicas"], k[1]["router"], k[2], k[3]) for k in keys} == \
-        {(n, r, s, rate) for n in (1, 2) for r in ("round-robin", "least-tokens") for s in (0, 1) for rate in (1, 2.5)}
+        {(n, r, s, rate) for n, r in ((1, "round-robin"), (2, "round-robin"), (2, "least-tokens")) for s in (0, 1)
+         for rate in (1, 2.5)}
     bands = pd.read_csv(whole / "sweep.bands.csv")
-    assert len(bands) == 8 and {"replicas", "router", "slo_ok_seeds", "goodput_mean"} <= set(bands.columns)
+    assert len(bands) == 6 and {"replicas", "router", "slo_ok_seeds", "goodput_mean"} <= set(bands.columns)
     assert "SLOs met seeds" in stdout and "by the SLOs highest SLO-meeting rate" in stdout
     doc = json.loads((whole / "sweep.json").read_text())
     # At 2.5 req/s two replicas meet the SLOs on both seeds behind least-tokens, on one of the two behind round-robin
@@ -349,7 +351,7 @@ def test_cli_sweep_on_modal_resumes_a_local_one_and_writes_its_files(capsys, mon
     code, stdout, err = cli(capsys, *FLEET_SWEEP, "--on", "modal", "--table", str(table), "--out", str(cut),
                             "--resume")
     assert code == 0 and "resuming: 6 results already in" in stdout, err
-    assert [m.sent for m in maps] == [16 - 6]
+    assert [m.sent for m in maps] == [12 - 6]
     _same_sweep(whole, cut)
     assert json.loads((cut / "sweep.json").read_text())["on"] == "modal"
     code, _, err = cli(capsys, *FLEET_SWEEP, "--on", "modal", "--jobs", "2", "--table", str(table), "--out",

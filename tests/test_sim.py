@@ -277,7 +277,7 @@ def test_mechanism_names_the_sag_and_the_memory_bound():
                        [_point(1, 1.0, True), _point(3, 2.9, False, 2, 0.1, 0.4, 14.0),
                         _point(5, 3.9, False, 4, 0.8, 0.4, 14.0), _point(7, 2.9, False, 6, 2.8, 0.5, 13.5)])
     lines = mechanism(sag)
-    assert lines[0].startswith("past capacity the served rate sags from 3.90 req/s (offered 5) to 2.90 (offered 7)")
+    assert lines[0].startswith("past capacity the served rate sags from 3.90 req/s (at rate 5) to 2.90 (at rate 7)")
     assert "p95 2 -> 6 (max 12)" in lines[0] and "0.10 -> 2.80" in lines[0]
     assert lines[1].startswith("memory-bound: at 7 req/s only 13.5 of 32 rows run") and "50% of step time" in lines[1]
     flat = ConfigResult(Config("paged", 16, 4), 2340, [1, 3], None, [_point(1, 1.0, True), _point(3, 2.2, False)])

@@ -408,7 +408,7 @@ def test_a_run_record_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
         f.write(b"9,0.5,caf\xe9\n")
     with pytest.raises(InputError, match="not UTF-8") as err:
         read_run(tmp_path / "run")
-    _assert_names(err, tmp_path / "run" / "rejected.csv", 3, None)
+    _assert_names(err, tmp_path / "run" / "rejected.csv", 2, None)  # the column names are line 1
 
 
 def test_a_cost_table_that_is_not_utf8_is_refused_naming_the_file(tmp_path):

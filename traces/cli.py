@@ -304,8 +304,8 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("timeline", help="run records as a Chrome trace-event JSON for Perfetto",
                        description="Write run records as Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing): "
-                                   "one process per record with a steps track, one track per batch row, and queue "
-                                   "depth and free KV blocks as counters.")
+                                   "one process per record (per replica, for a fleet's) with a steps track, one track "
+                                   "per batch row, and queue depth and free KV blocks as counters.")
     s.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run-record directories")
     s.add_argument("--out", dest="json_out", required=True, metavar="FILE.json", help="the JSON file to write")
     s.add_argument("--names", type=lambda t: [n.strip() for n in t.split(",")], metavar="A,B,...",

@@ -107,7 +107,7 @@ def compare_windows(a: Explanation, b: Explanation) -> pd.DataFrame:
 def _figures(rec: RunRecord, split: dict, rows: pd.Series, groups: pd.DataFrame, overhead: pd.DataFrame,
              served: int, wall: float) -> dict:
     referenced = overhead["reference"].notna()
-    return {"wall_s": wall, "requests": served, "offered_rate": served / wall,
+    return {"wall_s": wall, "requests": served, "served_rate": served / wall,
             **{f"{p}_s": v for p, v in split.items()}, **{f"{p}_share": v / wall for p, v in split.items()},
             "rows_mean": float((rows.index.to_numpy() * rows.to_numpy()).sum()),
             "rows_p50": _quantile(rows, 0.5), "rows_p95": _quantile(rows, 0.95),

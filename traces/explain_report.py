@@ -13,7 +13,7 @@ PART_LABELS = {"decode": "decode", "prefill": "prefill, real prompt tokens", "pa
                "idle": "idle (no step, no row held)"}
 # The headline figures in the comparison table: key, label, format (a percent format takes a fraction).
 HEADLINE = [("wall_s", "wall time (s)", ".3f"), ("requests", "requests", ".0f"),
-            ("offered_rate", "offered rate (req/s)", ".2f"),
+            ("served_rate", "served rate, requests / wall time (req/s)", ".2f"),
             *[(f"{p}_s", f"{PART_LABELS[p]} (s)", ".3f") for p in PARTS],
             *[(f"{p}_share", f"{PART_LABELS[p]} (share)", ".1%") for p in PARTS],
             ("rows_mean", "rows running, mean", ".2f"), ("rows_p50", "rows running, p50", ".0f"),
@@ -52,7 +52,7 @@ def _describe(name: str, e: Explanation) -> list[str]:
     f = e.figures
     return [f"{name}: {what}" + (f"; trace {traced}" if traced else ""),
             f"  wall time {e.wall:.3f} s (first arrival {e.start:.3f} s to last finish {e.end:.3f} s): "
-            f"{f['requests']} requests, {_f(f['offered_rate'], '.2f')} req/s offered"]
+            f"{f['requests']} requests served, {_f(f['served_rate'], '.2f')} req/s over the wall time"]
 
 
 def _split_table(e: Explanation) -> str:

@@ -1,8 +1,13 @@
 """Run records, one schema for real and simulated runs.
 
-A run is a directory: meta.json (how and where it was made), requests.csv, steps.csv, tokens.csv and
-rejected.csv (a finished record may keep any of them gzipped, NAME.csv.gz). Rows are appended and flushed as they complete, so a run killed halfway keeps every
-finished row; meta.json says "running" until the run closes it.
+A run is a directory: meta.json (how and where it was made, the schema and version, the tables and their
+columns), requests.csv, steps.csv, tokens.csv and rejected.csv (a finished record may keep any of them gzipped,
+NAME.csv.gz). Rows are appended and flushed as they complete, so a run killed halfway keeps every finished row;
+meta.json says "running" until the run closes it.
+
+Version 3 moved each table's header line (`# {"schema": "run-record/requests", "version": 2}`) into meta.json:
+the tables are plain CSV, which `pandas.read_csv` reads as it is (a header line it takes for the column names
+gives a frame of one garbage column unless told comment='#'). Versions 1 and 2, with the line, are still read.
 
 Version 2 adds to each prefill step the positions it computed (`tokens`: padding included) and its causal
 attention work (`attn`, costs/shapes.py), and the replica that ran each request and step. Version-1 records
@@ -19,13 +24,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .csvio import AppendWriter, atomic_write_text, read_table, read_text
+from .csvio import AppendWriter, atomic_write_text, read_frame, read_table, read_text
 from .errors import InputError
 from .provenance import now_iso
 
 SCHEMA = "run-record"
-VERSION = 2
-READS = (1, 2)
+VERSION = 3
+READS = (1, 2, 3)
+HEADED = (1, 2)  # versions whose tables start with a '# {"schema": ...}' line
 REQUEST_COLUMNS = ("request_id", "arrival", "admitted", "admit_step", "group_id", "group_size", "first_token",
                    "finished", "prompt_tokens", "output_tokens", "blocks", "replica")
 STEP_COLUMNS = ("step", "kind", "rows", "padded_len", "prompt_tokens", "tokens", "attn", "kv_tokens", "kv_max",
@@ -34,6 +40,7 @@ _ADDED = {"requests": ("replica",), "steps": ("tokens", "attn", "replica")}  # c
 TOKEN_COLUMNS = ("request_id", "index", "time", "token_id")  # token_id -1 where not known (simulated)
 REJECTED_COLUMNS = ("request_id", "arrival", "reason")
 TABLES = {"requests": REQUEST_COLUMNS, "steps": STEP_COLUMNS, "tokens": TOKEN_COLUMNS, "rejected": REJECTED_COLUMNS}
+_FAST = ("requests", "steps", "tokens")  # the large tables, read by pandas' parser (rejected: a few rows of text)
 _NUMERIC = {"requests": REQUEST_COLUMNS, "steps": tuple(c for c in STEP_COLUMNS if c != "kind"),
             "tokens": TOKEN_COLUMNS, "rejected": ("request_id", "arrival")}
 
@@ -51,7 +58,8 @@ class RunWriter:
     """Collects a run's rows: appended to files under `out_dir`, or kept in memory when out_dir is None."""
 
     def __init__(self, out_dir: str | Path | None, meta: dict, tables=("requests", "steps", "tokens", "rejected")):
-        self.meta = {"schema": SCHEMA, "version": VERSION, **meta, "status": "running"}
+        self.meta = {**meta, "schema": SCHEMA, "version": VERSION,
+                     "tables": {t: list(TABLES[t]) for t in tables}, "status": "running"}
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self._mem: dict[str, list] = {}
         self._files: dict[str, AppendWriter] = {}
@@ -60,7 +68,7 @@ class RunWriter:
             if any((self.out_dir / f"{t}.csv").exists() for t in TABLES):
                 raise InputError("already holds a run record; choose a new output directory", path=self.out_dir)
             self._write_meta()
-            self._files = {t: AppendWriter(self.out_dir / f"{t}.csv", f"{SCHEMA}/{t}", VERSION, TABLES[t]) for t in tables}
+            self._files = {t: AppendWriter(self.out_dir / f"{t}.csv", TABLES[t]) for t in tables}
         else:
             self._mem = {t: _Columns() for t in tables}
 
@@ -205,8 +213,14 @@ def read_run(run_dir: str | Path) -> RunRecord:
             p = p.with_name(f"{t}.csv.gz")
         old = version == 1 and t in _ADDED
         want = tuple(c for c in cols if c not in _ADDED[t]) if old else cols
-        rows = read_table(p, f"{SCHEMA}/{t}", (version,), want, appended=True)[1] if p.exists() else []
-        frames[t] = _upgrade(t, _frame(t, rows, want)) if old else _frame(t, rows)
+        schema = f"{SCHEMA}/{t}" if version in HEADED else None
+        rows = None
+        if p.exists() and t in _FAST:
+            rows = read_frame(p, schema, (version,), want, numeric=[c for c in want if c in _NUMERIC[t]],
+                              appended=True)
+        if rows is None:
+            rows = read_table(p, schema, (version,), want, appended=True)[1] if p.exists() else []
+        frames[t] = _upgrade(t, _frame(t, rows, want)) if old else _frame(t, rows, want)
     return RunRecord(meta, **frames)
 
 

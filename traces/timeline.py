@@ -1,5 +1,6 @@
 """Run records as Chrome trace-event JSON, the format ui.perfetto.dev and chrome://tracing open. Several records
-(a real run and a simulated one of the same trace) go in one file, one process each, on their own time axes.
+(a real run and a simulated one of the same trace) go in one file, one process each, on their own time axes; a
+fleet's record gives one process per replica (each has its own rows, pool and queue).
 
 In each process:
     track "steps"  one complete event ("X") per prefill step, and one per stretch of consecutive decode steps of
@@ -11,7 +12,10 @@ In each process:
                    in order of admission; a row freed at a time can be taken at that same time.
     counters       "queue depth" (requests arrived and not admitted) and "free KV blocks" (the pool's blocks,
                    meta pool_blocks, less those held by running requests), at every change.
-Timestamps and durations are in microseconds of the record's own clock.
+Timestamps and durations are whole microseconds of the record's own clock (the format's unit), each an instant
+rounded on its own and a duration the difference of its rounded ends: an event that ends when the next begins
+ends at the next one's timestamp exactly. Fractional microseconds would not: readers turn them into whole
+nanoseconds by truncation, which can put an event's end 1 ns past the next one's start.
 """
 from __future__ import annotations
 
@@ -24,13 +28,14 @@ import pandas as pd
 
 from .csvio import atomic_write_text
 from .errors import InputError
+from .metrics import replica_records
 from .records import RunRecord
 
 STEPS_TID = 0  # row k's track is tid k + 1
 
 
-def _us(t) -> float:
-    return round(float(t) * 1e6, 3)  # nanosecond resolution is finer than any step time
+def _us(t) -> int:
+    return round(float(t) * 1e6)
 
 
 def _meta(pid: int, tid: int, name: str, value) -> dict:
@@ -70,7 +75,7 @@ def step_events(steps: pd.DataFrame, pid: int, every_step: bool = False) -> list
                                                 "group_id", "admitted")}
         ts = _us(start[i])
         events.append({"name": "decode" if decode[i] else "prefill", "ph": "X", "ts": ts,
-                       "dur": round(_us(end[j]) - ts, 3), "pid": pid, "tid": STEPS_TID, "args": args})
+                       "dur": _us(end[j]) - ts, "pid": pid, "tid": STEPS_TID, "args": args})
     return events
 
 
@@ -98,7 +103,7 @@ def row_events(requests: pd.DataFrame, pid: int) -> list[dict]:
     events = []
     for q, slot in zip(r.itertuples(index=False), slots.to_numpy()):
         ts = _us(q.admitted)
-        events.append({"name": f"request {q.request_id}", "ph": "X", "ts": ts, "dur": round(_us(q.finished) - ts, 3),
+        events.append({"name": f"request {q.request_id}", "ph": "X", "ts": ts, "dur": _us(q.finished) - ts,
                        "pid": pid, "tid": STEPS_TID + 1 + int(slot),
                        "args": {"request_id": int(q.request_id), "arrival_s": float(q.arrival),
                                 "queue_wait_ms": round((q.admitted - q.arrival) * 1e3, 4),
@@ -142,9 +147,7 @@ def counter_events(rec: RunRecord, pid: int) -> list[dict]:
 
 
 def record_events(rec: RunRecord, pid: int, name: str, every_step: bool = False) -> list[dict]:
-    """One record's process: its name, tracks and counters, in time order after the naming metadata."""
-    if rec.requests["replica"].nunique() > 1 or rec.steps["replica"].nunique() > 1:
-        raise InputError("the record holds several replicas; a timeline shows one engine's record")
+    """One engine's process: its name, tracks and counters, in time order after the naming metadata."""
     body = step_events(rec.steps, pid, every_step) + row_events(rec.requests, pid) + counter_events(rec, pid)
     body.sort(key=lambda e: e["ts"])  # stable: a track's events keep their order at equal times
     rows = sorted({e["tid"] for e in body if e["tid"] != STEPS_TID})
@@ -156,6 +159,14 @@ def record_events(rec: RunRecord, pid: int, name: str, every_step: bool = False)
     return names + body
 
 
+def engines(rec: RunRecord, name: str) -> list[tuple[RunRecord, str]]:
+    """The engines of a record with their process names: itself, or each replica of a fleet's."""
+    if int(rec.meta.get("replicas", 1)) <= 1 and rec.requests["replica"].nunique() <= 1 \
+            and rec.steps["replica"].nunique() <= 1:
+        return [(rec, name)]
+    return [(part, f"{name} replica {i}") for i, part in replica_records(rec).items()]
+
+
 def default_names(records: list[RunRecord]) -> list[str]:
     """Each record's meta kind (engine, sim), numbered where two share one."""
     kinds = [str(r.meta.get("kind") or "record") for r in records]
@@ -163,11 +174,13 @@ def default_names(records: list[RunRecord]) -> list[str]:
 
 
 def timeline(records: list[RunRecord], names: list[str] | None = None, every_step: bool = False) -> dict:
-    """The trace-event document of `records`, one process each (pid 1, 2, ...)."""
+    """The trace-event document of `records`, one process per engine (pid 1, 2, ...): a fleet's record gives one
+    per replica."""
     names = names or default_names(records)
     if len(names) != len(records):
         raise InputError(f"{len(names)} process name(s) for {len(records)} record(s): give one name per record")
-    events = [e for pid, (rec, name) in enumerate(zip(records, names), start=1)
+    processes = [engine for rec, name in zip(records, names) for engine in engines(rec, name)]
+    events = [e for pid, (rec, name) in enumerate(processes, start=1)
               for e in record_events(rec, pid, name, every_step)]
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"source": "servecap run records", "decode": "steps" if every_step else "stretches"}}

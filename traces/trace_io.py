@@ -6,6 +6,7 @@ from pathlib import Path
 
 from .csvio import parse_int, read_table, write_table
 from .errors import InputError
+from .importers import AZURE_COLUMNS
 from .prompts import PROMPT_LENGTHS
 from .workload import ARRIVAL_DECIMALS, Request, Trace
 
@@ -23,9 +24,31 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
     return path
 
 
+def _refuse_unimported(path: Path) -> None:
+    """A source file given where a trace is expected (the Azure CSV, or any table without the trace's header
+    line) is refused naming the importer that makes a trace of it, not only the header line it lacks."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(64 * 1024).decode("utf-8", "replace")
+    except OSError:
+        return  # read_table says why the file cannot be read
+    if first.startswith("# "):
+        return
+    names = {c.strip().strip('"') for c in first.split(",")}
+    if set(AZURE_COLUMNS) <= names:
+        raise InputError(f"is a raw Azure LLM inference trace (columns {', '.join(AZURE_COLUMNS)}), not a request "
+                         f"trace: import it first with `python -m traces import-azure {path} --out TRACE.csv`",
+                         path=path, row=1)
+    if len(names) > 1:
+        raise InputError("is a table without the request trace's header line, not a trace: import it first with "
+                         "`python -m traces import FILE --timestamp COL --input COL --output COL --out TRACE.csv` "
+                         "(or import-lengths for lengths alone)", path=path, row=1)
+
+
 def read_trace(path: str | Path) -> Trace:
     """Read and validate a trace file; any bad row is refused with its line and column."""
     path = Path(path)
+    _refuse_unimported(path)
     header, rows = read_table(path, SCHEMA, (VERSION,), COLUMNS)
     reqs, last = [], 0.0
     first_line: dict[int, int] = {}  # request id -> the line that gave it
