@@ -17,7 +17,7 @@ from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib
                         workload_from_args, workload_options)
 from traces.errors import InputError
 from traces.model_spec import MODELS
-from traces.outpath import check_out_dir
+from traces.outpath import check_out_dir, check_trace_events
 from traces.records import TABLES
 from traces.workload import Trace
 
@@ -115,6 +115,9 @@ def _run(args: argparse.Namespace) -> int:
         check_out_dir(out)
         if any((out / f"{t}.csv").exists() for t in TABLES):
             raise InputError("already holds a run record; choose a new output directory", path=out)
+    check_trace_events(args.trace_events, args.force, {"the input trace (--trace)": args.trace,
+                                                       "the checkpoint (--checkpoint)": args.checkpoint,
+                                                       **{f"the run record {o}": o for o in outs}})
     trace = workload_from_args(args)
     check_workload(trace, args)
     engine = build_engine(args)
@@ -176,6 +179,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--no-tokens", action="store_true", help="do not record per-token times")
     r.add_argument("--trace-events", metavar="FILE",
                    help="write the last recorded run as Chrome trace-event JSON for ui.perfetto.dev")
+    r.add_argument("--force", action="store_true", help="replace an existing --trace-events FILE")
     r.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC",
                    help=SLO_HELP + " (scored as the simulator scores)")
     r.add_argument("--warmup", type=seed_arg, default=0, help="unrecorded runs first (closed controls: 2)")

@@ -23,7 +23,7 @@ from engine.scheduler import PrefillPolicy
 from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg,
                         slo_arg)
 from traces.errors import InputError
-from traces.outpath import check_out_dir
+from traces.outpath import check_out_dir, check_trace_events
 from traces.prompts import PROMPT_NAMES
 from traces.workload import DEFAULT_N, poisson_trace
 
@@ -119,6 +119,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--tokens", action="store_true", help="with --out, also write every token's time")
     run.add_argument("--trace-events", type=Path, metavar="FILE",
                      help="also write the run as Chrome trace-event JSON for ui.perfetto.dev")
+    run.add_argument("--force", action="store_true", help="replace an existing --trace-events FILE")
     run.add_argument("--no-fast-forward", action="store_true",
                      help="step every decode step through the event loop (slower, identical results)")
     _common(run)
@@ -244,6 +245,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     pool_blocks, how = inputs.pool_size(trace, args.max_batch, table.block_size, args.pool_gib, args.pool_blocks)
     inputs.check_trace(trace, table, args.max_batch, pool_blocks, table.block_size)
     _check_out(args.out)
+    check_trace_events(args.trace_events, args.force, {"the input trace (--trace)": args.trace,
+                                                       "the cost table (--table)": args.table,
+                                                       "the run record (--out)": args.out})
     cfg = SimConfig(args.backend, args.max_batch, pool_blocks,
                     detail=("tokens" if args.tokens else "steps") if args.out or args.trace_events else "summary",
                     fast_forward=not args.no_fast_forward, noise_seed=args.noise_seed,

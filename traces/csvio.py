@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from .errors import InputError
+from .outpath import refuse_special
 
 
 def header_line(schema: str, version: int, meta: dict | None = None) -> str:
@@ -40,8 +41,10 @@ def parse_header(line: str, path: Path, schema: str, versions: Sequence[int]) ->
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write a whole file so that a reader never sees half of it, and leave no temporary file if that fails."""
+    """Write a whole file so that a reader never sees half of it, and leave no temporary file if that fails. The
+    rename replaces only a regular file (outpath.refuse_special)."""
     path = Path(path)
+    refuse_special(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
