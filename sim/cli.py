@@ -11,7 +11,7 @@ import shlex
 import sys
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator
@@ -23,7 +23,7 @@ from engine.scheduler import PrefillPolicy
 from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg,
                         slo_arg)
 from traces.errors import InputError
-from traces.outpath import check_out_dir, check_trace_events
+from traces.outpath import check_out_dir, check_trace_events, exclusive
 from traces.prompts import PROMPT_NAMES
 from traces.workload import DEFAULT_N, poisson_trace
 
@@ -305,6 +305,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    with ExitStack() as held:
+        return _sweep(args, held)
+
+
+def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
     if args.trace is not None:
         _refuse_unused(args, {"--n": "with --trace: the trace file holds the requests",
                               "--seed": "with --trace: the trace file holds the requests",
@@ -339,6 +344,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 on = f", seed {seed}" if len(samples) > 1 else ""
                 raise InputError(f"{c.label} ({pool_blocks} blocks{on}): {e}") from None
     _check_sweep_out(args)
+    held.enter_context(exclusive(args.out, "sweep"))  # until the sweep's files are written
     wl = {"trace_file": str(args.trace), "trace_id": samples[0].trace_id} if args.trace else \
         {"kind": "poisson", "n": n, **({"seeds": seeds} if len(seeds) > 1 else {"seed": seeds[0]})}
     setup = {"table_id": table.table_id, "workload": wl, "configs": [asdict(c) for c in configs],

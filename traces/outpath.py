@@ -2,9 +2,12 @@
 away the work, and a traceback names no option."""
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from .errors import InputError
 
@@ -98,3 +101,23 @@ def check_trace_events(path: str | Path | None, force: bool, keep: dict[str, str
             raise InputError("--force does nothing without --trace-events (the only file it lets a run replace)")
         return
     check_new_file(path, force=force, keep=keep, option="--trace-events")
+
+
+@contextmanager
+def exclusive(directory: str | Path, what: str) -> Iterator[None]:
+    """Hold `directory` for one command while it writes there: a second one (a --force or --resume while the first
+    still runs) is refused instead of writing into the same files at its own offsets. The lock is flock(2) on a
+    file kept in the directory, so a killed holder releases it with its last descriptor."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    f = open(directory / f".{what}.lock", "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise InputError(f"is in use by another {what} that is still running; wait for it to finish, or choose "
+                         f"another --out", path=directory) from None
+    try:
+        yield
+    finally:
+        f.close()
