@@ -198,7 +198,12 @@ def _explain(args: argparse.Namespace) -> None:
         check_new_file(args.png, force=args.force, keep=_read(args.runs), option="--png")
     elif args.force:
         raise InputError("--force does nothing without --png (the only file explain writes)")
-    explained = [explain(rec, args.windows) for rec in _records(args.runs)]
+    explained = []
+    for path, rec in zip(args.runs, _records(args.runs)):
+        try:
+            explained.append(explain(rec, args.windows))
+        except InputError as e:  # the record's problem: name the record
+            raise InputError(str(e), path=path) from None
     print(report(explained[0], args.runs[0]) if len(explained) == 1 else report_pair(*explained, tuple(args.runs)))
     if args.png:
         from .explain_plot import plot  # matplotlib only when a figure is asked for
