@@ -74,6 +74,14 @@ def check_workload(trace: Trace, args: argparse.Namespace) -> None:
 
     if not trace.requests:
         raise InputError("the workload has no requests")
+    # Each limit on its own: the engine sizes its prefill buckets by --max-prompt, and only the sum reaches the
+    # scheduler, which would serve a 100-token prompt under --max-prompt 96 with a short budget.
+    for req in trace.requests:
+        for what, value, option, limit in (("prompt", req.prompt_tokens, "--max-prompt", args.max_prompt),
+                                           ("budget", req.budget, "--max-budget", args.max_budget)):
+            if value > limit:
+                raise InputError(f"the workload does not fit the engine: request {req.request_id}'s {what} of {value} "
+                                 f"tokens is beyond {option} {limit} (--model {args.model})")
     sched = Scheduler(1, BlockPool(unbounded_pool(trace.requests, 1, args.block_size), args.block_size),
                       args.max_prompt + args.max_budget)
     try:
