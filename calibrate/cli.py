@@ -101,10 +101,12 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
                        max_budget=plan.max_budget, backends=args.backend, checkpoint=args.checkpoint,
                        dtype="float16" if args.device == "cuda" else "float32", device=args.device,
                        spec=dict(MODELS[args.model]), expect_gpu=args.expect_gpu)
+    if args.refresh is not None:
+        from .refresh import refresh, source_table
+        source = source_table(args.refresh, cfg)
     ident = identity(cfg)  # refuses a missing or unexpected GPU before anything is written
     if args.refresh is not None:
-        from .refresh import refresh
-        return refresh(args.refresh, args.out, cfg, argv)
+        return refresh(source, args.out, cfg, argv)
     if args.check_stationary:
         return check_stationary(plan, cfg, args.backend)
     from engine.engine import POLICIES_BUILT
