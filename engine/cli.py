@@ -74,6 +74,7 @@ def check_workload(trace: Trace, args: argparse.Namespace) -> None:
 
     if not trace.requests:
         raise InputError("the workload has no requests")
+    trace.check_arrivals()
     # Each limit on its own: the engine sizes its prefill buckets by --max-prompt, and only the sum reaches the
     # scheduler, which would serve a 100-token prompt under --max-prompt 96 with a short budget.
     for req in trace.requests:
