@@ -183,7 +183,7 @@ def _check_out(out: Path | None) -> None:
         raise InputError("already holds a run record; choose a new output directory", path=out)
 
 
-SWEEP_FILES = ("sweep.csv", "sweep.json", "sweep.png", "sweep.bands.csv", FILE)
+SWEEP_FILES = ("sweep.csv", "sweep.json", "sweep.png", "sweep.bands.csv", "sweep.run.json", FILE)
 
 
 def _check_sweep_out(args: argparse.Namespace) -> None:
@@ -344,7 +344,6 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
                 on = f", seed {seed}" if len(samples) > 1 else ""
                 raise InputError(f"{c.label} ({pool_blocks} blocks{on}): {e}") from None
     _check_sweep_out(args)
-    held.enter_context(exclusive(args.out, "sweep"))  # until the sweep's files are written
     wl = {"trace_file": str(args.trace), "trace_id": samples[0].trace_id} if args.trace else \
         {"kind": "poisson", "n": n, **({"seeds": seeds} if len(seeds) > 1 else {"seed": seeds[0]})}
     setup = {"table_id": table.table_id, "workload": wl, "configs": [asdict(c) for c in configs],
@@ -359,6 +358,7 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
               f"queued at t=0{', first seed' if len(seeds) > 1 else ''}); its {AUTO_POINTS} rates span "
               f"{AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x that estimate")
     with _points_on(args.on) as remote:  # before the points file: a sweep Modal cannot run leaves nothing behind
+        held.enter_context(exclusive(args.out, "sweep"))  # until the sweep's files are written
         store = PointStore(args.out / FILE, setup, resume=args.resume)
         if args.resume:
             print(f"resuming: {len(store.done)} results already in {store.path}")
@@ -383,11 +383,12 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
     meta = {"table": {"id": table.table_id, "device": table.device_name, "gpu_uuid": table.gpu_uuid,
                       "path": str(args.table or inputs.SHIPPED_TABLE)},
             "workload": wl, "rates": setup["rates"], "block_size": table.block_size,
-            "noise_seed": args.noise_seed, "strict": args.strict, "warnings": warned, "on": args.on,
+            "noise_seed": args.noise_seed, "strict": args.strict, "warnings": warned,
             "slos": setup["slos"], "capacity_by": "slos" if args.slo else "stability",
-            **({"fewest_replicas": fewest} if fewest is not None else {}),
-            "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance()}
-    files = write_files(args.out, results, meta, args.slo)
+            **({"fewest_replicas": fewest} if fewest is not None else {})}
+    run = {"on": args.on, "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance(),
+           "wall_s": round(time.perf_counter() - t0, 3)}
+    files = write_files(args.out, results, meta, run, args.slo)
     for stale in set(SWEEP_FILES) - {f.name for f in files} - {FILE}:  # a replaced sweep's, this one did not write
         (args.out / stale).unlink(missing_ok=True)
     events = sum(r["sim_events"] for res in results for r in res.rows)
