@@ -75,22 +75,23 @@ def check_workload(trace: Trace, args: argparse.Namespace) -> None:
     if not trace.requests:
         raise InputError("the workload has no requests")
     trace.check_arrivals()
+    misfit = (f"the workload does not fit the engine (--model {args.model}, --max-prompt {args.max_prompt}, "
+              f"--max-budget {args.max_budget})")
     # Each limit on its own: the engine sizes its prefill buckets by --max-prompt, and only the sum reaches the
     # scheduler, which would serve a 100-token prompt under --max-prompt 96 with a short budget.
     for req in trace.requests:
         for what, value, option, limit in (("prompt", req.prompt_tokens, "--max-prompt", args.max_prompt),
                                            ("budget", req.budget, "--max-budget", args.max_budget)):
             if value > limit:
-                raise InputError(f"the workload does not fit the engine: request {req.request_id}'s {what} of {value} "
-                                 f"tokens is beyond {option} {limit} (--model {args.model})")
+                raise InputError(f"{misfit}: request {req.request_id}: {what} of {value} tokens is beyond {option} "
+                                 f"{limit}")
     sched = Scheduler(1, BlockPool(unbounded_pool(trace.requests, 1, args.block_size), args.block_size),
                       args.max_prompt + args.max_budget)
     try:
         for req in trace.requests:
             sched.submit(req)
     except InputError as e:
-        raise InputError(f"the workload does not fit the engine (--model {args.model}, --max-prompt "
-                         f"{args.max_prompt}, --max-budget {args.max_budget}): {e}") from None
+        raise InputError(f"{misfit}: {e}") from None
 
 
 def build_engine(args: argparse.Namespace):
