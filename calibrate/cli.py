@@ -18,7 +18,7 @@ from costs.shapes import BACKENDS
 from costs.table import save_cost_table
 from traces.errors import InputError
 from traces.model_spec import MODELS
-from traces.outpath import check_out_file
+from traces.outpath import check_out_file, refuse_special
 
 from .accuracy import report
 from .plan import FULL, H200_SPEEDS, QUICK, describe, make_plan, max_rows, run_plan
@@ -78,6 +78,7 @@ def parser() -> argparse.ArgumentParser:
 def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     if args.out is not None:
         check_out_file(args.out)  # a table that cannot be written would throw the whole calibration away
+        refuse_special(args.out)  # nor would --force let it replace a symlink or a device
     if args.refit is not None:
         if args.out is None or (args.out.exists() and not args.force):
             raise InputError("--refit needs --out NEW.json (a new file, or --force)")

@@ -129,7 +129,8 @@ def parser() -> argparse.ArgumentParser:
                                          "parallel", description=(
         "Simulate every configuration at every arrival rate on all local cores (or on Modal: --on modal), keeping "
         "each point in --out as it finishes (--resume completes an interrupted sweep); print a table, a capacity "
-        "bracket and the mechanism per configuration, and write sweep.csv, sweep.json and sweep.png."))
+        "bracket and the mechanism per configuration, and write sweep.csv, sweep.json and sweep.png (the same bytes "
+        "each time), with sweep.run.json: when, where and how fast it ran."))
     sweep.add_argument("--rates", type=_rates, default=None, metavar="R1,R2,...|auto",
                        help=f"arrival rates in requests/s, or 'auto' (default): {AUTO_POINTS} rates from "
                             f"{AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x each configuration's estimated capacity")

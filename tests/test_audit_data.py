@@ -209,6 +209,16 @@ def test_force_never_replaces_a_symlink_or_a_special_file(capsys, tmp_path, kind
     assert out.is_symlink() if kind == "symlink" else out.is_fifo()
 
 
+def test_calibrate_force_never_replaces_a_symlink_and_says_so_before_the_engine(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr("engine.engine.Engine", lambda cfg: pytest.fail("the engine was started"))
+    out = tmp_path / "table.json"
+    out.symlink_to(tmp_path / "elsewhere.json")
+    code, _, err = run_cli(calibrate.cli.main, capsys, "--device", "cpu", "--model", "tiny", "--quick", "--out", out,
+                           "--force")
+    refused(code, err, str(out), "is a symlink")
+    assert out.is_symlink()
+
+
 # --- S1: validate report and runs made before the plan --------------------------------------------------
 
 def test_report_refuses_a_real_run_made_before_the_plan(tmp_path):
