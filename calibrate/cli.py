@@ -18,7 +18,7 @@ from costs.shapes import BACKENDS
 from costs.table import save_cost_table
 from traces.errors import InputError
 from traces.model_spec import MODELS
-from traces.outpath import check_out_file
+from traces.outpath import check_out_file, refuse_special
 
 from .accuracy import report
 from .measure import STATIONARY_SETTLE_S
@@ -92,6 +92,7 @@ def parser() -> argparse.ArgumentParser:
 def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     if args.out is not None:
         check_out_file(args.out)  # a table that cannot be written would throw the whole calibration away
+        refuse_special(args.out)  # nor would --force let it replace a symlink or a device
     if args.refit is not None:
         if args.out is None or (args.out.exists() and not args.force):
             raise InputError("--refit needs --out NEW.json (a new file, or --force)")
@@ -115,10 +116,12 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
                        max_budget=plan.max_budget, backends=args.backend, checkpoint=args.checkpoint,
                        dtype="float16" if args.device == "cuda" else "float32", device=args.device,
                        spec=dict(MODELS[args.model]), expect_gpu=args.expect_gpu)
+    if args.refresh is not None:
+        from .refresh import refresh, source_table
+        source = source_table(args.refresh, cfg)
     ident = identity(cfg)  # refuses a missing or unexpected GPU before anything is written
     if args.refresh is not None:
-        from .refresh import refresh
-        return refresh(args.refresh, args.out, cfg, argv)
+        return refresh(source, args.out, cfg, argv)
     if args.check_stationary:
         return check_stationary(plan, cfg, args.backend, args.settle_s)
     from engine.engine import POLICIES_BUILT

@@ -17,6 +17,7 @@ import numpy as np
 from costs.fit import fit
 from costs.model import CostModel, ExtrapolationWarning
 from costs.table import CostTable, load_cost_table, save_cost_table
+from traces.errors import InputError
 
 from .plan import Run
 from .points import prefill_steps, usable_steps
@@ -59,13 +60,30 @@ def rescaled(raw: dict, factor: dict[str, float]) -> dict:
             "fit": fit(prefill, {b: d["points"] for b, d in decode.items()}, raw.get("engine"))}
 
 
-def refresh(source: Path, out: Path, cfg, argv: list[str]) -> int:
+def source_table(path: Path, cfg) -> CostTable:
+    """The table to refresh, refused before the engine starts unless this engine is the one it measured (model,
+    dtype, block size): the ratios of another model's steps to its model would rescale it by nothing they share."""
+    from traces.model_spec import MODELS, config_hash
+    old = load_cost_table(path, allow_nonstationary=True)
+    m, asked = old.model, {"config_hash": config_hash(cfg.spec), "dtype": cfg.dtype, "block_size": cfg.block_size}
+    theirs = {"config_hash": m["config_hash"], "dtype": m["dtype"], "block_size": old.block_size}
+    differ = [f"{k} {theirs[k]} (this engine: {v})" for k, v in asked.items() if theirs[k] != v]
+    if differ:
+        model = next((name for name, spec in MODELS.items() if config_hash(spec) == m["config_hash"]), None)
+        options = [f"--model {model}"] * (model is not None and theirs["config_hash"] != asked["config_hash"]) + \
+            [f"--device {'cpu' if m['dtype'] == 'float32' else 'cuda'}"] * (theirs["dtype"] != asked["dtype"])
+        raise InputError(f"was measured on {m['name']} {m['dtype']}, not on this engine: {'; '.join(differ)}. Refresh "
+                         f"it as it was measured{' (' + ', '.join(options) + ')' if options else ''}, or calibrate "
+                         f"this engine anew", path=path)
+    return old
+
+
+def refresh(old: CostTable, out: Path, cfg, argv: list[str]) -> int:
     from engine.engine import Engine
 
     from .measure import measure
 
     t0 = time.perf_counter()
-    old = load_cost_table(source, allow_nonstationary=True)
     cost = CostModel(old)
     engine = Engine(cfg)
     runs = refresh_runs(old.backends, cfg.max_batch)

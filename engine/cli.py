@@ -17,7 +17,7 @@ from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib
                         workload_from_args, workload_options)
 from traces.errors import InputError
 from traces.model_spec import MODELS
-from traces.outpath import check_out_dir
+from traces.outpath import check_out_dir, check_trace_events
 from traces.records import TABLES
 from traces.workload import Trace
 
@@ -74,14 +74,24 @@ def check_workload(trace: Trace, args: argparse.Namespace) -> None:
 
     if not trace.requests:
         raise InputError("the workload has no requests")
+    trace.check_arrivals()
+    misfit = (f"the workload does not fit the engine (--model {args.model}, --max-prompt {args.max_prompt}, "
+              f"--max-budget {args.max_budget})")
+    # Each limit on its own: the engine sizes its prefill buckets by --max-prompt, and only the sum reaches the
+    # scheduler, which would serve a 100-token prompt under --max-prompt 96 with a short budget.
+    for req in trace.requests:
+        for what, value, option, limit in (("prompt", req.prompt_tokens, "--max-prompt", args.max_prompt),
+                                           ("budget", req.budget, "--max-budget", args.max_budget)):
+            if value > limit:
+                raise InputError(f"{misfit}: request {req.request_id}: {what} of {value} tokens is beyond {option} "
+                                 f"{limit}")
     sched = Scheduler(1, BlockPool(unbounded_pool(trace.requests, 1, args.block_size), args.block_size),
                       args.max_prompt + args.max_budget)
     try:
         for req in trace.requests:
             sched.submit(req)
     except InputError as e:
-        raise InputError(f"the workload does not fit the engine (--model {args.model}, --max-prompt "
-                         f"{args.max_prompt}, --max-budget {args.max_budget}): {e}") from None
+        raise InputError(f"{misfit}: {e}") from None
 
 
 def build_engine(args: argparse.Namespace):
@@ -115,6 +125,9 @@ def _run(args: argparse.Namespace) -> int:
         check_out_dir(out)
         if any((out / f"{t}.csv").exists() for t in TABLES):
             raise InputError("already holds a run record; choose a new output directory", path=out)
+    check_trace_events(args.trace_events, args.force, {"the input trace (--trace)": args.trace,
+                                                       "the checkpoint (--checkpoint)": args.checkpoint,
+                                                       **{f"the run record {o}": o for o in outs}})
     trace = workload_from_args(args)
     check_workload(trace, args)
     engine = build_engine(args)
@@ -176,6 +189,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--no-tokens", action="store_true", help="do not record per-token times")
     r.add_argument("--trace-events", metavar="FILE",
                    help="write the last recorded run as Chrome trace-event JSON for ui.perfetto.dev")
+    r.add_argument("--force", action="store_true", help="replace an existing --trace-events FILE")
     r.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC",
                    help=SLO_HELP + " (scored as the simulator scores)")
     r.add_argument("--warmup", type=seed_arg, default=0, help="unrecorded runs first (closed controls: 2)")

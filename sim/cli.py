@@ -11,7 +11,7 @@ import shlex
 import sys
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable, Iterator
@@ -25,7 +25,7 @@ from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib
 from traces.arrival_options import add_arrival_options, given
 from traces.errors import InputError
 from traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, percentiles_arg
-from traces.outpath import check_out_dir
+from traces.outpath import check_out_dir, check_trace_events, exclusive
 from traces.prompts import PROMPT_NAMES
 from traces.workload import DEFAULT_N
 
@@ -128,6 +128,7 @@ def parser() -> argparse.ArgumentParser:
                           "table, seed, trace and git commit; keeps every token's time in memory for ITL")
     run.add_argument("--trace-events", type=Path, metavar="FILE",
                      help="also write the run as Chrome trace-event JSON for ui.perfetto.dev")
+    run.add_argument("--force", action="store_true", help="replace an existing --trace-events FILE")
     run.add_argument("--no-fast-forward", action="store_true",
                      help="step every decode step through the event loop (slower, identical results)")
     _common(run)
@@ -137,7 +138,8 @@ def parser() -> argparse.ArgumentParser:
                                          "parallel", description=(
         "Simulate every configuration at every arrival rate on all local cores (or on Modal: --on modal), keeping "
         "each point in --out as it finishes (--resume completes an interrupted sweep); print a table, a capacity "
-        "bracket and the mechanism per configuration, and write sweep.csv, sweep.json and sweep.png."))
+        "bracket and the mechanism per configuration, and write sweep.csv, sweep.json and sweep.png (the same bytes "
+        "each time), with sweep.run.json: when, where and how fast it ran."))
     sweep.add_argument("--rates", type=_rates, default=None, metavar="R1,R2,...|auto",
                        help=f"arrival rates in requests/s, or 'auto' (default): {AUTO_POINTS} rates from "
                             f"{AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x each configuration's estimated capacity")
@@ -196,7 +198,7 @@ def _check_out(out: Path | None) -> None:
         raise InputError("already holds a run record; choose a new output directory", path=out)
 
 
-SWEEP_FILES = ("sweep.csv", "sweep.json", "sweep.png", "sweep.bands.csv", FILE)
+SWEEP_FILES = ("sweep.csv", "sweep.json", "sweep.png", "sweep.bands.csv", "sweep.run.json", FILE)
 
 
 def _check_sweep_out(args: argparse.Namespace) -> None:
@@ -260,6 +262,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     pool_blocks, how = inputs.pool_size(trace, args.max_batch, table.block_size, args.pool_gib, args.pool_blocks)
     inputs.check_trace(trace, table, args.max_batch, pool_blocks, table.block_size)
     _check_out(args.out)
+    check_trace_events(args.trace_events, args.force, {"the input trace (--trace)": args.trace,
+                                                       "the cost table (--table)": args.table,
+                                                       "the run record (--out)": args.out})
     if args.save_result:
         from traces.bench_result import check_result_path
         check_result_path(args.save_result)
@@ -336,6 +341,11 @@ def _save_result(args: argparse.Namespace, rec, s: dict, table, trace, pool_bloc
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    with ExitStack() as held:
+        return _sweep(args, held)
+
+
+def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
     if args.trace is not None:
         _refuse_unused(args, {"--n": "with --trace: the trace file holds the requests",
                               "--seed": "with --trace: the trace file holds the requests",
@@ -390,6 +400,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               f"queued at t=0{', first seed' if len(seeds) > 1 else ''}); its {AUTO_POINTS} rates span "
               f"{AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x that estimate")
     with _points_on(args.on) as remote:  # before the points file: a sweep Modal cannot run leaves nothing behind
+        held.enter_context(exclusive(args.out, "sweep"))  # until the sweep's files are written
         store = PointStore(args.out / FILE, setup, resume=args.resume)
         if args.resume:
             print(f"resuming: {len(store.done)} results already in {store.path}")
@@ -414,11 +425,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     meta = {"table": {"id": table.table_id, "device": table.device_name, "gpu_uuid": table.gpu_uuid,
                       "path": str(args.table or inputs.SHIPPED_TABLE)},
             "workload": wl, "rates": setup["rates"], "block_size": table.block_size,
-            "noise_seed": args.noise_seed, "strict": args.strict, "warnings": warned, "on": args.on,
+            "noise_seed": args.noise_seed, "strict": args.strict, "warnings": warned,
             "slos": setup["slos"], "capacity_by": "slos" if args.slo else "stability",
-            **({"fewest_replicas": fewest} if fewest is not None else {}),
-            "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance()}
-    files = write_files(args.out, results, meta, args.slo, args.percentiles)
+            **({"fewest_replicas": fewest} if fewest is not None else {})}
+    run = {"on": args.on, "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance(),
+           "wall_s": round(time.perf_counter() - t0, 3)}
+    files = write_files(args.out, results, meta, run, args.slo, args.percentiles)
     for stale in set(SWEEP_FILES) - {f.name for f in files} - {FILE}:  # a replaced sweep's, this one did not write
         (args.out / stale).unlink(missing_ok=True)
     events = sum(r["sim_events"] for res in results for r in res.rows)

@@ -112,6 +112,7 @@ def pool_size(trace: Trace, max_batch: int, block_size: int, gib: float | None =
 def check_trace(trace: Trace, table: CostTable, max_batch: int, pool_blocks: int, block_size: int) -> None:
     """Refuse a trace the engine would refuse any request of (too large for the pool or the model, empty,
     a repeated id), naming the first such request; the engine's own scheduler does the checking."""
+    trace.check_arrivals()  # a --rate far below a trace's own can scale its times past what float64 resolves
     largest = max(trace.requests, key=lambda r: r.prompt_tokens + r.budget)
     need = largest_request_blocks(trace.requests, block_size)
     if need > pool_blocks:

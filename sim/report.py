@@ -1,5 +1,6 @@
 """What a sweep says: a table and a capacity bracket per configuration, the mechanism behind each, and the
-files (sweep.csv, sweep.json, sweep.png; sweep.bands.csv when it ran several workload seeds).
+files (sweep.csv, sweep.json, sweep.png; sweep.bands.csv when it ran several workload seeds; sweep.run.json, how this
+run of it went).
 
 With several seeds every number is reported as a band across them (sim/bands.py): mean, standard deviation,
 min and max per rate, and the capacity bracket per seed with its spread. A sag past capacity is only called one
@@ -34,7 +35,10 @@ CSV_COLUMNS = ("backend", "prefill", "max_batch", "pool_gib", "replicas", "route
                "n", "served_rate", "expected_rate", "stable", "served_ok", "trend_rise_s", "queue_wait_p50",
                "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "group_size_p50", "group_size_p95",
                "group_size_max", "padding_waste_p50", "padding_waste_p95", "mean_running_rows", "rows_while_queued",
-               "head_blocked_frac", "sim_events", "sim_wall_s")
+               "head_blocked_frac", "sim_events")
+# sweep.run.json: how this run of the sweep went (host time, where, when): kept out of sweep.csv and sweep.json so
+# that the same sweep writes the same bytes every time
+RUN_POINT_KEYS = ("backend", "prefill", "max_batch", "pool_gib", "replicas", "router", "rate", "seed", "sim_wall_s")
 # (heading, row key, format) for the printed table; the latencies' columns (in ms) come from _latency_columns.
 # `rate` is the nominal rate the trace was scaled to; `offered` what the trace's sample actually offered
 # (traces/metrics.py: expected), which the served rate keeps up with.
@@ -311,11 +315,12 @@ def _config_doc(group: list[ConfigResult], slos: tuple[SLO, ...]) -> dict:
             "bands": band_rows(group, slos)}
 
 
-def write_files(out_dir: Path, results: list[ConfigResult], meta: dict, slos: tuple[SLO, ...] = (),
+def write_files(out_dir: Path, results: list[ConfigResult], meta: dict, run: dict, slos: tuple[SLO, ...] = (),
                 percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> list[Path]:
     """sweep.csv (a row per point and seed), sweep.json (meta, configurations with bracket and mechanism, points),
     sweep.png, and with several seeds sweep.bands.csv (a row per configuration and rate: bands across seeds).
-    With SLOs, the points gain their SLO scores and the configurations their bracket by the SLOs."""
+    With SLOs, the points gain their SLO scores and the configurations their bracket by the SLOs. sweep.run.json
+    holds `run` (provenance: when, where, the command) and each point's host wall time."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [r for res in results for r in _by_rate(res)]
     columns = CSV_COLUMNS + tuple(slo_keys(slos)) + tuple(latency_keys(percentiles))  # new columns last
@@ -330,5 +335,7 @@ def write_files(out_dir: Path, results: list[ConfigResult], meta: dict, slos: tu
            "trace_ids": sorted({r["trace_id"] for r in rows}),
            "points": [{k: r.get(k) for k in columns} for r in rows]}
     atomic_write_text(out_dir / "sweep.json", json.dumps(_json_safe(doc), indent=1) + "\n")
+    run_doc = {"schema": "sim-sweep-run", "version": 1, **run, "points": [{k: r[k] for k in RUN_POINT_KEYS} for r in rows]}
+    atomic_write_text(out_dir / "sweep.run.json", json.dumps(_json_safe(run_doc), indent=1) + "\n")
     plot([(g, band_rows(g)) for g in groups], out_dir / "sweep.png", title(meta))
-    return files
+    return files + [out_dir / "sweep.run.json"]

@@ -8,6 +8,7 @@ one result under its key. A last line cut off by a kill is dropped on reading.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from traces.csvio import read_text
@@ -46,7 +47,8 @@ class PointStore:
         if not self.path.exists():
             raise InputError("no interrupted sweep to resume here (no points file); run without --resume",
                              path=self.path)
-        lines = read_text(self.path).split("\n")
+        text = read_text(self.path)
+        lines = text.split("\n")
         complete = lines[:-1]  # what follows the last newline was cut off mid-write (or is empty)
         try:
             head = json.loads(complete[0]) if complete else None
@@ -65,6 +67,8 @@ class PointStore:
                 self.done[entry["key"]] = entry["value"]
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise InputError("is not a sweep point (the file was edited?)", path=self.path, row=n) from None
+        if lines[-1]:  # the cut-off line goes, so that the points this resume appends start on a line of their own
+            os.truncate(self.path, len(text.encode("utf-8")) - len(lines[-1].encode("utf-8")))
 
     def _line(self, obj: dict) -> None:
         if self._f is None:

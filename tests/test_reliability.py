@@ -107,16 +107,9 @@ def _sweep(capsys, table, out, *extra) -> tuple[int, str, str]:
 
 
 def _same_results(a: Path, b: Path) -> None:
-    """Two sweeps' files agree except in provenance (when and where they ran) and the wall time per point."""
-    ca, cb = (pd.read_csv(d / "sweep.csv").drop(columns="sim_wall_s") for d in (a, b))
-    pd.testing.assert_frame_equal(ca, cb)
-    ja, jb = (json.loads((d / "sweep.json").read_text()) for d in (a, b))
-    for doc in (ja, jb):
-        for k in ("created_at", "argv", "command", "host", "software", "git_commit"):
-            doc.pop(k)
-        for p in doc["points"]:
-            p.pop("sim_wall_s")
-    assert ja == jb
+    """Two sweeps' files are the same bytes; only sweep.run.json says when, where and how fast each ran."""
+    for name in ("sweep.csv", "sweep.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
 def test_a_sweep_keeps_each_point_as_it_finishes_and_resume_completes_it_identically(capsys, table, tmp_path):

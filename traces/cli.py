@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -16,6 +15,7 @@ from .arrival_options import add_arrival_options, given
 from .errors import InputError
 from .importers import (FORMATS, MAX_BUDGET, MAX_PROMPT, TIME_UNITS, ImportOptions, import_azure, import_lengths,
                         import_table, time_unit_warning)
+from .outpath import check_new_file
 from .prompts import PROMPT_NAMES
 from .slo import SLO, parse_slos
 from .trace_io import read_trace, write_trace
@@ -106,21 +106,8 @@ def workload_from_args(args: argparse.Namespace) -> Trace:
 
 def _check_out(args: argparse.Namespace) -> None:
     """Refuse to write a trace over an existing file without --force, and over the file being imported at all."""
-    out = Path(args.out)
     source = getattr(args, "path", None)  # the importers' input file
-    if source is not None and _same_file(Path(source), out):
-        raise InputError("is the file being imported; write the trace to another file", path=out)
-    if out.is_dir():
-        raise InputError("is a directory, not a trace file", path=out)
-    if out.exists() and not args.force:
-        raise InputError("already exists; pass --force to overwrite it", path=out)
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)  # the same file by any name: a symlink, a hard link, ./x or ../d/x
-    except OSError:  # one of them does not exist (yet)
-        return a.resolve() == b.resolve()
+    check_new_file(args.out, force=args.force, keep={"the file being imported": source})
 
 
 def _write(trace: Trace, out: str) -> None:
@@ -201,14 +188,26 @@ def _records(paths: list[str]) -> list:
     return records
 
 
+def _read(runs: list[str]) -> dict[str, str]:
+    """The run records a command reads, for check_new_file to keep."""
+    return {f"the run record {r} it reads": r for r in runs}
+
+
 def _explain(args: argparse.Namespace) -> None:
     from .explain import explain
     from .explain_report import report, report_pair
     if len(args.runs) > 2:
         raise InputError(f"explain takes one or two run records, got {len(args.runs)}")
-    if args.png and Path(args.png).is_dir():
-        raise InputError("is a directory, not a PNG file to write", path=args.png)
-    explained = [explain(rec, args.windows) for rec in _records(args.runs)]
+    if args.png:
+        check_new_file(args.png, force=args.force, keep=_read(args.runs), option="--png")
+    elif args.force:
+        raise InputError("--force does nothing without --png (the only file explain writes)")
+    explained = []
+    for path, rec in zip(args.runs, _records(args.runs)):
+        try:
+            explained.append(explain(rec, args.windows))
+        except InputError as e:  # the record's problem: name the record
+            raise InputError(str(e), path=path) from None
     print(report(explained[0], args.runs[0]) if len(explained) == 1 else report_pair(*explained, tuple(args.runs)))
     if args.png:
         from .explain_plot import plot  # matplotlib only when a figure is asked for
@@ -219,6 +218,7 @@ def _explain(args: argparse.Namespace) -> None:
 
 def _timeline(args: argparse.Namespace) -> None:
     from .timeline import write_timeline
+    check_new_file(args.json_out, force=args.force, keep=_read(args.runs))
     records = _records(args.runs)
     out = write_timeline(records, args.json_out, args.names, args.every_step)
     print(f"wrote {out}: {len(records)} record(s); open it in ui.perfetto.dev or chrome://tracing")
@@ -300,6 +300,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--windows", type=count_arg, default=DEFAULT_WINDOWS, metavar="N",
                    help=f"split the wall time into N equal windows (default {DEFAULT_WINDOWS})")
     s.add_argument("--png", metavar="FILE", help="also draw the explanation into this PNG")
+    s.add_argument("--force", action="store_true", help="replace an existing --png FILE")
     s.set_defaults(func=_explain)
 
     s = sub.add_parser("timeline", help="run records as a Chrome trace-event JSON for Perfetto",
@@ -312,6 +313,7 @@ def parser() -> argparse.ArgumentParser:
                    help="process names, one per record (default: each record's kind, engine or sim)")
     s.add_argument("--every-step", action="store_true",
                    help="one event per decode step (default: one per stretch of decode steps of the same rows)")
+    s.add_argument("--force", action="store_true", help="replace an existing --out FILE")
     s.set_defaults(func=_timeline)
     return p
 

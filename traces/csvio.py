@@ -10,12 +10,15 @@ import csv
 import gzip
 import io
 import json
-import math
 import os
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from .errors import InputError
+from .outpath import refuse_special
+
+INT64_MAX = 2 ** 63 - 1
 
 
 def header_line(schema: str, version: int, meta: dict | None = None) -> str:
@@ -41,8 +44,10 @@ def parse_header(line: str, path: Path, schema: str, versions: Sequence[int]) ->
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write a whole file so that a reader never sees half of it, and leave no temporary file if that fails."""
+    """Write a whole file so that a reader never sees half of it, and leave no temporary file if that fails. The
+    rename replaces only a regular file (outpath.refuse_special)."""
     path = Path(path)
+    refuse_special(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -190,13 +195,16 @@ def read_frame(path: Path, schema: str | None, versions: Sequence[int], columns:
 
 
 def parse_int(value: str, path: Path, line: int, column: str, minimum: int) -> int:
-    """A whole number (written as 12 or 12.0) of at least `minimum`, or an InputError naming where it is."""
+    """A whole number (written as 12, 12.0 or 1.2e1) of at least `minimum`, or an InputError naming where it is.
+    Read as a decimal, not a float: an id above 2**53 keeps every digit, and two such ids never collide."""
     try:
-        f = float(value)
-    except ValueError:
+        d = Decimal(value.strip())
+    except InvalidOperation:
         raise InputError(f"{value!r} is not a number", path=path, row=line, column=column) from None
-    if math.isnan(f) or not f.is_integer():
+    if not d.is_finite() or d != d.to_integral_value():
         raise InputError(f"{value!r} is not a whole number", path=path, row=line, column=column)
-    if f < minimum:
+    if d < minimum:
         raise InputError(f"{value!r} must be at least {minimum}", path=path, row=line, column=column)
-    return int(f)
+    if d > INT64_MAX:  # the records keep every count and id in an int64
+        raise InputError(f"{value!r} is beyond {INT64_MAX:,}", path=path, row=line, column=column)
+    return int(d)

@@ -58,6 +58,9 @@ def explain(rec: RunRecord, windows: int = DEFAULT_WINDOWS) -> Explanation:
     served = rec.requests[rec.requests["finished"].notna()]
     if served.empty:
         raise InputError("the record has no finished request, so no wall time to explain")
+    if rec.steps.empty:  # else every second a row is held would read as untimed
+        raise InputError("the record has no steps (steps.csv is missing or empty), so its wall time cannot be split "
+                         "into them")
     t0, t1 = float(served["arrival"].min()), float(served["finished"].max())
     if not t1 > t0:
         raise InputError("the record's last finish is not after its first arrival: no wall time to explain")

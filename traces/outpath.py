@@ -2,8 +2,12 @@
 away the work, and a traceback names no option."""
 from __future__ import annotations
 
+import fcntl
 import os
+import stat
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from .errors import InputError
 
@@ -46,3 +50,74 @@ def check_out_file(path: str | Path) -> Path:
         raise InputError("is not writable", path=path)
     _check_creatable(path, path.parent)
     return path
+
+
+def refuse_special(path: str | Path) -> None:
+    """Refuse to replace anything but a regular file: a rename over a symlink, a device node or a FIFO would put a
+    regular file in its place (as root, /dev/null itself), which --force never means."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a rename onto a directory fails by itself
+        kind = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
+        raise InputError(f"is {kind}; only a regular file is ever replaced: write to another path", path=path)
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """The same file by any name: a symlink, a hard link, ./x or ../d/x."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return a.resolve() == b.resolve()
+
+
+def _inside(path: Path, other: Path) -> bool:
+    """`path` is the file `other`, or lies inside the directory `other` (there or still to be made)."""
+    if other.exists() and not other.is_dir():
+        return same_file(path, other)
+    return path.resolve().is_relative_to(other.resolve())
+
+
+def check_new_file(path: str | Path, *, force: bool, keep: dict[str, str | Path | None] | None = None,
+                   option: str = "--out") -> Path:
+    """An output file that replaces nothing it should not, checked before any work: never one of the command's own
+    inputs or outputs, nor a file inside one of their directories (`keep`: what each is, e.g. {"the input trace
+    (--trace)": path}); never anything but a regular file; and an existing file only with --force."""
+    path = check_out_file(path)
+    for what, other in (keep or {}).items():
+        if other is not None and _inside(path, Path(other)):
+            raise InputError(f"{option} would write over {what}; choose another file", path=path)
+    refuse_special(path)
+    if path.exists() and not force:
+        raise InputError(f"already exists; pass --force to overwrite it ({option})", path=path)
+    return path
+
+
+def check_trace_events(path: str | Path | None, force: bool, keep: dict[str, str | Path | None]) -> None:
+    """A run's --trace-events FILE (None: not asked for), as check_new_file; --force alone would do nothing."""
+    if path is None:
+        if force:
+            raise InputError("--force does nothing without --trace-events (the only file it lets a run replace)")
+        return
+    check_new_file(path, force=force, keep=keep, option="--trace-events")
+
+
+@contextmanager
+def exclusive(directory: str | Path, what: str) -> Iterator[None]:
+    """Hold `directory` for one command while it writes there: a second one (a --force or --resume while the first
+    still runs) is refused instead of writing into the same files at its own offsets. The lock is flock(2) on a
+    file kept in the directory, so a killed holder releases it with its last descriptor."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    f = open(directory / f".{what}.lock", "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise InputError(f"is in use by another {what} that is still running; wait for it to finish, or choose "
+                         f"another --out", path=directory) from None
+    try:
+        yield
+    finally:
+        f.close()

@@ -8,7 +8,7 @@ from .csvio import parse_int, read_table, write_table
 from .errors import InputError
 from .importers import AZURE_COLUMNS
 from .prompts import PROMPT_LENGTHS
-from .workload import ARRIVAL_DECIMALS, Request, Trace
+from .workload import ARRIVAL_DECIMALS, Request, Trace, arrival_limit_error
 
 SCHEMA = "request-trace"
 VERSION = 1
@@ -65,6 +65,9 @@ def read_trace(path: str | Path) -> Trace:
         last = a
         req = Request(parse_int(rid, path, line, "request_id", 0), a, parse_int(ptoks, path, line, "prompt_tokens", 1),
                       parse_int(budget, path, line, "budget", 1), prompt)
+        too_late = arrival_limit_error(a, req.request_id)
+        if too_late:
+            raise InputError(too_late, path=path, row=line, column="arrival_s")
         # Refused here, where the file and line are known: the engine would serve one of the two and the
         # simulator refuse the trace, neither saying where the repeat is.
         if req.request_id in first_line:

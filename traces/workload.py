@@ -12,12 +12,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import InputError
 from .prompts import PROMPT_LENGTHS, PROMPT_NAMES
 
 BUDGETS = (64, 128, 192, 256)
 DEFAULT_BUDGET = 256
 DEFAULT_N = 400
 ARRIVAL_DECIMALS = 6  # microseconds: traces round-trip through text exactly
+# Below 2**22 s (48.5 days) a float64 time resolves 1 ns; far past it a clock of 1e15 s moves in steps of 0.125 s,
+# and adding a step's few milliseconds to it changes nothing (every TTFT 0).
+MAX_ARRIVAL_S = 2.0 ** 22
+
+
+def arrival_limit_error(arrival: float, request_id: int) -> str | None:
+    """Why a run cannot start a request at `arrival` (seconds), or None."""
+    if arrival < MAX_ARRIVAL_S:
+        return None
+    return (f"request {request_id} arrives at {arrival:g} s, beyond the limit of {MAX_ARRIVAL_S:,.0f} s (48.5 days), "
+            f"past which float64 time is too coarse for step durations; shift the trace's times to start near 0")
 
 
 @dataclass(frozen=True, slots=True)  # slots: a million-request trace is a million of these
@@ -51,6 +63,12 @@ class Trace:
     def span(self) -> float:
         """Seconds from the first arrival to the last (requests are in arrival order)."""
         return self.requests[-1].arrival - self.requests[0].arrival if self.requests else 0.0
+
+    def check_arrivals(self) -> None:
+        """Refuse a trace whose last arrival is past MAX_ARRIVAL_S (the requests are in arrival order)."""
+        why = self.requests and arrival_limit_error(self.requests[-1].arrival, self.requests[-1].request_id)
+        if why:
+            raise InputError(why)
 
     @property
     def offered_rate(self) -> float | None:

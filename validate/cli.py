@@ -52,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
     sag.add_argument("--out", type=Path, default=Path("results/sag"), help="directory (default %(default)s)")
     sag.add_argument("--table", type=Path, help="cost table (default: the shipped H200 table)")
     sag.add_argument("--jobs", type=count_arg, help="worker processes (default: every core)")
-    sag.add_argument("--force", action="store_true", help="replace an existing search")
+    sag.add_argument("--force", action="store_true", help="replace an existing search (or comparison)")
     sag.add_argument("--compare", type=Path, metavar="VALIDATION",
                      help="instead of searching: compare the candidates' real runs in VALIDATION with their predictions")
     sag.add_argument("--allow-nonstationary", action="store_true", help="with --compare: as for report")
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {args.out / 'predictions.json'} and predictions.md: {len(doc['points'])} points")
             elif args.step == "sag" and args.compare:
                 from .sag import compare_real
-                print(f"wrote {compare_real(args.compare, args.out, args.table, args.allow_nonstationary)}")
+                print(f"wrote {compare_real(args.compare, args.out, args.table, args.allow_nonstationary, args.force)}")
             elif args.step == "sag":
                 from .sag import search, write_report
                 doc = search(args.table, args.out, jobs=args.jobs, force=args.force,

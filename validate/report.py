@@ -89,6 +89,9 @@ def compare(out: Path, table_path: Path | None, allow_nonstationary: bool = Fals
     made = _when(table.created_at)
     if math.isnan(made):
         warnings.warn(f"cost table {table.table_id} has no creation time: whether each run came after it is not checked")
+    planned = _when(plan.get("created_at"))  # provenance, stamped once every prediction is in the plan
+    if math.isnan(planned):
+        warnings.warn("the plan has no creation time: whether each run came after it is not checked")
     missing = [p.id for p in points if not complete_runs(out, p)]
     if missing:
         warnings.warn(f"{len(missing)} point(s) have no complete real records and are not graded: {', '.join(missing)}")
@@ -109,6 +112,10 @@ def compare(out: Path, table_path: Path | None, allow_nonstationary: bool = Fals
             if not math.isnan(made) and not _when(r.meta.get("created_at")) >= made:
                 raise InputError(f"point {p.id}: a real run ({r.meta.get('created_at')}) was made before cost table "
                                  f"{table.table_id} existed ({table.created_at}): its prediction was not blind")
+            if not math.isnan(planned) and not _when(r.meta.get("created_at")) >= planned:
+                raise InputError(f"point {p.id}: a real run ({r.meta.get('created_at')}) was made before the plan "
+                                 f"({plan.get('created_at')}; an earlier plan's run?): its prediction was not blind; "
+                                 f"run the point again (validate real)", path=Path(out) / "plan.json")
         rate = trace.meta.get("rate") or trace.offered_rate
         results.append(Compared(p, rate, plan["predictions"][p.id], [_scored(r, rate, p.tokens) for r in runs],
                                 [r.meta for r in runs], blind.get(p.id), _spread(table, p, rate)))

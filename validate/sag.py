@@ -28,6 +28,7 @@ from sim.simulator import SimConfig, simulate
 from traces.csvio import atomic_write_text
 from traces.errors import InputError
 from traces.metrics import served_rate, summary
+from traces.outpath import check_new_file
 from traces.provenance import provenance
 from traces.workload import synthetic_trace
 
@@ -189,7 +190,8 @@ def write_report(doc: dict, out: Path) -> Path:
     return out / "search.md"
 
 
-def compare_real(validation: Path, out: Path, table_path: Path | None, allow_nonstationary: bool = False) -> Path:
+def compare_real(validation: Path, out: Path, table_path: Path | None, allow_nonstationary: bool = False,
+                 force: bool = False) -> Path:
     """comparison.md and comparison.png: each candidate's served rate against rate, predicted at plan time (seed 0,
     the trace the engine ran) and measured, with the sag of each and the search's seed-mean curve beside them."""
     import matplotlib
@@ -198,6 +200,8 @@ def compare_real(validation: Path, out: Path, table_path: Path | None, allow_non
 
     from .report import _sag, _sag_groups, compare
 
+    for name in ("comparison.md", "comparison.png"):
+        check_new_file(Path(out) / name, force=force)
     plan, results = compare(Path(validation), table_path, allow_nonstationary)
     groups = _sag_groups(results)
     if not groups:
