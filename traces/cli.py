@@ -12,7 +12,9 @@ from typing import Callable
 
 import numpy as np
 
+from .command import Parser, command
 from .errors import InputError
+from .outpath import check_out_file, reason
 from .importers import (FORMATS, MAX_BUDGET, MAX_PROMPT, TIME_UNITS, ImportOptions, import_azure, import_lengths,
                         import_table, time_unit_warning)
 from .prompts import PROMPT_NAMES
@@ -74,7 +76,7 @@ def _window(text: str) -> tuple[float, float]:
 
 def workload_options() -> argparse.ArgumentParser:
     """The options that pick one run's workload (`engine run`)."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = Parser(add_help=False)
     g = p.add_argument_group("workload (one of)")
     w = g.add_mutually_exclusive_group(required=True)
     w.add_argument("--rate", type=rate_arg, help="a seeded Poisson trace at this many requests per second")
@@ -110,6 +112,7 @@ def _check_out(args: argparse.Namespace) -> None:
         raise InputError("is a directory, not a trace file", path=out)
     if out.exists() and not args.force:
         raise InputError("already exists; pass --force to overwrite it", path=out)
+    check_out_file(out)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -202,8 +205,10 @@ def _explain(args: argparse.Namespace) -> None:
     from .explain_report import report, report_pair
     if len(args.runs) > 2:
         raise InputError(f"explain takes one or two run records, got {len(args.runs)}")
-    if args.png and Path(args.png).is_dir():
-        raise InputError("is a directory, not a PNG file to write", path=args.png)
+    if args.png:
+        if Path(args.png).suffix.lower() != ".png":
+            raise InputError("is not a .png file name; --png draws a PNG", path=args.png)
+        check_out_file(args.png)
     explained = [explain(rec, args.windows) for rec in _records(args.runs)]
     print(report(explained[0], args.runs[0]) if len(explained) == 1 else report_pair(*explained, tuple(args.runs)))
     if args.png:
@@ -215,6 +220,7 @@ def _explain(args: argparse.Namespace) -> None:
 
 def _timeline(args: argparse.Namespace) -> None:
     from .timeline import write_timeline
+    check_out_file(args.json_out)
     records = _records(args.runs)
     out = write_timeline(records, args.json_out, args.names, args.every_step)
     print(f"wrote {out}: {len(records)} record(s); open it in ui.perfetto.dev or chrome://tracing")
@@ -222,10 +228,10 @@ def _timeline(args: argparse.Namespace) -> None:
 
 def parser() -> argparse.ArgumentParser:
     from .explain import DEFAULT_WINDOWS
-    p = argparse.ArgumentParser(prog="python -m traces", description=__doc__)
+    p = Parser(prog="python -m traces", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    out = argparse.ArgumentParser(add_help=False)
+    out = Parser(add_help=False)
     out.add_argument("--out", required=True, metavar="FILE", help="trace file to write")
     out.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
 
@@ -244,12 +250,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--budget", type=count_arg, help=f"tokens each --prompt request generates (default {DEFAULT_BUDGET})")
     s.set_defaults(func=_closed)
 
-    caps = argparse.ArgumentParser(add_help=False, parents=[out])
+    caps = Parser(add_help=False, parents=[out])
     caps.add_argument("--max-prompt", type=int, default=MAX_PROMPT,
                       help=f"drop requests with longer prompts (default {MAX_PROMPT})")
     caps.add_argument("--max-budget", type=int, default=MAX_BUDGET,
                       help=f"clip longer outputs to this budget (default {MAX_BUDGET})")
-    timed = argparse.ArgumentParser(add_help=False, parents=[caps])  # files with arrival times
+    timed = Parser(add_help=False, parents=[caps])  # files with arrival times
     timed.add_argument("--window", type=_window, metavar="START:END",
                        help="keep requests from START to END seconds after the file's first timestamp")
     timed.add_argument("--compress", type=float, default=1.0, metavar="F",
@@ -310,13 +316,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("traces")
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if hasattr(args, "out"):  # every command that writes a trace
             _check_out(args)
         args.func(args)
-    except (InputError, OSError) as e:  # the user's input or filesystem: one line, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except InputError:
+        raise
+    except OSError as e:  # the filesystem, past what the checks foresaw: still one line, in words
+        raise InputError(reason(e), path=e.filename) from None
     return 0

@@ -5,6 +5,7 @@ files it does not understand instead of misreading them.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from .errors import InputError
+from .outpath import write_error
 
 
 def header_line(schema: str, version: int, meta: dict | None = None) -> str:
@@ -42,12 +44,16 @@ def parse_header(line: str, path: Path, schema: str, versions: Sequence[int]) ->
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a whole file so that a reader never sees half of it, and leave no temporary file if that fails."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
-    except BaseException:  # a full disk, a vanished directory, a directory in the way, or Ctrl-C
+    except OSError as e:  # a full disk, a read-only filesystem, a file in the way: say so of the file asked for
+        with contextlib.suppress(OSError):  # its directory may not exist, or be a file
+            tmp.unlink(missing_ok=True)
+        raise write_error(path, e) from None
+    except BaseException:  # Ctrl-C
         tmp.unlink(missing_ok=True)
         raise
 

@@ -206,8 +206,22 @@ def read_run(run_dir: str | Path) -> RunRecord:
         old = version == 1 and t in _ADDED
         want = tuple(c for c in cols if c not in _ADDED[t]) if old else cols
         rows = read_table(p, f"{SCHEMA}/{t}", (version,), want, appended=True)[1] if p.exists() else []
-        frames[t] = _upgrade(t, _frame(t, rows, want)) if old else _frame(t, rows)
+        try:
+            frames[t] = _upgrade(t, _frame(t, rows, want)) if old else _frame(t, rows)
+        except ValueError:  # pandas' message names neither the file nor the line
+            raise _not_a_number(p, t, rows, want) from None
     return RunRecord(meta, **frames)
+
+
+def _not_a_number(path: Path, table: str, rows: list[list[str]], columns: tuple[str, ...]) -> InputError:
+    """The first value of a numeric column that is not a number, by file line (1: header, 2: column names)."""
+    df = pd.DataFrame(rows, columns=list(columns))
+    for c in (c for c in columns if c in _NUMERIC[table]):
+        bad = pd.to_numeric(df[c], errors="coerce").isna() & (df[c].str.strip() != "")
+        if bad.any():
+            i = int(np.argmax(bad.to_numpy()))
+            return InputError(f"{df[c].iloc[i]!r} is not a number", path=path, row=i + 3, column=c)
+    return InputError("holds a value that is not a number", path=path)
 
 
 def unfinished(rec: RunRecord) -> str | None:
