@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from traces.command import Parser, command
 from traces.metrics import closed_run
 from traces.provenance import provenance
 from traces.workload import closed_mixed, length_trace
@@ -137,8 +138,9 @@ def closed_point(engine: Engine, trace, max_batch: int, backend: str = "paged", 
             "ttft_p50_s": statistics.median(r["ttft_p50"] for r in runs)}
 
 
+@command("engine.bench")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__,
+    ap = Parser(prog="python -m engine.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/bench", help="directory for bench.json and bench.md")
     ap.add_argument("--expect-gpu", metavar="NAME")

@@ -56,5 +56,5 @@ def check_fits(need_bytes: float, what: str, smaller: str) -> None:
     """Refuse `what` when it needs more memory than this process can take, saying how much and what to shrink."""
     have = available_bytes()
     if have is not None and need_bytes > have:
-        raise InputError(f"{what} needs about {need_bytes / GIB:.1f} GiB of memory and this process can take "
-                         f"{have / GIB:.1f} GiB; {smaller}")
+        raise InputError(f"{what} needs about {need_bytes / GIB:,.1f} GiB of memory and this process can take "
+                         f"{have / GIB:,.1f} GiB; {smaller}")
