@@ -22,7 +22,6 @@ import sim.cli
 import traces.cli
 import validate.cli
 from calibrate.store import PointsFile
-from traces.command import Parser
 from traces.errors import InputError
 from traces.trace_io import write_trace
 from traces.workload import poisson_trace
@@ -57,11 +56,8 @@ def no_simulation(monkeypatch):
 
 @pytest.fixture
 def read_only(monkeypatch):
-    """A read-only filesystem everywhere: the probe that makes a file where an output goes fails as it would there
-    (root passes access(2) on one)."""
-    def fail(*a, **k):
-        raise OSError(errno.EROFS, "Read-only file system")
-    monkeypatch.setattr("traces.outpath.tempfile.mkstemp", fail)
+    """A read-only filesystem everywhere, as access(2) answers on one (even to root)."""
+    monkeypatch.setattr("traces.outpath.os.access", lambda path, mode: False)
 
 
 def _record(table: Path, out: Path, *extra: str) -> Path:
@@ -269,13 +265,32 @@ def _closed_stdout_run(argv: list[str], cwd: Path = REPO) -> subprocess.Complete
         os.close(w)
 
 
-@pytest.mark.parametrize("argv", [["-m", m, "--help"] for m in ("sim", "traces", "engine", "calibrate", "validate",
-                                                                 "sim.bench", "engine.bench", "engine.kernels.bench")]
-                         + [["-m", "sim", "run", "--rate", "5", "--n", "20"]], ids=lambda a: " ".join(a[1:]))
-def test_every_command_line_survives_a_reader_that_left(argv):
-    if argv[1].startswith("engine"):
+ENTRY_POINTS = ("sim.cli", "traces.cli", "engine.cli", "calibrate.cli", "validate.cli", "sim.bench", "engine.bench",
+                "engine.kernels.bench")
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_every_command_line_entry_point_is_guarded(module):
+    """Each `main` (`python -m ...` and the console scripts) runs inside traces.command's guard: one-line refusals,
+    output that survives a reader that left."""
+    import importlib
+    if module.startswith("engine"):
         pytest.importorskip("torch")
-    proc = _closed_stdout_run(argv)
+    main = importlib.import_module(module).main
+    assert main.__code__.co_name == "guarded" and main.__wrapped__.__module__ == module
+
+
+@pytest.mark.parametrize("argv", [["sim", "run", "--rate", "5", "--n", "20"],
+                                  ["traces", "poisson", "--rate", "5", "--n", "3", "--out", "{tmp}/t.csv"],
+                                  ["traces", "show", "{tmp}/t.csv"],
+                                  ["engine", "run", "--device", "cpu", "--model", "tiny", "--closed-uniform", "p16",
+                                   "--n", "2", "--budget", "4"]], ids=lambda a: " ".join(a[:2]))
+def test_a_command_piped_into_head_ends_quietly(argv, tmp_path):
+    if argv[0] == "engine":
+        pytest.importorskip("torch")
+    if argv[1] == "show":
+        write_trace(poisson_trace(5.0, 3, 0), tmp_path / "t.csv")
+    proc = _closed_stdout_run(["-m", *[a.format(tmp=tmp_path) for a in argv]])
     assert "BrokenPipeError" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 0, proc.stderr
 
@@ -357,6 +372,7 @@ def test_a_refused_option_is_one_line_that_points_to_help(capsys, main, argv, wo
 
 
 def test_every_command_line_parser_is_the_shared_one():
+    from traces.command import Parser
     for make in (sim.cli.parser, traces.cli.parser, engine.cli.parser, calibrate.cli.parser, validate.cli.parser):
         top = make()
         assert isinstance(top, Parser)
