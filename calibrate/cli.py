@@ -138,8 +138,8 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         table = build_table(plan, runs, store.samples, engine.metadata(), calibration)
     except InputError as e:  # a re-run would fit the same kept runs and fail the same way
-        raise InputError(f"{e}. The table is fitted from the {len(runs)} runs kept in {store.path}, and re-running "
-                         f"(even with --force) fits those again: delete that file to measure them anew") from None
+        raise InputError(f"{e}; fitted from the {len(runs)} runs kept in {store.path}: delete that file to measure "
+                         f"them anew (a re-run, even with --force, refits them)") from None
     table_id = save_cost_table(table, args.out)
     print(report(table["accuracy"]))
     st = table["stationarity"]

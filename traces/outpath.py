@@ -9,14 +9,13 @@ from pathlib import Path
 
 from .errors import InputError, WriteError
 
-# errno's reasons in words a user can act on; strerror's text ("No such file or directory") misleads where the
-# directory exists but its filesystem takes no files (/proc).
+# errno's reasons in words a user can act on, for the path the user gave (never a temporary file beside it).
 _REASONS = {errno.EACCES: "permission denied", errno.EPERM: "permission denied",
             errno.EROFS: "it is on a read-only filesystem", errno.ENOSPC: "the disk is full",
             errno.EDQUOT: "the disk quota is used up", errno.ENOTDIR: "a part of the path is a file, not a directory",
             errno.EEXIST: "a file is in the way of a directory", errno.EISDIR: "it is a directory",
             errno.ENAMETOOLONG: "the name is too long",
-            errno.ENOENT: "no such directory, or one that takes no files (as in /proc)"}
+            errno.ENOENT: "no such directory"}
 
 
 def reason(e: OSError) -> str:
@@ -49,8 +48,9 @@ def _check_creatable(path: Path, directory: Path) -> None:
                          path=path)
     try:  # access(2) answers yes for root in /proc, where nothing can be made: try it
         fd, probe = tempfile.mkstemp(dir=base, prefix=".write-check-")
-    except OSError as e:
-        raise InputError(f"cannot be written: no file can be made in {base}: {reason(e)}", path=path) from None
+    except OSError as e:  # ENOENT in a directory that exists: a filesystem that makes no files
+        why = "its filesystem takes no new files" if e.errno == errno.ENOENT else reason(e)
+        raise InputError(f"cannot be written: no file can be made in {base}: {why}", path=path) from None
     os.close(fd)
     os.unlink(probe)
 
