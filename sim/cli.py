@@ -342,8 +342,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                                  for k in args.replicas))
     rates = None if args.rates is None else sorted(set(args.rates))
     points = len(configs) * len(seeds) * (AUTO_POINTS if rates is None else len(rates))
-    inputs.check_memory(len(workload.base) if workload.base else n, processes=min(args.jobs or os.cpu_count() or 1,
-                                                                                   points))
+    workers = min(args.jobs or os.cpu_count() or 1, points) if args.on == "local" else 1  # Modal's are its own
+    inputs.check_memory(len(workload.base) if workload.base else n, processes=workers)
     # The same requests at every rate: one trace per seed
     samples = [workload.base] if workload.base else [poisson_trace(1.0, n, s) for s in seeds]
     for c in configs:

@@ -37,6 +37,8 @@ class _DropWhenClosed:
         null = os.open(os.devnull, os.O_WRONLY)
         try:  # what the stream still buffers goes there too, also at interpreter exit
             os.dup2(null, self._stream.fileno())
+        except (OSError, ValueError):  # a stream with no file descriptor (io.UnsupportedOperation is both)
+            pass
         finally:
             os.close(null)
 
