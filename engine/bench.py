@@ -23,6 +23,7 @@ import torch
 
 from traces.command import Parser, command
 from traces.metrics import closed_run
+from traces.outpath import check_out_dir
 from traces.provenance import provenance
 from traces.workload import closed_mixed, length_trace
 
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hf", action="store_true", help="also time HF transformers' eager generate (slow)")
     ap.add_argument("--profile", action="store_true", help="also list the kernels of one 32 x 1024 decode step")
     args = ap.parse_args(argv)
+    check_out_dir(args.out)  # before minutes of measuring
     engine = Engine(EngineConfig(expect_gpu=args.expect_gpu))
     m = engine.model
     weight_bytes = sum(t.numel() * t.element_size() for t in

@@ -252,6 +252,15 @@ def test_engine_bench_without_a_gpu_is_one_line(capsys):
     refused(code, err, "engine.bench: error: no CUDA GPU is visible")
 
 
+@proc_only
+def test_engine_bench_out_is_checked_before_measuring(capsys, monkeypatch):
+    pytest.importorskip("torch")
+    import engine.bench
+    monkeypatch.setattr(engine.bench, "Engine", lambda *a, **k: pytest.fail("the engine was started"))
+    code, _, err = run_cli(engine.bench.main, capsys, "--quick", "--out", "/proc/bench")
+    refused(code, err, "/proc/bench: cannot be written")
+
+
 # --- T11 (23): a reader that goes away (`| head`) --------------------------------------------------------------
 
 def _closed_stdout_run(argv: list[str], cwd: Path = REPO) -> subprocess.CompletedProcess:
