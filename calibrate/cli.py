@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from costs.shapes import BACKENDS
 from costs.table import save_cost_table
+from traces.command import Parser, command
 from traces.errors import InputError
 from traces.model_spec import MODELS
 from traces.outpath import check_out_file, refuse_special
@@ -51,7 +52,7 @@ def _count(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m calibrate", description=(
+    p = Parser(prog="python -m calibrate", description=(
         "Measure the serving engine's step costs on this GPU (closed runs timed by the engine's own step log: a "
         "prefill grid of group width x padded length, decode steps for every row count at several K/V lengths "
         "per backend, and retirement's overhead), fit the cost model, check it on held-out shapes, and write the "
@@ -151,7 +152,11 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     calibration = {"wall_s": round(time.perf_counter() - t0, 1), "engine_start_s": round(engine.start_s, 1),
                    "runs_measured_now": made, "runs_resumed": len(runs) - made, "points_file": str(store.path),
                    "backends": list(args.backend), "command": shlex.join(["python", "-m", "calibrate", *argv])}
-    table = build_table(plan, runs, store.samples, engine.metadata(), calibration)
+    try:
+        table = build_table(plan, runs, store.samples, engine.metadata(), calibration)
+    except InputError as e:  # a re-run would fit the same kept runs and fail the same way
+        raise InputError(f"{e}; fitted from the {len(runs)} runs kept in {store.path}: delete that file to measure "
+                         f"them anew (a re-run, even with --force, refits them)") from None
     table_id = save_cost_table(table, args.out)
     print(report(table["accuracy"]))
     st = table["stationarity"]
@@ -197,14 +202,10 @@ def stationarity_line(st: dict) -> str:
         for k in ("prefill", "decode")) + f"; limit {st['limit']} on the p95: {'passed' if st['passed'] else 'FAILED'}")
 
 
+@command("calibrate")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser().parse_args(argv)
-    try:
-        return calibrate(args, argv)
-    except InputError as e:
-        print(f"calibrate: error: {e}", file=sys.stderr)
-        return 2
+    return calibrate(parser().parse_args(argv), argv)
 
 
 if __name__ == "__main__":

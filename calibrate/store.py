@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from traces.csvio import read_text
 from traces.errors import InputError
 
 SCHEMA = "calibration-points"
@@ -34,7 +35,7 @@ class PointsFile:
 
     def _read(self) -> bool:
         """Load the measured runs; False when the file holds none (nothing to resume, whatever its setup)."""
-        text = self.path.read_text(encoding="utf-8")
+        text = read_text(self.path)  # not UTF-8 is refused with its line
         if not text.endswith("\n"):  # killed mid-write: drop the partial line, so the next append starts clean
             text = text[: text.rfind("\n") + 1]
             self.path.write_text(text, encoding="utf-8")

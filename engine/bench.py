@@ -21,7 +21,9 @@ from pathlib import Path
 
 import torch
 
+from traces.command import Parser, command
 from traces.metrics import closed_run
+from traces.outpath import check_out_dir
 from traces.provenance import provenance
 from traces.workload import closed_mixed, length_trace
 
@@ -137,8 +139,9 @@ def closed_point(engine: Engine, trace, max_batch: int, backend: str = "paged", 
             "ttft_p50_s": statistics.median(r["ttft_p50"] for r in runs)}
 
 
+@command("engine.bench")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__,
+    ap = Parser(prog="python -m engine.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/bench", help="directory for bench.json and bench.md")
     ap.add_argument("--expect-gpu", metavar="NAME")
@@ -146,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hf", action="store_true", help="also time HF transformers' eager generate (slow)")
     ap.add_argument("--profile", action="store_true", help="also list the kernels of one 32 x 1024 decode step")
     args = ap.parse_args(argv)
+    check_out_dir(args.out)  # before minutes of measuring
     engine = Engine(EngineConfig(expect_gpu=args.expect_gpu))
     m = engine.model
     weight_bytes = sum(t.numel() * t.element_size() for t in

@@ -15,8 +15,10 @@ from pathlib import Path
 from costs.shapes import BACKENDS
 from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, seed_arg, slo_arg,
                         workload_from_args, workload_options)
+from traces.command import Parser, command
 from traces.errors import InputError
-from traces.model_spec import MODELS
+from traces.memory import GIB, check_fits
+from traces.model_spec import MODELS, kv_bytes_per_token, parameter_count
 from traces.outpath import check_out_dir, check_trace_events
 from traces.records import TABLES
 from traces.workload import Trace
@@ -29,7 +31,7 @@ _block_size = checked(int, lambda v: v >= 1 and v & (v - 1) == 0, "a power of tw
 
 
 def engine_options() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
+    p = Parser(add_help=False)
     g = p.add_argument_group("engine")
     g.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-1.5b",
                    help="model configuration (tiny: a 2-layer Qwen2 for CPU demos and tests)")
@@ -64,6 +66,44 @@ def check_options(args: argparse.Namespace) -> None:
     if bad or not backends:
         raise InputError(f"--backends {args.backends!r}: choose from {', '.join(BACKENDS)}")
     args.backends = ",".join(backends)
+    if args.device == "cpu":
+        check_cpu_memory(args)
+
+
+def check_cpu_memory(args: argparse.Namespace) -> None:
+    """On the CPU (Triton's interpreter) only the tiny model runs, and the weights and an explicit pool must fit in
+    this machine's memory: refused here, before the model loads, rather than as an allocation failure."""
+    spec = MODELS[args.model]
+    dtype_bytes = {"float16": 2, "bfloat16": 2}.get(args.dtype, 4)  # float32 is the CPU's default
+    weights = parameter_count(spec) * dtype_bytes
+    if args.model != "tiny":
+        raise InputError(f"--device cpu runs --model tiny only: --model {args.model} would need "
+                         f"{weights / GIB:.1f} GiB for its weights alone, and minutes a step under Triton's "
+                         f"interpreter; run it on a GPU")
+    block_bytes = args.block_size * kv_bytes_per_token(spec, dtype_bytes)
+    blocks = args.pool_blocks or (args.pool_gib and int(args.pool_gib * GIB // block_bytes))
+    if blocks:
+        check_fits(weights + (blocks + 1) * block_bytes, f"a KV pool of {blocks:,} blocks",
+                   "choose a smaller --pool-gib or --pool-blocks")
+
+
+_ALLOCATION = re.compile(r"can't allocate memory|out of memory|size calculation overflow|tried to allocate", re.I)
+
+
+def build_engine(args: argparse.Namespace):
+    """The engine, or an InputError when sizes within the options' ranges do not fit this machine's memory."""
+    try:
+        return _build_engine(args)
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        if not (isinstance(e, MemoryError) or _ALLOCATION.search(str(e))):
+            raise
+        asked = re.search(r"allocate (\d+) bytes", str(e))
+        size = f" (one buffer of {int(asked[1]) / GIB:,.1f} GiB)" if asked else ""
+        pool = f"--pool-blocks {args.pool_blocks}" if args.pool_blocks else \
+            f"--pool-gib {args.pool_gib:g}" if args.pool_gib else "the default pool"
+        where = "the host's memory" if args.device == "cpu" else f"{args.device}'s memory"
+        raise InputError(f"the engine does not fit in {where} with --max-batch {args.max_batch} and "
+                         f"{pool}{size}; choose smaller sizes") from None
 
 
 def check_workload(trace: Trace, args: argparse.Namespace) -> None:
@@ -94,7 +134,7 @@ def check_workload(trace: Trace, args: argparse.Namespace) -> None:
         raise InputError(f"{misfit}: {e}") from None
 
 
-def build_engine(args: argparse.Namespace):
+def _build_engine(args: argparse.Namespace):
     from .engine import Engine, EngineConfig  # torch is imported only once a command needs the engine
     cfg = EngineConfig(max_batch=args.max_batch, block_size=args.block_size, pool_gib=args.pool_gib,
                        pool_blocks=args.pool_blocks, max_prompt=args.max_prompt,
@@ -178,7 +218,7 @@ def _gate(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    p = Parser(prog="python -m engine", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     r = sub.add_parser("run", parents=[workload_options(), engine_options()],
                        help="replay a trace on the engine in real time and record every request, step and token")
@@ -203,13 +243,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("engine")
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:  # while loading: nothing was recorded yet (a run says itself what it kept)
         print("\nengine: interrupted", file=sys.stderr)
         return 130

@@ -24,7 +24,8 @@ from tqdm import tqdm
 from costs.model import CostModel
 from costs.synthetic import linear_table
 from costs.table import as_cost_table
-from traces.errors import InputError
+from traces.cli import count_arg, requests_arg
+from traces.command import Parser, command
 from traces.metrics import served_rate, summary
 from traces.workload import poisson_trace
 
@@ -82,13 +83,14 @@ def large_run(table_path: str | None, n: int, rate: float) -> dict:
     return {"wall_s": wall, "events": result.events, "peak_bytes": peak, "bytes_per_request": (peak - before) / n}
 
 
+@command("sim.bench")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sim.bench", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m sim.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--table", type=Path, help="cost table (default: the shipped H200 table; a synthetic one while "
                                               "that is missing)")
-    p.add_argument("--jobs", type=int, default=2, help="worker processes for the sweep (default 2: the target machine)")
-    p.add_argument("--large-n", type=int, default=100_000, help="requests in the large trace (default %(default)s)")
-    p.add_argument("--million-n", type=int, default=1_000_000,
+    p.add_argument("--jobs", type=count_arg, default=2, help="worker processes for the sweep (default 2: the target machine)")
+    p.add_argument("--large-n", type=requests_arg, default=100_000, help="requests in the large trace (default %(default)s)")
+    p.add_argument("--million-n", type=requests_arg, default=1_000_000,
                    help="requests in the largest trace, run in a child process (default %(default)s)")
     p.add_argument("--quick", action="store_true", help="skip the largest trace")
     p.add_argument("--child-large", nargs=3, metavar=("TABLE", "N", "RATE"), help=argparse.SUPPRESS)
@@ -97,14 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         table_path, n, rate = args.child_large
         print(json.dumps(large_run(None if table_path == "shipped" else table_path, int(n), float(rate))))
         return 0
-    try:
-        if args.table is None and not SHIPPED_TABLE.exists():
-            table, source = as_cost_table(linear_table()), "synthetic linear costs: the shipped H200 table is not there yet"
-        else:
-            table, source = load_table(args.table, 64), str(args.table or SHIPPED_TABLE)
-    except InputError as e:
-        print(f"sim.bench: error: {e}", file=sys.stderr)
-        return 2
+    if args.table is None and not SHIPPED_TABLE.exists():
+        table, source = as_cost_table(linear_table()), "synthetic linear costs: the shipped H200 table is not there yet"
+    else:
+        table, source = load_table(args.table, 64), str(args.table or SHIPPED_TABLE)
     cost = CostModel(table)
     print(f"sim benchmark: cost table {table.table_id} ({source}); {os.cpu_count()} cores here")
     capacity = served_rate(simulate(closed(poisson_trace(1.0, 400, 0)), cost).record)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shlex
 import sys
 import time
@@ -23,6 +24,7 @@ from engine.scheduler import PrefillPolicy
 from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg,
                         slo_arg)
 from traces.arrival_options import add_arrival_options, given
+from traces.command import Parser, command
 from traces.errors import InputError
 from traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, percentiles_arg
 from traces.outpath import check_out_dir, check_trace_events, exclusive
@@ -87,7 +89,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="python -m sim", description=(
+    top = Parser(prog="python -m sim", description=(
         "Predict an LLM server's capacity and queue waits by replaying request traces through the engine's own "
         "scheduler on simulated time, with step costs from a GPU cost table. With no command: the default sweep."))
     sub = top.add_subparsers(dest="command", required=True)
@@ -115,11 +117,11 @@ def parser() -> argparse.ArgumentParser:
     pool.add_argument("--pool-blocks", type=blocks_arg, help="KV pool size in blocks (default: enough that it never binds)")
     run.add_argument("--replicas", type=count_arg, default=1,
                      help="engines of this configuration behind a router, each with its own rows and pool (default 1)")
-    run.add_argument("--router", type=_router, default="round-robin",
-                     help=f"how the router picks a replica: {', '.join(ROUTERS)} (default round-robin)")
+    run.add_argument("--router", type=_router,
+                     help=f"with --replicas: how the router picks a replica: {', '.join(ROUTERS)} (default round-robin)")
     run.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC", help=SLO_HELP)
     run.add_argument("--out", type=Path, help="write the run record here (per-step rows; per-token rows with --tokens)")
-    run.add_argument("--tokens", action="store_true", help="with --out, also write every token's time")
+    run.add_argument("--tokens", action="store_true", default=None, help="with --out, also write every token's time")
     run.add_argument("--percentiles", type=percentiles_arg, default=DEFAULT_PERCENTILES, metavar="P1,P2,...",
                      help=PERCENTILES_HELP)
     run.add_argument("--save-result", type=Path, metavar="FILE.json",
@@ -154,8 +156,8 @@ def parser() -> argparse.ArgumentParser:
     sweep.add_argument("--replicas", type=_list(count_arg), default=[1], metavar="N1,N2,...",
                        help="fleet sizes: engines behind a router (default 1); with more than one, the sweep also "
                             "says the fewest replicas that hold each rate")
-    sweep.add_argument("--router", type=_list(_router), default=["round-robin"], metavar="R1,R2,...",
-                       help=f"routers: {', '.join(ROUTERS)} (default round-robin)")
+    sweep.add_argument("--router", type=_list(_router), metavar="R1,R2,...",
+                       help=f"with --replicas above 1: routers, {', '.join(ROUTERS)} (default round-robin)")
     sweep.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC",
                        help=SLO_HELP + "; capacity is then defined by the SLOs")
     sweep.add_argument("--on", choices=("local", "modal"), default="local",
@@ -244,8 +246,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         _refuse_unused(args, {"--n": "with --closed-mixed N: N is the number of requests"})
     elif args.closed_uniform is not None:
         _refuse_unused(args, {"--seed": "with --closed-uniform: every request is the same prompt"})
+    if args.out is None:
+        _refuse_unused(args, {"--tokens": "without --out: the token rows are written into the run record"})
+    if args.replicas == 1:
+        _refuse_unused(args, {"--router": "with one replica: there is nothing to route between (--replicas N)"})
+    args.router = args.router or "round-robin"
     args.n = DEFAULT_N if args.n is None else args.n
     args.seed = 0 if args.seed is None else args.seed
+    _check_out(args.out)  # every output, before any work
+    check_trace_events(args.trace_events, args.force, {"the input trace (--trace)": args.trace,
+                                                       "the cost table (--table)": args.table,
+                                                       "the run record (--out)": args.out})
+    if args.save_result:
+        from traces.bench_result import check_result_path
+        check_result_path(args.save_result)
+    detail = "tokens" if args.save_result or (args.tokens and args.out) else \
+        "steps" if args.out or args.trace_events else "summary"
+    if args.trace is None:  # before making the requests: a trace of millions takes minutes and gigabytes itself
+        inputs.check_memory(args.closed_mixed or args.n, detail)
     from tqdm import tqdm
 
     from costs.model import CostModel
@@ -259,17 +277,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     trace = inputs.make_trace(rate=args.rate, n=args.n, seed=args.seed, trace_file=args.trace,
                               closed_mixed_n=args.closed_mixed, closed_uniform_prompt=args.closed_uniform,
                               burstiness=args.burstiness, ramp_up_s=args.ramp_up_s)
+    if args.trace is not None:
+        inputs.check_memory(len(trace), detail)
     pool_blocks, how = inputs.pool_size(trace, args.max_batch, table.block_size, args.pool_gib, args.pool_blocks)
     inputs.check_trace(trace, table, args.max_batch, pool_blocks, table.block_size)
-    _check_out(args.out)
-    check_trace_events(args.trace_events, args.force, {"the input trace (--trace)": args.trace,
-                                                       "the cost table (--table)": args.table,
-                                                       "the run record (--out)": args.out})
-    if args.save_result:
-        from traces.bench_result import check_result_path
-        check_result_path(args.save_result)
-    detail = "tokens" if args.save_result or (args.tokens and args.out) else \
-        "steps" if args.out or args.trace_events else "summary"
     cfg = SimConfig(args.backend, args.max_batch, pool_blocks, detail=detail,
                     fast_forward=not args.no_fast_forward, noise_seed=args.noise_seed,
                     policy=PrefillPolicy.parse(args.prefill))
@@ -354,8 +365,12 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
             raise InputError("--burstiness and --ramp-up-s shape the seeded trace; a trace file keeps its own arrivals")
     if args.on != "local":
         _refuse_unused(args, {"--jobs": f"with --on {args.on}: its containers run the points"})
+    if max(args.replicas) == 1:
+        _refuse_unused(args, {"--router": "with one replica: there is nothing to route between (--replicas N,M)"})
+    args.router = args.router or ["round-robin"]
     seeds = args.seeds or [0 if args.seed is None else args.seed]
     n = DEFAULT_N if args.n is None else args.n
+    _check_sweep_out(args)  # before any work
     from traces.provenance import provenance
 
     from .fleet_report import fewest_lines, fewest_replicas
@@ -368,12 +383,15 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
     if workload.base is not None and workload.base.offered_rate is None:
         raise InputError("every request of this trace arrives at once, so it cannot be scaled to arrival rates; "
                          "simulate it with `sim run --trace`", path=args.trace)
-    # The same requests at every rate: one trace per seed
-    samples = [workload.base] if workload.base else [replace(workload, seed=s).at(1.0) for s in seeds]
     configs = list(dict.fromkeys(Config(b, m, g, p, k, r) for b in args.backend for p in args.prefill
                                  for m in args.max_batch for g in args.pool_gib for r in args.router
                                  for k in args.replicas))
     rates = None if args.rates is None else sorted(set(args.rates))
+    points = len(configs) * len(seeds) * (AUTO_POINTS if rates is None else len(rates))
+    workers = min(args.jobs or os.cpu_count() or 1, points) if args.on == "local" else 1  # Modal's are its own
+    inputs.check_memory(len(workload.base) if workload.base else n, processes=workers)
+    # The same requests at every rate: one trace per seed
+    samples = [workload.base] if workload.base else [replace(workload, seed=s).at(1.0) for s in seeds]
     for c in configs:
         pool_blocks = c.pool_blocks(table.block_size)
         for requests, seed in zip(samples, seeds):
@@ -382,7 +400,6 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
             except InputError as e:
                 on = f", seed {seed}" if len(samples) > 1 else ""
                 raise InputError(f"{c.label} ({pool_blocks} blocks{on}): {e}") from None
-    _check_sweep_out(args)
     wl = {"trace_file": str(args.trace), "trace_id": samples[0].trace_id, "n": len(samples[0])} if args.trace else \
         {"kind": "poisson" if args.burstiness == 1.0 else "gamma", "n": n, **given(args),
          **({"seeds": seeds} if len(seeds) > 1 else {"seed": seeds[0]})}
@@ -459,6 +476,7 @@ def _points_on(where: str) -> Iterator[RemoteMap | None]:
         yield remote
 
 
+@command("sim")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
@@ -473,9 +491,6 @@ def main(argv: list[str] | None = None) -> int:
         warnings.showwarning = lambda message, *_, **__: _warn(message)
         try:
             return args.func(args)
-        except InputError as e:
-            print(f"sim: error: {e}", file=sys.stderr)
-            return 2
         except KeyboardInterrupt:  # before anything was written (a sweep says itself what it kept)
             print("\nsim: interrupted", file=sys.stderr)
             return 130

@@ -456,7 +456,7 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_one(tmp_path
     p = tmp_path / "t.csv"
     p.write_text("recorded before\n")
     monkeypatch.setattr(target, patch)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(OSError, match=f"{p}: cannot be written: the disk is full"):
         write_trace(poisson_trace(1.0, 5, 0), p)
     monkeypatch.undo()
     assert os.listdir(tmp_path) == ["t.csv"] and p.read_text() == "recorded before\n"

@@ -12,7 +12,9 @@ from typing import Callable
 import numpy as np
 
 from .arrival_options import add_arrival_options, given
+from .command import Parser, command
 from .errors import InputError
+from .outpath import reason
 from .importers import (FORMATS, MAX_BUDGET, MAX_PROMPT, TIME_UNITS, ImportOptions, import_azure, import_lengths,
                         import_table, time_unit_warning)
 from .outpath import check_new_file
@@ -75,7 +77,7 @@ def _window(text: str) -> tuple[float, float]:
 
 def workload_options() -> argparse.ArgumentParser:
     """The options that pick one run's workload (`engine run`)."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = Parser(add_help=False)
     g = p.add_argument_group("workload (one of)")
     w = g.add_mutually_exclusive_group(required=True)
     w.add_argument("--rate", type=rate_arg, help="a seeded Poisson trace at this many requests per second")
@@ -199,6 +201,8 @@ def _explain(args: argparse.Namespace) -> None:
     if len(args.runs) > 2:
         raise InputError(f"explain takes one or two run records, got {len(args.runs)}")
     if args.png:
+        if Path(args.png).suffix.lower() != ".png":
+            raise InputError("is not a .png file name; --png draws a PNG", path=args.png)
         check_new_file(args.png, force=args.force, keep=_read(args.runs), option="--png")
     elif args.force:
         raise InputError("--force does nothing without --png (the only file explain writes)")
@@ -226,10 +230,10 @@ def _timeline(args: argparse.Namespace) -> None:
 
 def parser() -> argparse.ArgumentParser:
     from .explain import DEFAULT_WINDOWS
-    p = argparse.ArgumentParser(prog="python -m traces", description=__doc__)
+    p = Parser(prog="python -m traces", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    out = argparse.ArgumentParser(add_help=False)
+    out = Parser(add_help=False)
     out.add_argument("--out", required=True, metavar="FILE", help="trace file to write")
     out.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
 
@@ -250,12 +254,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--budget", type=count_arg, help=f"tokens each --prompt request generates (default {DEFAULT_BUDGET})")
     s.set_defaults(func=_closed)
 
-    caps = argparse.ArgumentParser(add_help=False, parents=[out])
+    caps = Parser(add_help=False, parents=[out])
     caps.add_argument("--max-prompt", type=int, default=MAX_PROMPT,
                       help=f"drop requests with longer prompts (default {MAX_PROMPT})")
     caps.add_argument("--max-budget", type=int, default=MAX_BUDGET,
                       help=f"clip longer outputs to this budget (default {MAX_BUDGET})")
-    timed = argparse.ArgumentParser(add_help=False, parents=[caps])  # files with arrival times
+    timed = Parser(add_help=False, parents=[caps])  # files with arrival times
     timed.add_argument("--window", type=_window, metavar="START:END",
                        help="keep requests from START to END seconds after the file's first timestamp")
     timed.add_argument("--compress", type=float, default=1.0, metavar="F",
@@ -318,13 +322,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("traces")
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if hasattr(args, "out"):  # every command that writes a trace
             _check_out(args)
         args.func(args)
-    except (InputError, OSError) as e:  # the user's input or filesystem: one line, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except InputError:
+        raise
+    except OSError as e:  # the filesystem, past what the checks foresaw: still one line, in words
+        raise InputError(reason(e), path=e.filename) from None
     return 0

@@ -6,6 +6,7 @@ record's meta.json), so pandas reads them as they are; records made before versi
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from .errors import InputError
-from .outpath import refuse_special
+from .outpath import refuse_special, write_error
 
 INT64_MAX = 2 ** 63 - 1
 
@@ -48,12 +49,16 @@ def atomic_write_text(path: Path, text: str) -> None:
     rename replaces only a regular file (outpath.refuse_special)."""
     path = Path(path)
     refuse_special(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
-    except BaseException:  # a full disk, a vanished directory, a directory in the way, or Ctrl-C
+    except OSError as e:  # a full disk, a read-only filesystem, a file in the way: say so of the file asked for
+        with contextlib.suppress(OSError):  # its directory may not exist, or be a file
+            tmp.unlink(missing_ok=True)
+        raise write_error(path, e) from None
+    except BaseException:  # Ctrl-C
         tmp.unlink(missing_ok=True)
         raise
 

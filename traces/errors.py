@@ -18,3 +18,8 @@ class InputError(ValueError):
             where.append(f"column {column!r}")
         self.path, self.row, self.column = path, row, column
         super().__init__(f"{': '.join([', '.join(where), message]) if where else message}")
+
+
+class WriteError(InputError, OSError):
+    """An output that cannot be written (a read-only filesystem, a full disk), named by the path the user gave, not
+    a temporary file beside it: a one-line refusal for a command, and still an OSError to the code that writes."""

@@ -47,7 +47,7 @@ def _describe(name: str, e: Explanation) -> list[str]:
                                  f"{m.get('prefill', 'padded')} prefill",
                                  m.get("max_batch") and f"max batch {m['max_batch']}",
                                  m.get("pool_blocks") and f"pool {m['pool_blocks']} blocks") if x)
-    traced = ", ".join([str(trace["kind"])] * ("kind" in trace) +
+    traced = ", ".join(([str(trace["kind"])] if "kind" in trace else []) +
                        [f"{k} {trace[k]}" for k in ("n", "rate", "seed") if k in trace])
     f = e.figures
     return [f"{name}: {what}" + (f"; trace {traced}" if traced else ""),

@@ -31,6 +31,16 @@ def config_hash(spec: dict) -> str:
 def kv_bytes_per_token(spec: dict, dtype_bytes: int = 2) -> int:
     return spec["num_hidden_layers"] * 2 * spec["num_key_value_heads"] * spec["head_dim"] * dtype_bytes
 
+
+def parameter_count(spec: dict) -> int:
+    """The weights of a Qwen2 of these shapes: embeddings (and an untied head), attention with q/k/v biases, the
+    gated MLP and the norms."""
+    h, q, kv = spec["hidden_size"], spec["num_attention_heads"] * spec["head_dim"], \
+        spec["num_key_value_heads"] * spec["head_dim"]
+    layer = h * q + q + 2 * (h * kv + kv) + q * h + 3 * h * spec["intermediate_size"] + 2 * h
+    embed = spec["vocab_size"] * h * (1 if spec["tie_word_embeddings"] else 2)
+    return embed + spec["num_hidden_layers"] * layer + h
+
 # A two-layer Qwen2 of the same structure (GQA, biases, RoPE) for CPU tests and demos. Untied and with
 # a wide init so that its greedy tokens depend on the context, which makes token parity a real check.
 TINY_QWEN2 = dict(QWEN25_1P5B, name="tiny-qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

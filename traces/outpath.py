@@ -1,15 +1,35 @@
 """Checks on where a command will write, made before it computes anything: a later failure to write would throw
-away the work, and a traceback names no option."""
+away the work, and a traceback names no option. Every command that writes checks each of its outputs here."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import stat
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from .errors import InputError
+from .errors import InputError, WriteError
+
+# errno's reasons in words a user can act on, for the path the user gave (never a temporary file beside it).
+_REASONS = {errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+            errno.EROFS: "it is on a read-only filesystem", errno.ENOSPC: "the disk is full",
+            errno.EDQUOT: "the disk quota is used up", errno.ENOTDIR: "a part of the path is a file, not a directory",
+            errno.EEXIST: "a file is in the way of a directory", errno.EISDIR: "it is a directory",
+            errno.ENAMETOOLONG: "the name is too long",
+            errno.ENOENT: "no such directory"}
+
+
+def reason(e: OSError) -> str:
+    """Why an operating-system call failed, in words."""
+    return _REASONS.get(e.errno, (e.strerror or str(e)).lower())
+
+
+def write_error(path: str | Path, e: OSError) -> WriteError:
+    """A failure to write `path` (the file the user named, never a temporary one beside it), in words."""
+    return WriteError(f"cannot be written: {reason(e)}", path=path)
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -30,6 +50,13 @@ def _check_creatable(path: Path, directory: Path) -> None:
     if not os.access(base, os.W_OK | os.X_OK):
         raise InputError(f"cannot be written: {base} is not writable (permissions, or a read-only filesystem)",
                          path=path)
+    try:  # access(2) answers yes for root in /proc, where nothing can be made: try it
+        fd, probe = tempfile.mkstemp(dir=base, prefix=".write-check-")
+    except OSError as e:  # ENOENT in a directory that exists: a filesystem that makes no files
+        why = "its filesystem takes no new files" if e.errno == errno.ENOENT else reason(e)
+        raise InputError(f"cannot be written: no file can be made in {base}: {why}", path=path) from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def check_out_dir(path: str | Path) -> Path:

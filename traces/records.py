@@ -220,8 +220,23 @@ def read_run(run_dir: str | Path) -> RunRecord:
                               appended=True)
         if rows is None:
             rows = read_table(p, schema, (version,), want, appended=True)[1] if p.exists() else []
-        frames[t] = _upgrade(t, _frame(t, rows, want)) if old else _frame(t, rows, want)
+        try:
+            frames[t] = _upgrade(t, _frame(t, rows, want)) if old else _frame(t, rows, want)
+        except ValueError:  # pandas' message names neither the file nor the line
+            raise _not_a_number(p, t, rows, want, headed=schema is not None) from None
     return RunRecord(meta, **frames)
+
+
+def _not_a_number(path: Path, table: str, rows: list[list[str]], columns: tuple[str, ...], headed: bool) -> InputError:
+    """The first value of a numeric column that is not a number, by file line (the column names' line first, after
+    the header line of a version-1 or -2 record)."""
+    df = pd.DataFrame(rows, columns=list(columns))
+    for c in (c for c in columns if c in _NUMERIC[table]):
+        bad = pd.to_numeric(df[c], errors="coerce").isna() & (df[c].str.strip() != "")
+        if bad.any():
+            i = int(np.argmax(bad.to_numpy()))
+            return InputError(f"{df[c].iloc[i]!r} is not a number", path=path, row=i + (3 if headed else 2), column=c)
+    return InputError("holds a value that is not a number", path=path)
 
 
 def unfinished(rec: RunRecord) -> str | None:

@@ -13,7 +13,9 @@ import warnings
 from pathlib import Path
 
 from traces.cli import count_arg, seed_arg
+from traces.command import Parser, command
 from traces.errors import InputError
+from traces.outpath import check_out_dir
 
 GROUPS = ("public", "policies", "fleet")
 
@@ -34,10 +36,10 @@ def _skip(text: str) -> tuple[str, ...]:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="python -m validate", description=__doc__,
+    top = Parser(prog="python -m validate", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = top.add_subparsers(dest="step", required=True, metavar="STEP")
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--out", type=Path, default=Path("results/validation"), help="directory (default %(default)s)")
 
     pred = sub.add_parser("predict", help="predict what each prefill policy buys, before the engine has it (CPU)")
@@ -97,8 +99,13 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+@command("validate")
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    # Every step writes into --out (policies: into --predictions): an unwritable one is found before minutes of work.
+    check_out_dir(args.out)
+    if args.step == "policies":
+        check_out_dir(args.predictions)
     said: set[str] = set()
 
     def warn(message, *_, **__) -> None:

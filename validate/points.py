@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from traces.csvio import read_text
 from traces.errors import InputError
 from traces.records import RunRecord, read_run
 from traces.trace_io import read_trace
@@ -52,8 +53,25 @@ def load_plan(out: Path) -> tuple[dict, list[Point]]:
     path = Path(out) / "plan.json"
     if not path.exists():
         raise InputError("no validation plan here; make one with `python -m validate plan`", path=path)
-    plan = json.loads(path.read_text())
-    return plan, [Point(**p) for p in plan["points"]]
+    try:
+        plan = json.loads(read_text(path))
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise InputError(f"is not valid JSON ({e}); make the plan again with `python -m validate plan`",
+                         path=path) from None
+    if not (isinstance(plan, dict) and isinstance(plan.get("table"), dict) and "id" in plan["table"]
+            and isinstance(plan.get("points"), list) and isinstance(plan.get("predictions"), dict)):
+        raise InputError("is not a validation plan (a JSON object with its table's id, points and predictions); "
+                         "make one with `python -m validate plan`", path=path)
+    points = []
+    for i, entry in enumerate(plan["points"], start=1):
+        try:
+            points.append(Point(**entry))
+        except TypeError as e:  # not an object, or not a point's fields
+            raise InputError(f"point {i} is not a validation point ({e})", path=path) from None
+    unpredicted = [p.id for p in points if p.id not in plan["predictions"]]
+    if unpredicted:
+        raise InputError(f"has no prediction for point(s) {', '.join(unpredicted)}", path=path)
+    return plan, points
 
 
 def run_dir(out: Path, p: Point, k: int) -> Path:

@@ -14,7 +14,6 @@ Prefill: groups of equal-length sequences, packed for the prefill kernel; the re
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 from typing import Callable
 
@@ -23,6 +22,8 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
+
+from traces.command import Parser, command
 
 pa = importlib.import_module(".paged_attention", __package__)  # the package's `paged_attention` is the function
 pfa = importlib.import_module(".prefill_attention", __package__)  # likewise
@@ -184,8 +185,9 @@ def prefill_section() -> None:
               f"{r['flash_tflops']:>8.0f} {r['ours'] / r['flash']:>10.2f} {r['err']:>9.1e}")
 
 
+@command("engine.kernels.bench")
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("decode", "prefill"))
     parser.add_argument("--sweep", action="store_true", help="sweep the decode kernel's splits, warps and stages")
     parser.add_argument("--warps", type=int, default=pa.NUM_WARPS)

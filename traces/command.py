@@ -1,0 +1,86 @@
+"""What every command line of the project shares: a refusal is one line on stderr and exit status 2, whether
+argparse or the command's own checks refuse, and output to a reader that has gone (`| head`) is dropped
+quietly while the command finishes its work."""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from typing import Callable
+
+from .errors import InputError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, refusing in one line: `PROG: error: WHAT (see --help)`, exit status 2.
+
+    argparse prints the whole usage first (4 to 16 lines), which pushes the one line that matters out of sight;
+    subcommands' parsers are of this class too (add_subparsers makes them of the parent's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class _DropWhenClosed:
+    """A text stream that, once its reader has gone (EPIPE), sends the rest of the output to /dev/null.
+
+    A command piped into `head` must neither end in a BrokenPipeError traceback nor stop half-way: a sweep prints
+    its table before it writes its files."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._gone = False
+
+    def _closed(self) -> None:
+        self._gone = True
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:  # what the stream still buffers goes there too, also at interpreter exit
+            os.dup2(null, self._stream.fileno())
+        except (OSError, ValueError):  # a stream with no file descriptor (io.UnsupportedOperation is both)
+            pass
+        finally:
+            os.close(null)
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._closed()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._closed()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Wrap a command line's `main`: an InputError it raises is `PROG: error: ...` on stderr and exit status 2, as
+    is running out of memory (a size no up-front check foresaw); stdout and stderr survive a reader that left."""
+    def wrap(main: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(main)
+        def guarded(*args, **kwargs) -> int:
+            streams = sys.stdout, sys.stderr
+            sys.stdout, sys.stderr = _DropWhenClosed(sys.stdout), _DropWhenClosed(sys.stderr)
+            try:
+                return main(*args, **kwargs)
+            except InputError as e:
+                print(f"{prog}: error: {e}", file=sys.stderr)
+                return 2
+            except MemoryError:
+                print(f"{prog}: error: ran out of memory; ask for a smaller run (fewer requests or smaller sizes)",
+                      file=sys.stderr)
+                return 2
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                sys.stdout, sys.stderr = streams
+        return guarded
+    return wrap
