@@ -9,7 +9,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from costs.shapes import BACKENDS
 from engine.routing import ROUTERS
 from traces.arrival_options import add_arrival_options, given
 from traces.cli import SLO_HELP, batch_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg, slo_arg

@@ -201,9 +201,9 @@ def _explain(args: argparse.Namespace) -> None:
     if len(args.runs) > 2:
         raise InputError(f"explain takes one or two run records, got {len(args.runs)}")
     if args.png:
+        check_new_file(args.png, force=args.force, keep=_read(args.runs), option="--png")
         if Path(args.png).suffix.lower() != ".png":
             raise InputError("is not a .png file name; --png draws a PNG", path=args.png)
-        check_new_file(args.png, force=args.force, keep=_read(args.runs), option="--png")
     elif args.force:
         raise InputError("--force does nothing without --png (the only file explain writes)")
     explained = []
