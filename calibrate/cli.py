@@ -7,8 +7,10 @@ skipped). A problem is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,7 +88,7 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
     from engine.engine import Engine, EngineConfig  # torch: only once the options are known to be good
 
-    from .measure import identity, measure
+    from .measure import identity, measure, telemetry, telemetry_path
     from .table import build_table
 
     t0 = time.perf_counter()
@@ -104,9 +106,12 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     ident = identity(cfg)  # refuses a missing or unexpected GPU before anything is written
     if args.refresh is not None:
         from .refresh import refresh
-        return refresh(args.refresh, args.out, cfg, argv)
+        with telemetry(telemetry_path(args.out), ident) as rec:
+            return refresh(args.refresh, args.out, cfg, argv, rec)
     if args.check_stationary:
-        return check_stationary(plan, cfg, args.backend)
+        with tempfile.TemporaryDirectory(prefix="stationarity-") as tmp, \
+                telemetry(Path(tmp) / "telemetry.csv", ident) as rec:
+            return check_stationary(plan, cfg, args.backend, rec)
     from engine.engine import POLICIES_BUILT
     runs = make_plan(plan, cfg.max_batch, args.backend,
                      tuple(f"chunked:{plan.chunk}" if p == "chunked" else p for p in POLICIES_BUILT))
@@ -118,13 +123,15 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     print(describe(runs, H200_SPEEDS if args.model == "qwen2.5-1.5b" and not args.quick else None))
     if todo < len(runs):
         print(f"resuming: {len(runs) - todo} of {len(runs)} runs already measured in {store.path}")
+    rec = telemetry(telemetry_path(args.out), ident)
     try:
-        engine = Engine(cfg)
-        with tqdm(total=len(runs), unit="run", desc="calibrating", dynamic_ncols=True) as bar:
-            def advance(run):
-                bar.set_postfix_str(run.label, refresh=False)
-                bar.update()
-            made = run_plan(runs, store.__contains__, lambda r: measure(engine, r), store.add, advance)
+        with rec:
+            engine = Engine(cfg)
+            with tqdm(total=len(runs), unit="run", desc="calibrating", dynamic_ncols=True) as bar:
+                def advance(run):
+                    bar.set_postfix_str(run.label, refresh=False)
+                    bar.update()
+                made = run_plan(runs, store.__contains__, lambda r: measure(engine, r), store.add, advance)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the runs measured so far are kept in {store.path}; run the same command to resume",
               file=sys.stderr)
@@ -133,7 +140,8 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         store.close()
     calibration = {"wall_s": round(time.perf_counter() - t0, 1), "engine_start_s": round(engine.start_s, 1),
                    "runs_measured_now": made, "runs_resumed": len(runs) - made, "points_file": str(store.path),
-                   "backends": list(args.backend), "command": shlex.join(["python", "-m", "calibrate", *argv])}
+                   "backends": list(args.backend), "command": shlex.join(["python", "-m", "calibrate", *argv]),
+                   "telemetry": rec.summary()}
     table = build_table(plan, runs, store.samples, engine.metadata(), calibration)
     table_id = save_cost_table(table, args.out)
     print(report(table["accuracy"]))
@@ -153,8 +161,8 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def check_stationary(plan, cfg, backends) -> int:
-    """The stationarity check alone, on a freshly started engine."""
+def check_stationary(plan, cfg, backends, rec) -> int:
+    """The stationarity check alone, on a freshly started engine; what the GPU's clock did is printed (`rec`)."""
     from engine.engine import POLICIES_BUILT, Engine
 
     from .measure import measure
@@ -170,6 +178,7 @@ def check_stationary(plan, cfg, backends) -> int:
     print(f"engine start {engine.start_s:.1f} s; worst shapes: " +
           "; ".join(f"{s['run']} {s['first_over_again']:.3f}" for s in worst))
     print(stationarity_line(st))
+    print(f"GPU telemetry: {json.dumps(rec.summary())}")
     return 0 if st["passed"] else 1
 
 

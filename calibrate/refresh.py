@@ -59,7 +59,9 @@ def rescaled(raw: dict, factor: dict[str, float]) -> dict:
             "fit": fit(prefill, {b: d["points"] for b, d in decode.items()}, raw.get("engine"))}
 
 
-def refresh(source: Path, out: Path, cfg, argv: list[str]) -> int:
+def refresh(source: Path, out: Path, cfg, argv: list[str], telemetry=None) -> int:
+    """Re-measure `source`'s refresh shapes on this GPU and write it rescaled to `out`; `telemetry` (a recording
+    running through the refresh) is summarized in the table."""
     from engine.engine import Engine
 
     from .measure import measure
@@ -82,6 +84,7 @@ def refresh(source: Path, out: Path, cfg, argv: list[str]) -> int:
                  refreshed_from={"table_id": old.table_id, "device": old.device, "created_at": old.created_at},
                  refresh={"factors": factor, "ratios": measured, "runs": [r.label for r in runs],
                           "wall_s": round(time.perf_counter() - t0, 1),
+                          **({"telemetry": telemetry.summary()} if telemetry is not None else {}),
                           "command": shlex.join(["python", "-m", "calibrate", *argv])})
     if "stationarity" in table:
         table["stationarity"] = {**table["stationarity"], "measured_on": old.gpu_uuid or old.device_name}

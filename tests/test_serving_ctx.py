@@ -65,3 +65,70 @@ def test_the_commit_named_by_the_environment_is_the_records(monkeypatch, tmp_pat
         assert json.loads((tmp_path / "run" / "meta.json").read_text())["git_commit"] == "feedc0de"
     finally:
         git_commit.cache_clear()
+
+
+# --- GPU telemetry ------------------------------------------------------------------------------------------------
+
+class FakeSampler:
+    """Samples as a GPU would give them: the SM clock falling under load."""
+
+    source = "fake"
+
+    def __init__(self, values):
+        self.values, self.closed = list(values), False
+
+    def samples(self, period_s, stop):
+        for v in self.values:
+            if stop.is_set():
+                return
+            yield v
+            stop.wait(period_s)
+        stop.wait()  # a GPU keeps answering until the run ends
+
+    def close(self):
+        self.closed = True
+
+
+def test_telemetry_is_recorded_beside_the_run_on_the_runs_clock(tmp_path):
+    import time
+    from engine.telemetry import record_run
+    from traces.telemetry import read_telemetry
+    ticks = iter(range(100))
+    sampler = FakeSampler([(1980.0, 55.0, 600.0), (1785.0, 58.0, 680.0), (1470.0, 60.0, 683.0)])
+    rec = record_run(tmp_path, {"name": "NVIDIA H200"}, sampler)
+    assert rec.source == "fake"
+    with rec.timed(lambda: 0.5 * next(ticks)):
+        deadline = time.time() + 10
+        while rec.rows < 3 and time.time() < deadline:
+            time.sleep(0.01)
+    assert sampler.closed
+    t = read_telemetry(tmp_path)
+    assert t["sm_clock_mhz"].tolist() == [1980.0, 1785.0, 1470.0]
+    assert t["time"].tolist() == [0.0, 0.5, 1.0]
+    s = rec.summary()
+    assert s["sm_clock_mhz"] == [1470.0, 1785.0, 1980.0] and s["power_w_max"] == 683.0 and s["source"] == "fake"
+
+
+def test_no_gpu_records_nothing_and_says_unavailable(tmp_path):
+    from engine.telemetry import open_sampler, parse_smi, record_run
+    assert open_sampler({"name": "cpu"}) is None
+    rec = record_run(tmp_path, {"name": "cpu"})
+    with rec.timed(lambda: 0.0):
+        pass
+    assert rec.source == "unavailable" and not (tmp_path / "telemetry.csv").exists()
+    assert rec.summary() == {"source": "unavailable"}
+    assert parse_smi("1980, 56, 612.31\n") == (1980.0, 56.0, 612.31)
+    assert parse_smi("1980, 56, [N/A]\n") is None
+
+
+def test_steps_join_the_sample_taken_last_before_they_start():
+    import pandas as pd
+    from traces.telemetry import join_steps
+    steps = pd.DataFrame({"start": [0.35, 0.05, 0.9, 0.1], "end": [0.4, 0.08, 0.95, 0.2]})
+    tele = pd.DataFrame({"time": [0.1, 0.3, 0.5], "unix_time": [0.0] * 3, "sm_clock_mhz": [1980.0, 1700.0, 1500.0],
+                         "temperature_c": [55.0] * 3, "power_w": [600.0] * 3})
+    j = join_steps(steps, tele)
+    assert j["start"].tolist() == [0.35, 0.05, 0.9, 0.1]  # the steps' own order
+    assert j["sm_clock_mhz"].tolist()[0] == 1700.0 and j["sm_clock_mhz"].tolist()[2:] == [1500.0, 1980.0]
+    assert pd.isna(j["sm_clock_mhz"][1])  # before the first sample
+    assert join_steps(steps, None)["sm_clock_mhz"].isna().all()
