@@ -60,6 +60,10 @@ def parser() -> argparse.ArgumentParser:
                    help="no GPU: rebuild TABLE from its measured runs (TABLE.points.jsonl, or --points) with this "
                         "version's cost model, into --out")
     p.add_argument("--points", type=Path, metavar="FILE", help="with --refit: the points file of TABLE")
+    p.add_argument("--from-runs", type=Path, nargs="+", metavar="RUN_DIR",
+                   help="no GPU: correct --table for serving from the steps of these real run records (directories "
+                        "searched for them), held out by run, into --out (calibrate/from_runs.py)")
+    p.add_argument("--table", type=Path, metavar="TABLE", help="with --from-runs: the cost table to correct")
     p.add_argument("--force", action="store_true", help="replace an existing --out table")
     p.add_argument("--expect-gpu", metavar="NAME",
                    help="refuse to run unless the GPU is this one (e.g. 'NVIDIA H200'; 'A10' does not match 'A10G')")
@@ -85,6 +89,14 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
             raise InputError("--refit needs --out NEW.json (a new file, or --force)")
         from .refit import refit
         print(f"refitted {args.refit} into {args.out}: cost table {refit(args.refit, args.out, args.points, argv)}")
+        return 0
+    if args.from_runs is not None:
+        if args.table is None or args.out is None:
+            raise InputError("--from-runs needs --table TABLE (to correct) and --out NEW.json")
+        from .from_runs import describe, from_runs
+        tid, report = from_runs(args.from_runs, args.table, args.out, argv, args.force)
+        print(describe(report))
+        print(f"wrote cost table {tid} to {args.out} (corrected from {args.table})")
         return 0
     from engine.engine import Engine, EngineConfig  # torch: only once the options are known to be good
 

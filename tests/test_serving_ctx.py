@@ -132,3 +132,111 @@ def test_steps_join_the_sample_taken_last_before_they_start():
     assert j["sm_clock_mhz"].tolist()[0] == 1700.0 and j["sm_clock_mhz"].tolist()[2:] == [1500.0, 1980.0]
     assert pd.isna(j["sm_clock_mhz"][1])  # before the first sample
     assert join_steps(steps, None)["sm_clock_mhz"].isna().all()
+
+
+# --- the serving-context correction -------------------------------------------------------------------------------
+
+def _corrected(raw: dict, factors: dict[str, float]) -> dict:
+    from costs.table import CORRECTED_VERSION
+    return {**{k: v for k, v in raw.items() if k != "table_id"}, "version": CORRECTED_VERSION,
+            "correction": {"min_steps": 1, "factors": {k: {"factor": f, "n": 100} for k, f in factors.items()}}}
+
+
+def test_a_table_without_correction_prices_every_step_as_before():
+    from costs.model import CostModel
+    from costs.shapes import PrefillShape
+    from costs.synthetic import linear_table
+    cost = CostModel(linear_table())
+    shape = PrefillShape.of([300, 40], [0, 0])
+    assert cost.correction is None
+    assert cost.prefill_in_context(shape, "packed", "decode", 0.0) == cost.prefill(shape)
+    assert cost.decode_stretch_in_context("paged", 8, 800, 200, 5, "padded", "prefill", 0.0) == \
+        cost.decode_stretch("paged", 8, 800, 200, 5)
+
+
+def test_the_simulator_prices_a_decode_step_after_a_prefill_with_its_own_factor():
+    from costs.model import CostModel
+    from costs.synthetic import linear_table
+    from sim.simulator import SimConfig, simulate
+    from traces.workload import poisson_trace
+    base, corrected = CostModel(linear_table()), CostModel(_corrected(linear_table(), {
+        "decode paged padded|prefill": 1.5, "decode paged padded|decode": 1.1, "prefill padded|idle": 2.0}))
+    trace = poisson_trace(20.0, 60, 0)
+    rec = simulate(trace, corrected, SimConfig("paged", 8, detail="steps")).record
+    steps = rec.steps.sort_values("start", kind="stable").reset_index(drop=True)
+    prev = steps.kind.shift()
+    idle = steps.start - steps.end.shift()
+    dec = steps[(steps.kind == "decode") & (steps.retired == 0)]  # a retiring step's end holds the retirement
+    price = [float(base.decode("paged", r, t, m)) for r, t, m in zip(dec.rows, dec.kv_tokens, dec.kv_max)]
+    ratio = ((dec.end - dec.start) / price).round(6)
+    after_prefill = (prev[dec.index] == "prefill").to_numpy()
+    assert set(ratio[after_prefill]) == {1.5} and set(ratio[~after_prefill]) == {1.1}
+    first = steps[(steps.kind == "prefill") & (prev.isna() | (idle >= 0.02))]
+    assert len(first) and all(round((r.end - r.start) / base.prefill(_shape(r)), 6) == 2.0
+                              for r in first.itertuples())
+
+
+def _shape(row):
+    from costs.recorded import prefill_shape
+    return prefill_shape(row)
+
+
+def _engine_like_runs(tmp_path, table_path, rates):
+    import sim.cli
+    runs = []
+    for i, rate in enumerate(rates):
+        d = tmp_path / "runs" / f"rate-{rate}"
+        assert sim.cli.main(["run", "--rate", str(rate), "--n", "150", "--seed", str(i), "--max-batch", "8",
+                             "--table", str(table_path), "--out", str(d)]) == 0
+        meta = json.loads((d / "meta.json").read_text())
+        (d / "meta.json").write_text(json.dumps({**meta, "kind": "engine"}))  # as if measured
+        runs.append(d)
+    return runs
+
+
+def test_from_runs_recovers_the_context_factors_and_grades_them_on_held_out_runs(tmp_path, monkeypatch):
+    import calibrate.cli
+    from costs.model import CostModel
+    from costs.synthetic import linear_table
+    from costs.table import load_cost_table
+    from tests.helpers import write_table
+    from traces.provenance import git_commit
+    true = {"decode paged padded|prefill": 1.2, "decode paged padded|decode": 1.05, "prefill padded": 1.1}
+    truth = write_table(_corrected(linear_table(), true), tmp_path / "truth.json")
+    table = write_table(linear_table(), tmp_path / "table.json")
+    _engine_like_runs(tmp_path, truth, [10, 20, 30, 40, 50, 60])
+    git_commit.cache_clear()
+    monkeypatch.setenv("SERVECAP_GIT_COMMIT", "c0ffee1")
+    try:
+        out = tmp_path / "corrected.json"
+        assert calibrate.cli.main(["--from-runs", str(tmp_path / "runs"), "--table", str(table),
+                                   "--out", str(out)]) == 0
+    finally:
+        git_commit.cache_clear()
+    t = load_cost_table(out)
+    c = t.correction
+    assert c["git_commit"] == "c0ffee1" and t.raw["corrected_from"]["table_id"] == load_cost_table(table).table_id
+    assert len(c["held_out_runs"]) == 2 and not set(c["held_out_runs"]) & set(c["fitted_runs"])
+    f = c["factors"]
+    assert f["decode paged padded|prefill"]["factor"] == pytest.approx(1.2, rel=1e-6)
+    assert f["decode paged padded|decode"]["factor"] == pytest.approx(1.05, rel=1e-6)
+    assert f["prefill padded"]["factor"] == pytest.approx(1.1, rel=1e-6)
+    held = c["held_out"]
+    assert held["kinds"]["decode paged padded"]["before"] > 1.04
+    assert held["kinds"]["decode paged padded"]["after"] == pytest.approx(1.0, abs=1e-6)
+    for r in held["runs"].values():
+        assert r["before"] < -0.04 and abs(r["after"]) < 1e-3  # retirement, which the truth did not scale
+    # the corrected table prices what the runs measured: a decode step after a prefill 1.2x the table's
+    assert CostModel(t).factor("decode paged padded", "prefill", 0.0, 8) == pytest.approx(1.2)
+
+
+def test_from_runs_refuses_what_it_cannot_use(tmp_path, capsys):
+    import calibrate.cli
+    assert calibrate.cli.main(["--from-runs", str(tmp_path), "--out", str(tmp_path / "x.json")]) == 2
+    assert "--from-runs needs --table" in capsys.readouterr().err
+    from tests.helpers import write_table
+    from costs.synthetic import linear_table
+    table = write_table(linear_table(), tmp_path / "t.json")
+    assert calibrate.cli.main(["--from-runs", str(tmp_path), "--table", str(table), "--out",
+                               str(tmp_path / "x.json")]) == 2
+    assert "holds no complete engine run record" in capsys.readouterr().err

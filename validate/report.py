@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from costs.model import CostModel
-from costs.shapes import PrefillShape
+from costs.recorded import prefill_shape as step_shape  # validate.policies reads it here too
 from engine.block_pool import blocks_for_gib
 from engine.scheduler import PrefillPolicy
 from sim import inputs
@@ -136,18 +136,6 @@ def beyond_spread(c: Compared, key: str) -> bool | None:
     if c.spread is None or key not in c.spread:
         return None
     return abs(_num(c.sim.get(key)) - _num(c.measured.get(key))) > 2 * c.spread[key]
-
-
-def step_shape(row) -> PrefillShape | None:
-    """A recorded prefill step's shape where the record determines it: a padded group (every row the padded length,
-    no prefix), or a single sequence (its prefix follows from the attention work, n * (n + 2p)). A packed or chunked
-    step of several sequences keeps only totals."""
-    rows, tokens, attn, width = int(row.rows), int(row.tokens), int(row.attn), int(row.padded_len)
-    if rows == 1:
-        return PrefillShape.of([tokens], [(attn // tokens - tokens) // 2])
-    if tokens == rows * width and attn == rows * width * width:
-        return PrefillShape.padded(rows, width)
-    return None
 
 
 def step_check(results: list[Compared], out: Path, table) -> dict:
