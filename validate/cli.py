@@ -57,6 +57,11 @@ def parser() -> argparse.ArgumentParser:
                      help="instead of searching: compare the candidates' real runs in VALIDATION with their predictions")
     sag.add_argument("--allow-nonstationary", action="store_true", help="with --compare: as for report")
 
+    noise = sub.add_parser("noise", help="the engine's run-to-run noise from repeated real runs (CPU)")
+    noise.add_argument("validations", type=Path, nargs="+", metavar="VALIDATION", help="validation directories")
+    noise.add_argument("--out", type=Path, default=Path("costs/data/run_to_run.json"), help="(default %(default)s)")
+    noise.add_argument("--force", action="store_true", help="replace an existing file")
+
     plan = sub.add_parser("plan", parents=[common], help="choose the points and write their predictions (CPU)")
     plan.add_argument("--table", type=Path, help="the frozen cost table (default: the shipped H200 table)")
     plan.add_argument("--n", type=count_arg, default=400, help="requests per arrival point (default %(default)s)")
@@ -113,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
                 doc = make_predictions(args.table, args.out, azure=args.azure, n=args.n, seed=args.seed,
                                        force=args.force)
                 print(f"wrote {args.out / 'predictions.json'} and predictions.md: {len(doc['points'])} points")
+            elif args.step == "noise":
+                from .noise import write
+                doc = write(args.validations, args.out, args.force)
+                print(f"wrote {args.out}: {len(doc['groups'])} repeated points; " + "; ".join(
+                    f"{regime}: " + ", ".join(f"{k} {v['sigma']:.1%}" for k, v in m.items())
+                    for regime, m in doc["pooled"].items()))
             elif args.step == "sag" and args.compare:
                 from .sag import compare_real
                 print(f"wrote {compare_real(args.compare, args.out, args.table, args.allow_nonstationary)}")
