@@ -14,6 +14,8 @@ Chunk steps are priced at their real prefix by the shape itself (costs/shapes.py
 policy's prefill kind. A class with fewer than `min_steps` fitted steps falls back to the next coarser key
 (kind|previous|rows, kind|previous, kind, and for decode the backend across policies), and to 1.
 
+`scale` multiplies every step: the prediction intervals' sampled cost factor (sim/intervals.py).
+
 A table with no correction prices every step exactly as before: the factor is 1 and is never multiplied in.
 """
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Correction:
         self.min_steps = int(raw.get("min_steps", MIN_STEPS))
         self.idle_s = float(raw.get("idle_s", IDLE_S))
         self.factors = {k: float(v["factor"]) for k, v in raw["factors"].items() if v["n"] >= self.min_steps}
+        self.scale = float(raw.get("scale", 1.0))  # one factor on every step: an interval's sampled cost draw
         clock = raw.get("clock") or {}
         self.clock_ref, self.clock_exp = clock.get("reference_mhz"), clock.get("exponent")
         self._cache: dict[tuple, float] = {}
@@ -73,7 +76,8 @@ class Correction:
         key = (kind, prev, rows)
         f = self._cache.get(key)
         if f is None:
-            f = self._cache[key] = next((self.factors[k] for k in keys(kind, prev, rows) if k in self.factors), 1.0)
+            f = self._cache[key] = self.scale * next((self.factors[k] for k in keys(kind, prev, rows)
+                                                      if k in self.factors), 1.0)
         if clock_mhz is not None and self.clock_exp is not None and math.isfinite(clock_mhz) and clock_mhz > 0:
             f *= (self.clock_ref / clock_mhz) ** self.clock_exp
         return f
@@ -92,6 +96,9 @@ def check_correction(c, path, error) -> None:
         if not (isinstance(v, dict) and isinstance(v.get("factor"), (int, float)) and math.isfinite(v["factor"])
                 and v["factor"] > 0 and isinstance(v.get("n"), int) and v["n"] >= 0):
             error(f"correction.factors[{k!r}] needs a positive factor and a step count n, got {v!r}")
+    scale = c.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        error(f"correction.scale must be a positive number, got {scale!r}")
     clock = c.get("clock")
     if clock is not None and not (isinstance(clock, dict) and clock.get("reference_mhz", 0) > 0
                                   and isinstance(clock.get("exponent"), (int, float))):

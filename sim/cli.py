@@ -20,8 +20,8 @@ from costs.shapes import BACKENDS
 from engine.block_pool import DEFAULT_BLOCK_SIZE
 from engine.routing import ROUTERS
 from engine.scheduler import PrefillPolicy
-from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg,
-                        slo_arg)
+from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, level_arg, rate_arg,
+                        requests_arg, seed_arg, slo_arg)
 from traces.errors import InputError
 from traces.outpath import check_out_dir
 from traces.prompts import PROMPT_NAMES
@@ -115,6 +115,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--router", type=_router, default="round-robin",
                      help=f"how the router picks a replica: {', '.join(ROUTERS)} (default round-robin)")
     run.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC", help=SLO_HELP)
+    run.add_argument("--interval", type=level_arg, metavar="LEVEL",
+                     help="also a LEVEL%% band for every metric: trace seeds x the cost model's uncertainty, widened "
+                          "by the engine's measured run-to-run noise (sim/intervals.py)")
     run.add_argument("--out", type=Path, help="write the run record here (per-step rows; per-token rows with --tokens)")
     run.add_argument("--tokens", action="store_true", help="with --out, also write every token's time")
     run.add_argument("--trace-events", type=Path, metavar="FILE",
@@ -220,6 +223,19 @@ def _fmt(v: float, spec: str = ".2f") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
+def run_interval(args: argparse.Namespace, table, cfg, trace, rate) -> list[str]:
+    """`sim run --interval`: the point's bands (a trace file or a closed uniform run is one trace sample)."""
+    from . import intervals
+    iv = intervals.Intervals(table, args.interval)
+    if args.trace is None and args.closed_uniform is None:
+        traces = intervals.seeded(lambda seed: inputs.make_trace(rate=args.rate, n=args.n, seed=seed,
+                                                                 closed_mixed_n=args.closed_mixed), args.seed)
+    else:
+        traces = [trace]
+    bands = iv.band(traces, intervals.simulated(cfg, rate, args.replicas, args.router))
+    return intervals.lines(bands, iv, len(traces))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.trace is not None:
         _refuse_unused(args, {"--n": "with --trace: the trace file holds the requests",
@@ -285,6 +301,8 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{_fmt(s['head_blocked_frac'], '.0%')} of step time")
     if args.slo:
         print(slo_line(s, args.slo))
+    if args.interval:
+        print("\n".join(run_interval(args, table, cfg, trace, rate)))
     if args.replicas > 1:
         print(replica_table(per_replica(result.record, rate, args.slo)))
     rejected = len(result.record.rejected)
