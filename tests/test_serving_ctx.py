@@ -240,3 +240,104 @@ def test_from_runs_refuses_what_it_cannot_use(tmp_path, capsys):
     assert calibrate.cli.main(["--from-runs", str(tmp_path), "--table", str(table), "--out",
                                str(tmp_path / "x.json")]) == 2
     assert "holds no complete engine run record" in capsys.readouterr().err
+
+
+# --- prediction intervals -----------------------------------------------------------------------------------------
+
+NO_NOISE = {"schema": "run-to-run-noise", "pooled": {}, "groups": []}
+
+
+def test_a_cost_draw_scales_every_step_and_an_uncorrected_table_keeps_its_prices():
+    from costs.model import CostModel
+    from costs.shapes import PrefillShape
+    from costs.synthetic import linear_table
+    from costs.table import as_cost_table, table_id
+    from sim.intervals import scaled
+    raw = linear_table()
+    table = as_cost_table({**raw, "table_id": table_id(raw)})
+    base, up = CostModel(table), scaled(table, 1.1)
+    shape = PrefillShape.of([300], [0])
+    assert up.prefill_in_context(shape, "padded", None, 0.0) == pytest.approx(1.1 * base.prefill(shape))
+    assert up.decode_stretch_in_context("paged", 4, 400, 100, 3, "padded", "prefill", 0.0) == pytest.approx(
+        [1.1 * x for x in base.decode_stretch("paged", 4, 400, 100, 3)])
+
+
+def test_the_cost_sigma_combines_the_held_out_residual_and_the_refresh_spread():
+    import math
+    from costs.synthetic import linear_table
+    from costs.table import as_cost_table, table_id
+    from sim.intervals import cost_sigma
+    raw = linear_table()
+    raw["accuracy"] = {"points": [{"error": 0.03}, {"error": -0.03}]}
+    plain = cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}))
+    assert plain["sigma"] == pytest.approx(math.sqrt((math.log(1.03) ** 2 + math.log(0.97) ** 2) / 2))
+    assert plain["terms"]["gpu_to_gpu"]["sigma"] is None
+    raw["refresh"] = {"factors": {"prefill": 1.0, "decode paged": 1.04}}
+    both = cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}))
+    gpu = math.sqrt(math.log(1.04) ** 2 / 2)
+    assert both["sigma"] == pytest.approx(math.hypot(plain["sigma"], gpu))
+
+
+def test_bands_hold_the_seed_and_cost_spread_and_widen_by_the_measured_noise():
+    import math
+    from costs.synthetic import linear_table
+    from costs.table import as_cost_table, table_id
+    from sim.intervals import Intervals, seeded, simulated
+    from sim.simulator import SimConfig
+    from traces.workload import poisson_trace
+    raw = linear_table()
+    raw["accuracy"] = {"points": [{"error": 0.05}, {"error": -0.05}]}
+    table = as_cost_table({**raw, "table_id": table_id(raw)})
+    traces = seeded(lambda s: poisson_trace(8.0, 80, s), 0, 3)
+    run = simulated(SimConfig("paged", 8), 8.0)
+    quiet = Intervals(table, 90, NO_NOISE).band(traces, run)
+    noise = {"schema": "run-to-run-noise", "groups": [],
+             "pooled": {"arrival": {"ttft_p50": {"sigma": 0.2}}}}
+    noisy = Intervals(table, 90, noise).band(traces, run)
+    for k, b in quiet.items():
+        assert b["lo"] <= b["median"] <= b["hi"]
+    assert quiet["ttft_p50"]["hi"] > quiet["ttft_p50"]["lo"]  # seeds and cost draws differ
+    assert noisy["served_rate"] == quiet["served_rate"]  # no noise measured for it: not widened
+    m, lo = quiet["ttft_p50"]["median"], quiet["ttft_p50"]["lo"]
+    assert noisy["ttft_p50"]["lo"] == pytest.approx(m * math.exp(-math.hypot(math.log(m / lo), 1.6448536 * 0.2)))
+
+
+def test_run_to_run_noise_is_measured_from_the_committed_repeats():
+    from pathlib import Path
+
+    import numpy as np
+    from traces.metrics import summary
+    from traces.records import read_run
+    from validate.noise import measure
+    doc = measure([Path("results/validation-recheck")])
+    group = next(g for g in doc["groups"] if g["point"] == "rate-44")
+    runs = [read_run(p) for p in group["source"]]
+    ttft = [summary(r, 44.0)["ttft_p50"] for r in runs]
+    assert group["log_sd"]["ttft_p50"] == pytest.approx(float(np.std(np.log(ttft), ddof=1)))
+    assert {g["regime"] for g in doc["groups"]} == {"arrival", "closed"}
+
+
+def test_coverage_counts_every_repeat_inside_its_band():
+    from validate.coverage import coverage
+    from validate.points import Point
+    from validate.report import Compared
+    cs = [Compared(Point("rate-44", "near", {"kind": "poisson"}), 44.0, {},
+                   [{"ttft_p50": 0.20}, {"ttft_p50": 0.35}]),
+          Compared(Point("rate-22", "below", {"kind": "poisson"}), 22.0, {}, [{"ttft_p50": 0.01}])]
+    bands = {"rate-44": {"ttft_p50": {"lo": 0.15, "hi": 0.30, "median": 0.2}},
+             "rate-22": {"ttft_p50": {"lo": 0.005, "hi": 0.02, "median": 0.01}}}
+    cov = coverage(cs, bands)
+    assert (cov["inside"], cov["graded"]) == (2, 3)
+    assert cov["width_vs_real_spread"] == [{"point": "rate-44", "metric": "ttft_p50", "width": pytest.approx(0.15),
+                                            "real_spread": pytest.approx(0.15)}]
+
+
+def test_sim_run_interval_prints_a_band_per_metric_and_refuses_a_bad_level(capsys):
+    import sim.cli
+    assert sim.cli.main(["run", "--rate", "10", "--n", "60", "--interval", "90"]) == 0
+    out = capsys.readouterr().out
+    assert "interval 90%: 5 trace sample(s) x 8 cost factors" in out and "TTFT p50" in out.split("interval")[-1]
+    with pytest.raises(SystemExit) as e:
+        sim.cli.main(["run", "--rate", "10", "--interval", "100"])
+    assert e.value.code == 2
+    assert "argument --interval: '100' is not a percentage between 0 and 100" in capsys.readouterr().err

@@ -288,7 +288,12 @@ def write_report(out: Path, table_path: Path | None, force: bool = False, allow_
     w.writerows(rows)
     atomic_write_text(out / "points.csv", buf.getvalue())
     steps = step_check(results, out, table)
-    atomic_write_text(out / "report.md", _markdown(plan, results, rows, steps, table))
+    text = _markdown(plan, results, rows, steps, table)
+    if "intervals" in plan:  # frozen with the plan: graded blind here (validate coverage grades any plan)
+        from .coverage import bands_for, coverage, markdown
+        bands, what = bands_for(plan, results, table, None, out)
+        text += "\n" + "\n".join(markdown(coverage(results, bands), what))
+    atomic_write_text(out / "report.md", text)
     _plot(results, out / "validation.png")
     return out / "report.md"
 
