@@ -170,6 +170,9 @@ def parser() -> argparse.ArgumentParser:
                             "differ): only the points it lacks run")
     again.add_argument("--force", action="store_true", help="replace the sweep already in --out")
     sweep.add_argument("--jobs", type=count_arg, help="local worker processes (default: every core)")
+    sweep.add_argument("--interval", type=level_arg, metavar="LEVEL",
+                       help="also write sweep.intervals.csv: a LEVEL%% band for every point's metrics (sim/intervals.py;"
+                            " seeds x 8 cost factors per point, so slower)")
     _common(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
@@ -185,7 +188,7 @@ def _check_out(out: Path | None) -> None:
         raise InputError("already holds a run record; choose a new output directory", path=out)
 
 
-SWEEP_FILES = ("sweep.csv", "sweep.json", "sweep.png", "sweep.bands.csv", FILE)
+SWEEP_FILES = ("sweep.csv", "sweep.json", "sweep.png", "sweep.bands.csv", "sweep.intervals.csv", FILE)
 
 
 def _check_sweep_out(args: argparse.Namespace) -> None:
@@ -396,12 +399,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             **({"fewest_replicas": fewest} if fewest is not None else {}),
             "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance()}
     files = write_files(args.out, results, meta, args.slo)
+    if args.interval:
+        files.append(write_sweep_intervals(args.out, table, results, workload, seeds, args.interval))
     for stale in set(SWEEP_FILES) - {f.name for f in files} - {FILE}:  # a replaced sweep's, this one did not write
         (args.out / stale).unlink(missing_ok=True)
     events = sum(r["sim_events"] for res in results for r in res.rows)
     print(f"\n{sum(len(res.rows) for res in results)} points, {events:,} events in {time.perf_counter() - t0:.1f} s; "
           f"wrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+def write_sweep_intervals(out: Path, table, results, workload, seeds: list[int], level: float) -> Path:
+    """sweep.intervals.csv: every point's bands (sim/intervals.py; seeds x cost factors per point, in this process)."""
+    import pandas as pd
+
+    from .intervals import INTERVALS_FILE, sweep_bands
+    path = out / INTERVALS_FILE
+    pd.DataFrame(sweep_bands(table, results, workload, seeds, level)).to_csv(path, index=False)
+    return path
 
 
 def _seed_text(seeds: list[int]) -> str:

@@ -161,3 +161,31 @@ def lines(bands: dict, iv: Intervals, samples: int) -> list[str]:
 
 def _pct(v: float | None) -> str:
     return "not measured" if v is None else f"{v:.1%}"
+
+
+INTERVALS_FILE = "sweep.intervals.csv"
+
+
+def sweep_bands(table: CostTable, results: list, workload, seeds: list[int], level: float) -> list[dict]:
+    """`sim sweep --interval`: one row per configuration and rate (of the first seed's points), each metric's band;
+    the trace samples are the sweep's seeds (a single seed: SEEDS seeds from it; a trace file: one sample)."""
+    from dataclasses import replace
+
+    from engine.scheduler import PrefillPolicy
+
+    from .simulator import SimConfig
+    iv = Intervals(table, level)
+    samples = seeds if len(seeds) > 1 else list(range(seeds[0], seeds[0] + SEEDS))
+    rows = []
+    for res in results:
+        if res.seed not in (None, seeds[0]):
+            continue
+        c = res.config
+        cfg = SimConfig(c.backend, c.max_batch, c.pool_blocks(table.block_size), policy=PrefillPolicy.parse(c.prefill))
+        for rate in res.rates:
+            traces = [workload.at(rate)] if workload.base is not None else \
+                [replace(workload, seed=s).at(rate) for s in samples]
+            bands = iv.band(traces, simulated(cfg, rate, c.replicas, c.router))
+            rows.append({"config": c.label, "rate": rate, "level": level,
+                         **{f"{k}_{side}": b[side] for k, b in bands.items() for side in ("lo", "hi")}})
+    return rows

@@ -341,3 +341,14 @@ def test_sim_run_interval_prints_a_band_per_metric_and_refuses_a_bad_level(capsy
         sim.cli.main(["run", "--rate", "10", "--interval", "100"])
     assert e.value.code == 2
     assert "argument --interval: '100' is not a percentage between 0 and 100" in capsys.readouterr().err
+
+
+def test_sim_sweep_interval_writes_a_band_per_point(tmp_path):
+    import pandas as pd
+    import sim.cli
+    out = tmp_path / "sweep"
+    assert sim.cli.main(["sweep", "--backend", "paged", "--max-batch", "8", "--pool-gib", "1", "--rates", "5,10",
+                         "--n", "40", "--jobs", "1", "--interval", "80", "--out", str(out)]) == 0
+    df = pd.read_csv(out / "sweep.intervals.csv")
+    assert df.rate.tolist() == [5.0, 10.0] and (df.level == 80).all()
+    assert (df.ttft_p50_lo <= df.ttft_p50_hi).all() and (df.served_rate_lo > 0).all()
