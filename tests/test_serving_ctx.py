@@ -352,3 +352,23 @@ def test_sim_sweep_interval_writes_a_band_per_point(tmp_path):
     df = pd.read_csv(out / "sweep.intervals.csv")
     assert df.rate.tolist() == [5.0, 10.0] and (df.level == 80).all()
     assert (df.ttft_p50_lo <= df.ttft_p50_hi).all() and (df.served_rate_lo > 0).all()
+
+
+def test_the_clock_term_is_fitted_where_the_runs_recorded_telemetry():
+    import numpy as np
+    import pandas as pd
+    from calibrate.from_runs import fit
+    from costs.context import Correction
+    rng = np.random.default_rng(0)
+    clock = rng.uniform(1470, 1980, 400)
+    model = rng.uniform(0.002, 0.003, 400)
+    ref = float(np.median(clock))
+    steps = pd.DataFrame({"kind": "decode paged padded", "prev_kind": "decode", "idle_s": 0.0, "rows": 32,
+                          "model_s": model, "real_s": 1.05 * model * (ref / clock) ** 0.8, "clock_mhz": clock})
+    c = fit(steps)
+    assert c["clock"]["reference_mhz"] == pytest.approx(ref)
+    assert c["clock"]["exponent"] == pytest.approx(0.8, abs=0.02)
+    f = Correction(c)
+    assert f.factor("decode paged padded", "decode", 0.0, 32, 1500.0) == pytest.approx(
+        c["factors"]["decode paged padded|decode|r17-32"]["factor"] * (ref / 1500.0) ** c["clock"]["exponent"])
+    assert f.factor("decode paged padded", "decode", 0.0, 32) == c["factors"]["decode paged padded|decode|r17-32"]["factor"]
