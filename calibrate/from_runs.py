@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -142,6 +143,8 @@ def evaluate(by_run: dict[Path, "object"], correction: dict | None) -> dict:
 def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], force: bool = False,
               every: int = HOLDOUT_EVERY) -> tuple[str, dict]:
     """Write `table_path` corrected from the runs under `paths` to `out`; return its id and the report."""
+    import pandas as pd
+
     from traces.records import read_run
     from traces.telemetry import read_telemetry
 
@@ -154,16 +157,17 @@ def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], f
     runs = {}
     for d in find_runs(paths):
         rec = read_run(d)
-        check_compatible(table, rec.meta["model"]["config_hash"], rec.meta["block_size"])
+        try:
+            check_compatible(table, rec.meta["model"]["config_hash"], rec.meta["block_size"])
+        except InputError as e:
+            raise InputError(str(e), path=d) from None
         if rec.meta["backend"] not in table.backends:
             raise InputError(f"ran decode backend {rec.meta['backend']!r}, which the table has no costs for", path=d)
-        import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a serving run's shapes past the table's range are priced as they are
             steps = priced_steps(rec, cost, read_telemetry(d))
         runs[d] = {"meta": rec.meta, "steps": steps}
     fitted, held = split(runs, every)
-    import pandas as pd
     correction = fit(pd.concat([runs[p]["steps"] for p in fitted], ignore_index=True))
     report = {"held_out": evaluate({p: runs[p]["steps"] for p in held}, correction),
               "fitted": evaluate({p: runs[p]["steps"] for p in fitted}, correction)}
