@@ -14,6 +14,7 @@ from pathlib import Path
 
 from traces.csvio import atomic_write_text
 from traces.errors import InputError
+from traces.provenance import provenance
 
 from .report import Compared
 
@@ -87,7 +88,8 @@ def write(out: Path, table_path: Path | None, level: float | None, allow_nonstat
     table = inputs.load_table(table_path, 64, allow_nonstationary)
     bands, what = bands_for(plan, results, table, level, out)
     cov = coverage(results, bands)
-    atomic_write_text(out / "coverage.json", json.dumps({**what, **cov, "bands": bands}, indent=1, default=float) + "\n")
+    atomic_write_text(out / "coverage.json", json.dumps({**what, **cov, "table_id": table.table_id, "bands": bands,
+                                                        **provenance()}, indent=1, default=float) + "\n")
     atomic_write_text(out / "coverage.md", "\n".join([f"# Coverage of the prediction intervals: {out}", ""]
                                                      + markdown(cov, what)))
     return out / "coverage.md"
