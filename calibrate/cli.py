@@ -93,9 +93,9 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     if args.from_runs is not None:
         if args.table is None or args.out is None:
             raise InputError("--from-runs needs --table TABLE (to correct) and --out NEW.json")
-        from .from_runs import describe, from_runs
-        tid, report = from_runs(args.from_runs, args.table, args.out, argv, args.force)
-        print(describe(report))
+        from . import from_runs
+        tid, held_out = from_runs.from_runs(args.from_runs, args.table, args.out, argv, args.force)
+        print(from_runs.describe(held_out))
         print(f"wrote cost table {tid} to {args.out} (corrected from {args.table})")
         return 0
     from engine.engine import Engine, EngineConfig  # torch: only once the options are known to be good
