@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from costs.context import IDLE_S, MIN_STEPS, keys, previous
+from costs.context import IDLE_S, MIN_STEPS, Correction, keys, previous
 from costs.model import CostModel
 from costs.recorded import contextual, priced_steps
 from costs.table import CORRECTED_VERSION, check_compatible, load_cost_table, save_cost_table
@@ -95,13 +95,7 @@ def fit(steps) -> dict:
 
 def _priced(steps, correction: dict | None) -> np.ndarray:
     """Each step's model price times the correction's factor (none: the table's price)."""
-    if correction is None:
-        return steps.model_s.to_numpy()
-    from costs.context import Correction
-    c = Correction(correction)
-    return steps.model_s.to_numpy() * np.asarray(
-        [c.factor(k, p, i, r, m if m == m else None) for k, p, i, r, m in
-         zip(steps.kind, steps.prev_kind, steps.idle_s, steps.rows, steps.clock_mhz.astype(float))])
+    return contextual(steps, Correction(correction) if correction else None)
 
 
 def _rms(v: list[float]) -> float | None:

@@ -3,8 +3,8 @@
 One row per recorded step whose shape the record determines: its kind (costs/context.py), the previous step's kind
 and the idle gap before it (per replica, in the record's order), its rows, the measured duration, the table's
 price at the shape (decode: plus retirement's overhead for the rows it retired) and, where the run recorded GPU
-telemetry, the SM clock at its start. calibrate/from_runs.py fits the correction on these; the correction's
-report and validate's step check read them. Torch-free (pandas).
+telemetry, the SM clock at its start. calibrate/from_runs.py fits the correction on these and grades it
+(contextual: the price with a correction's factors). Torch-free (pandas).
 """
 from __future__ import annotations
 
@@ -76,10 +76,11 @@ def priced_steps(rec, cost: CostModel, telemetry=None):
     return out[np.isfinite(out.model_s)].reset_index(drop=True)
 
 
-def contextual(steps, cost: CostModel):
-    """The model's price of each priced step (priced_steps) in its serving context: model_s x the table's factor."""
-    if cost.correction is None or not len(steps):
+def contextual(steps, correction) -> np.ndarray:
+    """The price of each priced step (priced_steps) in its serving context: model_s x the factor of `correction`
+    (a costs.context.Correction, e.g. CostModel.correction; None: model_s as it is)."""
+    if correction is None or not len(steps):
         return steps.model_s.to_numpy()
-    f = [cost.factor(k, p, i, r, c if c == c else None) for k, p, i, r, c in
-         zip(steps.kind, steps.prev_kind, steps.idle_s, steps.rows, steps.clock_mhz)]
+    f = [correction.factor(k, p, i, r, c if c == c else None) for k, p, i, r, c in
+         zip(steps.kind, steps.prev_kind, steps.idle_s, steps.rows, steps.clock_mhz.astype(float))]
     return steps.model_s.to_numpy() * np.asarray(f)
