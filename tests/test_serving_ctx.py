@@ -372,3 +372,18 @@ def test_the_clock_term_is_fitted_where_the_runs_recorded_telemetry():
     assert f.factor("decode paged padded", "decode", 0.0, 32, 1500.0) == pytest.approx(
         c["factors"]["decode paged padded|decode|r17-32"]["factor"] * (ref / 1500.0) ** c["clock"]["exponent"])
     assert f.factor("decode paged padded", "decode", 0.0, 32) == c["factors"]["decode paged padded|decode|r17-32"]["factor"]
+
+
+def test_a_plan_point_gets_its_band_over_the_points_seeds(tmp_path):
+    from costs.synthetic import linear_table
+    from costs.table import as_cost_table, table_id
+    from sim.intervals import Intervals
+    from validate.plan import point_band, predict
+    from validate.points import Point
+    raw = linear_table()
+    table = as_cost_table({**raw, "table_id": table_id(raw)})
+    p = Point("rate-8", "near", {"kind": "poisson", "rate": 8.0, "n": 60, "seed": 0}, max_batch=8)
+    band = point_band(Intervals(table, 90, NO_NOISE), table, p, tmp_path)
+    pred = predict(table, p, tmp_path)
+    assert band["served_rate"]["lo"] <= pred["served_rate"] <= band["served_rate"]["hi"]
+    assert band["ttft_p50"]["lo"] < band["ttft_p50"]["hi"]
