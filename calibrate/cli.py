@@ -7,8 +7,10 @@ skipped). A problem is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -73,6 +75,10 @@ def parser() -> argparse.ArgumentParser:
                    help="no GPU: rebuild TABLE from its measured runs (TABLE.points.jsonl, or --points) with this "
                         "version's cost model, into --out")
     p.add_argument("--points", type=Path, metavar="FILE", help="with --refit: the points file of TABLE")
+    p.add_argument("--from-runs", type=Path, nargs="+", metavar="RUN_DIR",
+                   help="no GPU: correct --table for serving from the steps of these real run records (directories "
+                        "searched for them), held out by run, into --out (calibrate/from_runs.py)")
+    p.add_argument("--table", type=Path, metavar="TABLE", help="with --from-runs: the cost table to correct")
     p.add_argument("--force", action="store_true", help="replace an existing --out table")
     p.add_argument("--expect-gpu", metavar="NAME",
                    help="refuse to run unless the GPU is this one (e.g. 'NVIDIA H200'; 'A10' does not match 'A10G')")
@@ -100,9 +106,17 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         from .refit import refit
         print(f"refitted {args.refit} into {args.out}: cost table {refit(args.refit, args.out, args.points, argv)}")
         return 0
+    if args.from_runs is not None:
+        if args.table is None or args.out is None:
+            raise InputError("--from-runs needs --table TABLE (to correct) and --out NEW.json")
+        from . import from_runs
+        tid, held_out = from_runs.from_runs(args.from_runs, args.table, args.out, argv, args.force)
+        print(from_runs.describe(held_out))
+        print(f"wrote cost table {tid} to {args.out} (corrected from {args.table})")
+        return 0
     from engine.engine import Engine, EngineConfig  # torch: only once the options are known to be good
 
-    from .measure import identity, measure
+    from .measure import identity, measure, telemetry, telemetry_path
     from .table import build_table
 
     t0 = time.perf_counter()
@@ -122,9 +136,12 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         source = source_table(args.refresh, cfg)
     ident = identity(cfg)  # refuses a missing or unexpected GPU before anything is written
     if args.refresh is not None:
-        return refresh(source, args.out, cfg, argv)
+        with telemetry(telemetry_path(args.out), ident) as rec:
+            return refresh(source, args.out, cfg, argv, rec)
     if args.check_stationary:
-        return check_stationary(plan, cfg, args.backend, args.settle_s)
+        with tempfile.TemporaryDirectory(prefix="stationarity-") as tmp, \
+                telemetry(Path(tmp) / "telemetry.csv", ident) as rec:
+            return check_stationary(plan, cfg, args.backend, args.settle_s, rec)
     from engine.engine import POLICIES_BUILT
     runs = make_plan(plan, cfg.max_batch, args.backend,
                      tuple(f"chunked:{plan.chunk}" if p == "chunked" else p for p in POLICIES_BUILT))
@@ -136,13 +153,16 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     print(describe(runs, H200_SPEEDS if args.model == "qwen2.5-1.5b" and not args.quick else None))
     if todo < len(runs):
         print(f"resuming: {len(runs) - todo} of {len(runs)} runs already measured in {store.path}")
+    rec = telemetry(telemetry_path(args.out), ident)
     try:
-        engine = Engine(cfg)
-        with tqdm(total=len(runs), unit="run", desc="calibrating", dynamic_ncols=True) as bar:
-            def advance(run):
-                bar.set_postfix_str(run.label, refresh=False)
-                bar.update()
-            made = run_plan(runs, store.__contains__, lambda r: measure(engine, r, args.settle_s), store.add, advance)
+        with rec:
+            engine = Engine(cfg)
+            with tqdm(total=len(runs), unit="run", desc="calibrating", dynamic_ncols=True) as bar:
+                def advance(run):
+                    bar.set_postfix_str(run.label, refresh=False)
+                    bar.update()
+                made = run_plan(runs, store.__contains__, lambda r: measure(engine, r, args.settle_s), store.add,
+                                advance)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the runs measured so far are kept in {store.path}; run the same command to resume",
               file=sys.stderr)
@@ -151,7 +171,8 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         store.close()
     calibration = {"wall_s": round(time.perf_counter() - t0, 1), "engine_start_s": round(engine.start_s, 1),
                    "runs_measured_now": made, "runs_resumed": len(runs) - made, "points_file": str(store.path),
-                   "backends": list(args.backend), "command": shlex.join(["python", "-m", "calibrate", *argv])}
+                   "backends": list(args.backend), "command": shlex.join(["python", "-m", "calibrate", *argv]),
+                   "telemetry": rec.summary()}
     try:
         table = build_table(plan, runs, store.samples, engine.metadata(), calibration)
     except InputError as e:  # a re-run would fit the same kept runs and fail the same way
@@ -175,8 +196,8 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def check_stationary(plan, cfg, backends, settle_s: float) -> int:
-    """The stationarity check alone, on a freshly started engine."""
+def check_stationary(plan, cfg, backends, settle_s: float, rec) -> int:
+    """The stationarity check alone, on a freshly started engine; what the GPU's clock did is printed (`rec`)."""
     from engine.engine import POLICIES_BUILT, Engine
 
     from .measure import measure
@@ -193,6 +214,7 @@ def check_stationary(plan, cfg, backends, settle_s: float) -> int:
     for s in st["shapes"]:
         print(f"  {s['run']:<44} {s['first_over_again']:.3f}  {s.get('sm_clock_mhz')}")
     print(stationarity_line(st))
+    print(f"GPU telemetry: {json.dumps(rec.summary())}")
     return 0 if st["passed"] else 1
 
 

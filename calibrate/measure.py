@@ -35,6 +35,17 @@ def identity(cfg) -> dict:
             "max_budget": cfg.max_budget, **versions(("torch", "triton", "transformers"))}
 
 
+def telemetry(path: Path | None, ident: dict):
+    """The GPU telemetry recording of a whole calibration into `path` (engine/telemetry.py), samples stamped in
+    unix time; appended to on a resume."""
+    from engine.telemetry import record_to
+    return record_to(path, {"name": ident["device"], "uuid": ident["gpu_uuid"]})
+
+
+def telemetry_path(table: Path) -> Path:
+    return table.with_name(table.name + ".telemetry.csv")
+
+
 def measure(engine, run: Run, settle_s: float = STATIONARY_SETTLE_S) -> dict:
     """Make `run` on the engine and keep what the points need from its step log.
 
@@ -54,7 +65,8 @@ def measure(engine, run: Run, settle_s: float = STATIONARY_SETTLE_S) -> dict:
             gpu.idle(settle_s)
             before = gpu.sm_clock_mhz()
         with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
-            rec = engine.run(trace, Path(tmp) / "run", backend=run.backend, policy=run.policy, progress=False)
+            rec = engine.run(trace, Path(tmp) / "run", backend=run.backend, policy=run.policy, progress=False,
+                             telemetry=False)  # the calibration records it through all of its runs
         pre, dec = rec.steps[rec.steps.kind == "prefill"], rec.steps[rec.steps.kind == "decode"]
         if pre.admitted.iloc[0] != run.width or (dec.rows != run.width).any():
             raise RuntimeError(f"{run.label}: the engine did not admit the run as one group of {run.width} "

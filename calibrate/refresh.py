@@ -78,7 +78,9 @@ def source_table(path: Path, cfg) -> CostTable:
     return old
 
 
-def refresh(old: CostTable, out: Path, cfg, argv: list[str]) -> int:
+def refresh(old: CostTable, out: Path, cfg, argv: list[str], telemetry=None) -> int:
+    """Re-measure `old`'s refresh shapes on this GPU and write it rescaled to `out`; `telemetry` (a recording
+    running through the refresh) is summarized in the table."""
     from engine.engine import Engine
 
     from .measure import measure
@@ -100,6 +102,7 @@ def refresh(old: CostTable, out: Path, cfg, argv: list[str]) -> int:
                  refreshed_from={"table_id": old.table_id, "device": old.device, "created_at": old.created_at},
                  refresh={"factors": factor, "ratios": measured, "runs": [r.label for r in runs],
                           "wall_s": round(time.perf_counter() - t0, 1),
+                          **({"telemetry": telemetry.summary()} if telemetry is not None else {}),
                           "command": shlex.join(["python", "-m", "calibrate", *argv])})
     if "stationarity" in table:
         table["stationarity"] = {**table["stationarity"], "measured_on": old.gpu_uuid or old.device_name}

@@ -19,6 +19,17 @@
   counts between measured ones interpolate their neighbours.
 - Overhead: the extra cost of a decode step per row it retires (their records are written then).
 - Spread: the log-normal sigma of step times around the median, for the simulator's optional noise.
+- Serving context (tables with a `correction`, costs/context.py; none: every step priced as above, nothing
+  multiplied): a step of kind k (`prefill POLICY`, `decode BACKEND POLICY`) costs the price above times
+  f(k, previous, rows) x (clock_ref / clock) ** e, where each factor is the median of real / model over the
+  fitting runs' steps of that class. The terms, each a factor of its own class:
+  previous step: `prefill`, `decode`, or `idle` (IDLE_S = 20 ms or more with nothing running before the step);
+  batch: the step's rows in buckets 1, 2-8, 9-16, 17-32, 33+ (host work per step that grows with the batch);
+  chunk steps: the chunked policy's own prefill kind, each step priced at its real prefix by its shape;
+  SM clock: (clock_ref / clock) ** e where the fitting runs recorded telemetry, e fitted on the residuals; where
+  the clock is not known (the simulator) the factor is 1, i.e. the runs' median clock.
+  The step loop's previous step and idle gap reach the simulator through its timer (sim/simulator.py), which sees
+  every step in order; pricing a recorded step (calibrate/from_runs.py, validate) reads them from the record.
 """
 from __future__ import annotations
 
@@ -32,6 +43,7 @@ import numpy as np
 
 from traces.errors import InputError
 
+from .context import Correction, decode_kind, prefill_kind
 from .shapes import PrefillShape
 from .table import PREFILL_PARAMS, CostTable, as_cost_table, table_id
 
@@ -168,6 +180,7 @@ class CostModel:
         self._decode = {b: _DecodeFit(d) for b, d in decode.items()}
         self.decode_sigma = {b: d["sigma"] for b, d in decode.items()}
         self.retire_s = table.retire_s
+        self.correction = Correction(table.correction) if table.correction else None
         self.backends = tuple(decode)
         self._warned: set[str] = set()  # which extrapolations were warned about
         self._prefill = lru_cache(maxsize=65536)(self._prefill_cost)
@@ -188,8 +201,23 @@ class CostModel:
                           f"(the fitted model's own form)", ExtrapolationWarning, stacklevel=4)
 
     def prefill(self, shape: PrefillShape) -> float:
-        """One prefill step of this shape."""
+        """One prefill step of this shape, as the table's closed runs measured it (no serving context)."""
         return self._prefill(shape)
+
+    def factor(self, kind: str, prev_kind: str | None, idle_s: float, rows: int,
+               clock_mhz: float | None = None) -> float:
+        """The serving-context multiplier of one step (module docstring); 1 with no correction."""
+        if self.correction is None:
+            return 1.0
+        return self.correction.factor(kind, prev_kind, idle_s, rows, clock_mhz)
+
+    def prefill_in_context(self, shape: PrefillShape, policy: str, prev_kind: str | None, idle_s: float,
+                           clock_mhz: float | None = None) -> float:
+        """One prefill step as serving pays it: after a step of `prev_kind` (None: the first), `idle_s` after it."""
+        d = self._prefill(shape)
+        if self.correction is None:
+            return d
+        return d * self.correction.factor(prefill_kind(policy), prev_kind, idle_s, shape.rows, clock_mhz)
 
     def _prefill_cost(self, shape: PrefillShape) -> float:
         rows, tokens, span = shape.rows, shape.tokens, shape.span
@@ -231,6 +259,18 @@ class CostModel:
             # the last one the cheaper, it would make every added row cheaper still. Never below the last.
             return np.maximum(cost, at(len(r) - 1))
         return cost
+
+    def decode_stretch_in_context(self, backend: str, rows: int, kv_tokens: int, kv_max: int, k: int, policy: str,
+                                  prev_kind: str | None, idle_s: float) -> list[float]:
+        """decode_stretch as serving pays it: its first step after a step of `prev_kind`, `idle_s` after it; the
+        others each right after a decode step. With no correction, decode_stretch itself (to the bit)."""
+        d = self.decode_stretch(backend, rows, kv_tokens, kv_max, k)
+        c = self.correction
+        if c is None:
+            return d
+        kind = decode_kind(backend, policy)
+        first, rest = c.factor(kind, prev_kind, idle_s, rows), c.factor(kind, "decode", 0.0, rows)
+        return [d[0] * first] + [x * rest for x in d[1:]]
 
     def decode_stretch(self, backend: str, rows: int, kv_tokens: int, kv_max: int, k: int) -> list[float]:
         """k consecutive decode steps of the same rows from this shape, each row one token longer a step:

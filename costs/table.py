@@ -7,7 +7,9 @@ returns a CostTable; nothing downstream re-reads the file or re-checks a field.
 
 Versions: 1 measured padded prefill groups only (points keyed by width x padded length); 2 keys every prefill
 point by its shape (rows, tokens, attention work; costs/shapes.py) and the prefill policy that made it, and adds
-the stationarity check. Version-1 tables are still read: their points and fit are seen through version 2's shape.
+the stationarity check; 3 may add a serving-context correction (costs/context.py: factors fitted from real runs by
+`python -m calibrate --from-runs`). Version-1 tables are still read: their points and fit are seen through version
+2's shape; a table without a correction prices every step as version 2 did.
 """
 from __future__ import annotations
 
@@ -21,13 +23,16 @@ from pathlib import Path
 from traces.csvio import atomic_write_text, read_text
 from traces.errors import InputError
 
+from .context import check_correction
 from .shapes import BACKENDS, PrefillShape
 
 SCHEMA = "cost-table"
-VERSION = 2
-READS = (1, 2)
+VERSION = 2  # what a calibration writes; a table with a correction is CORRECTED_VERSION
+CORRECTED_VERSION = 3
+READS = (1, 2, 3)
 STATIONARITY_LIMIT = 1.15  # the p95 of first-run / repeat step times a table may show and still be used
-_POINT_KEYS = {1: {"prefill": ("width", "padded_len")}, 2: {"prefill": ("rows", "tokens", "attn")}}
+_POINT_KEYS = {1: {"prefill": ("width", "padded_len")}, 2: {"prefill": ("rows", "tokens", "attn")},
+               3: {"prefill": ("rows", "tokens", "attn")}}
 _DECODE_KEYS = ("rows", "kv_tokens", "kv_max", "kv_read")
 _STAT_KEYS = ("median_s", "p10_s", "p90_s", "n")
 # A measured table's sizes are far below these. Past them, checking the fit (which prices every batch size up to
@@ -179,6 +184,13 @@ def check_table(table: dict, path: str | Path | None = None) -> dict:
     _check_fit(table, path)
     if version >= 2 and "stationarity" in table:
         _check_stationarity(table["stationarity"], path)
+    if "correction" in table:
+        if version < 3:
+            raise InputError(f"a version-{version} table has no correction section; version 3 adds it", path=path)
+
+        def error(message: str):
+            raise InputError(message, path=path)
+        check_correction(table["correction"], path, error)
     tid = _need(table, "table_id", "", path, str)
     if tid != table_id(table):
         raise InputError("table_id does not match the content (edited by hand?)", path=path)
@@ -243,6 +255,11 @@ class CostTable:
     @property
     def retire_s(self) -> float:
         return float(self.raw.get("overhead", {}).get("retire_s", 0.0))
+
+    @property
+    def correction(self) -> dict | None:
+        """The serving-context correction (costs/context.py), where the table has one."""
+        return self.raw.get("correction")
 
     @property
     def stationarity(self) -> dict | None:

@@ -210,7 +210,8 @@ def _gate(args: argparse.Namespace) -> int:
     real = [m for m in mismatches if not m.near_tie]
     for m in mismatches:
         print(f"  {m.scenario} {m.backend} request {m.request_id}: token {m.index} got {m.got} want {m.want} "
-              f"(reference top-2 margin {m.margin:.4f}, engine-vs-reference logit difference {m.logit_diff:.4f}"
+              f"(reference top-2 margin {m.margin:.4f}, rounding bound {m.bound:.4f}, engine-vs-reference logit "
+              f"difference {m.logit_diff:.4f}"
               f"{': near tie' if m.near_tie else ''})")
     print(f"parity gate: {compared} tokens compared, {len(mismatches)} mismatching sequence(s), "
           f"{len(mismatches) - len(real)} of them near-tie flips, {len(real)} real")

@@ -22,7 +22,8 @@ from .model_runner import EAGER_BUCKET, GRAPH_TOKENS, ModelRunner
 from .qwen2 import PagedQwen2
 from .recorder import Recorder
 from .scheduler import PrefillPolicy
-from .serve import serve
+from .serve import WallClock, serve
+from .telemetry import record_run
 from .weights import load_model
 
 POLICIES_BUILT = ("padded", "packed", "chunked")  # the prefill policies this engine can run
@@ -160,13 +161,14 @@ class Engine:
     def run(self, trace: Trace, out_dir: str | Path | None, backend: str = "paged", tokens: bool = True,
             pool_blocks: int | None = None, max_batch: int | None = None, progress: bool = True,
             extra_meta: dict | None = None, policy: str = "padded", arrivals=None, replica: int = 0,
-            clock=None, on_finish: Callable[[list[int]], None] | None = None) -> RunRecord:
+            clock=None, on_finish: Callable[[list[int]], None] | None = None, telemetry: bool = True) -> RunRecord:
         """Replay `trace` in real time from now; rows are appended to `out_dir` as they complete.
 
         `pool_blocks` and `max_batch` may narrow the engine's own for this run (a smaller pool, fewer rows). As a
         replica behind a router (engine/fleet.py), `arrivals` hands over the requests routed here as they come,
         `clock` is the fleet's, and `trace` is the whole fleet's (its metadata). `on_finish` gets the ids of the
-        requests each step finished.
+        requests each step finished. With `telemetry` the GPU's clock, temperature and power are sampled into
+        out_dir's telemetry.csv through the run (engine/telemetry.py).
         """
         if backend not in self.cfg.backends:
             raise InputError(f"backend {backend!r} was not compiled at engine start ({', '.join(self.cfg.backends)})")
@@ -179,8 +181,10 @@ class Engine:
         pool_blocks = pool_blocks or self.runner.num_blocks
         if pool_blocks > self.runner.num_blocks:
             raise InputError(f"pool of {pool_blocks} blocks is larger than the engine's {self.runner.num_blocks}")
+        telemetry = record_run(out_dir if telemetry else None, device_info(self.device))
         meta = {**self.metadata(), "backend": backend, "prefill": str(prefill), "trace_id": trace.trace_id,
-                "trace": trace.meta, "max_batch": max_batch, "pool_blocks": pool_blocks, **(extra_meta or {})}
+                "trace": trace.meta, "max_batch": max_batch, "pool_blocks": pool_blocks,
+                "telemetry": telemetry.source, **(extra_meta or {})}
         writer = RunWriter(out_dir, meta)
         bar = None
 
@@ -192,9 +196,11 @@ class Engine:
         if progress:
             from tqdm import tqdm
             bar = tqdm(total=len(trace), desc=f"{backend} {trace.meta.get('kind', 'trace')}", unit="req", leave=False)
+        clock = clock or WallClock()
         try:
-            sched = serve(trace, self.runner, Recorder(writer, backend, tokens, replica=replica), max_batch, pool_blocks,
-                          prefill, clock=clock, arrivals=arrivals, on_finish=finished)
+            with telemetry.timed(clock.now):
+                sched = serve(trace, self.runner, Recorder(writer, backend, tokens, replica=replica), max_batch,
+                              pool_blocks, prefill, clock=clock, arrivals=arrivals, on_finish=finished)
         finally:
             if bar:
                 bar.close()

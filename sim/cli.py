@@ -21,9 +21,9 @@ from costs.shapes import BACKENDS
 from engine.block_pool import DEFAULT_BLOCK_SIZE
 from engine.routing import ROUTERS
 from engine.scheduler import PrefillPolicy
-from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg,
-                        slo_arg)
 from traces.arrival_options import add_arrival_options, given
+from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, level_arg, rate_arg,
+                        requests_arg, seed_arg, slo_arg)
 from traces.command import Parser, command
 from traces.errors import InputError
 from traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, percentiles_arg
@@ -120,6 +120,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--router", type=_router,
                      help=f"with --replicas: how the router picks a replica: {', '.join(ROUTERS)} (default round-robin)")
     run.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC", help=SLO_HELP)
+    run.add_argument("--interval", type=level_arg, metavar="LEVEL",
+                     help="also a LEVEL%% band for every metric: trace seeds x the cost model's uncertainty, widened "
+                          "by the engine's measured run-to-run noise (sim/intervals.py)")
     run.add_argument("--out", type=Path, help="write the run record here (per-step rows; per-token rows with --tokens)")
     run.add_argument("--tokens", action="store_true", default=None, help="with --out, also write every token's time")
     run.add_argument("--percentiles", type=percentiles_arg, default=DEFAULT_PERCENTILES, metavar="P1,P2,...",
@@ -183,6 +186,9 @@ def parser() -> argparse.ArgumentParser:
                             "differ): only the points it lacks run")
     again.add_argument("--force", action="store_true", help="replace the sweep already in --out")
     sweep.add_argument("--jobs", type=count_arg, help="local worker processes (default: every core)")
+    sweep.add_argument("--interval", type=level_arg, metavar="LEVEL",
+                       help="also write sweep.intervals.csv: a LEVEL%% band for every point's metrics (sim/intervals.py;"
+                            " seeds x 8 cost factors per point, so slower)")
     _common(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
@@ -200,7 +206,8 @@ def _check_out(out: Path | None) -> None:
         raise InputError("already holds a run record; choose a new output directory", path=out)
 
 
-SWEEP_FILES = ("sweep.csv", "sweep.json", "sweep.png", "sweep.bands.csv", "sweep.run.json", FILE)
+SWEEP_FILES = ("sweep.csv", "sweep.json", "sweep.png", "sweep.bands.csv", "sweep.intervals.csv", "sweep.run.json",
+               FILE)
 
 
 def _check_sweep_out(args: argparse.Namespace) -> None:
@@ -236,6 +243,19 @@ def _write_record(rec, out: Path, tokens: bool, scored: dict) -> None:
 
 def _fmt(v: float, spec: str = ".2f") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def run_interval(args: argparse.Namespace, table, cfg, trace, rate) -> list[str]:
+    """`sim run --interval`: the point's bands (a trace file or a closed uniform run is one trace sample)."""
+    from . import intervals
+    iv = intervals.Intervals(table, args.interval)
+    if args.trace is None and args.closed_uniform is None:
+        traces = intervals.seeded(lambda seed: inputs.make_trace(rate=args.rate, n=args.n, seed=seed,
+                                                                 closed_mixed_n=args.closed_mixed), args.seed)
+    else:
+        traces = [trace]
+    bands = iv.band(traces, intervals.simulated(cfg, rate, args.replicas, args.router))
+    return intervals.lines(bands, iv, len(traces))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -321,6 +341,8 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{_fmt(s['head_blocked_frac'], '.0%')} of step time")
     if args.slo:
         print(slo_line(s, args.slo))
+    if args.interval:
+        print("\n".join(run_interval(args, table, cfg, trace, rate)))
     if args.replicas > 1:
         print(replica_table(per_replica(result.record, rate, args.slo)))
     rejected = len(result.record.rejected)
@@ -448,12 +470,24 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
     run = {"on": args.on, "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance(),
            "wall_s": round(time.perf_counter() - t0, 3)}
     files = write_files(args.out, results, meta, run, args.slo, args.percentiles)
+    if args.interval:
+        files.append(write_sweep_intervals(args.out, table, results, workload, seeds, args.interval))
     for stale in set(SWEEP_FILES) - {f.name for f in files} - {FILE}:  # a replaced sweep's, this one did not write
         (args.out / stale).unlink(missing_ok=True)
     events = sum(r["sim_events"] for res in results for r in res.rows)
     print(f"\n{sum(len(res.rows) for res in results)} points, {events:,} events in {time.perf_counter() - t0:.1f} s; "
           f"wrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+def write_sweep_intervals(out: Path, table, results, workload, seeds: list[int], level: float) -> Path:
+    """sweep.intervals.csv: every point's bands (sim/intervals.py; seeds x cost factors per point, in this process)."""
+    import pandas as pd
+
+    from .intervals import INTERVALS_FILE, sweep_bands
+    path = out / INTERVALS_FILE
+    pd.DataFrame(sweep_bands(table, results, workload, seeds, level)).to_csv(path, index=False)
+    return path
 
 
 def _seed_text(seeds: list[int]) -> str:

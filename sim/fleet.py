@@ -57,8 +57,9 @@ class ReplicaTimer(SimTimer):
     """SimTimer for replica i: its own noise streams (replica 0 draws what one engine draws), and the time the
     next pass begins once this pass's finished rows are retired."""
 
-    def __init__(self, cost: CostModel, backend: str, fast_forward: bool, noise_seed: int | None, replica: int):
-        super().__init__(cost, backend, fast_forward, noise_seed)
+    def __init__(self, cost: CostModel, backend: str, fast_forward: bool, noise_seed: int | None, replica: int,
+                 policy: str = "padded"):
+        super().__init__(cost, backend, fast_forward, noise_seed, policy)
         if noise_seed is not None and replica:
             self.noise = (_Noise(noise_seed, 2 * replica, cost.prefill_sigma),
                           _Noise(noise_seed, 2 * replica + 1, cost.decode_sigma[backend]))
@@ -196,7 +197,7 @@ def simulate_fleet(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(), 
     loops, timers = [], []
     for i, inbox in enumerate(dispatcher.inboxes):
         sched = Scheduler(cfg.max_batch, BlockPool(pool_blocks, table.block_size), table.max_tokens, cfg.policy)
-        timer = ReplicaTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed, i)
+        timer = ReplicaTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed, i, str(cfg.policy))
         recorder = ReplicaRecorder(writer, cfg.backend, dispatcher.loads[i], i, cfg.detail)
         loop = StepLoop(sched, recorder, timer, inbox, (lambda done: on_finish(len(done))) if on_finish else None)
         env.process(_replica(env, loop, timer, inbox))

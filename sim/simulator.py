@@ -100,10 +100,14 @@ class _Noise:
 class SimTimer:
     """Step durations from the cost model on an exact clock of its own (SimPy's may round a sum differently)."""
 
-    def __init__(self, cost: CostModel, backend: str, fast_forward: bool = True, noise_seed: int | None = None):
-        self.cost, self.backend, self.fast_forward = cost, backend, fast_forward
+    def __init__(self, cost: CostModel, backend: str, fast_forward: bool = True, noise_seed: int | None = None,
+                 policy: str = "padded"):
+        self.cost, self.backend, self.fast_forward, self.policy = cost, backend, fast_forward, policy
         self.t = 0.0
         self.prefills = self.decodes = 0
+        # The serving context of the next step (costs/context.py): the last step's kind and when it ended.
+        self.last_kind: str | None = None
+        self.last_end = 0.0
         self.noise = None
         if noise_seed is not None:
             self.noise = (_Noise(noise_seed, 0, cost.prefill_sigma), _Noise(noise_seed, 1, cost.decode_sigma[backend]))
@@ -116,16 +120,18 @@ class SimTimer:
             self.t = t
 
     def prefill(self, work: PrefillWork, start: float) -> tuple[None, float]:
-        d = self.cost.prefill(work.shape)
+        d = self.cost.prefill_in_context(work.shape, self.policy, self.last_kind, start - self.last_end)
         if self.noise:
             d *= float(self.noise[0].factors(self.prefills, 1)[0])
         self.prefills += 1
         self.t = start + d
+        self.last_kind, self.last_end = "prefill", self.t
         return None, self.t
 
     def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int, stop: float):
         k = limit if self.fast_forward else 1
-        d = self.cost.decode_stretch(self.backend, shape.rows, shape.kv_tokens, shape.kv_max, k)
+        d = self.cost.decode_stretch_in_context(self.backend, shape.rows, shape.kv_tokens, shape.kv_max, k,
+                                                self.policy, self.last_kind, start - self.last_end)
         if self.noise:
             d = [x * f for x, f in zip(d, self.noise[1].factors(self.decodes, k).tolist())]
         d[0] = start + d[0]
@@ -134,6 +140,7 @@ class SimTimer:
             del ends[bisect_left(ends, stop) + 1:]  # through the first step that ends at or after stop
         self.decodes += len(ends)
         self.t = ends[-1]
+        self.last_kind, self.last_end = "decode", self.t
         return None, ends
 
     def retired(self, n: int) -> None:
@@ -201,7 +208,7 @@ def simulate(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
     table = cost.table
     recorder = Recorder(writer, cfg.backend, tokens=cfg.detail == "tokens", decode_steps=cfg.detail != "summary")
     sched = Scheduler(cfg.max_batch, BlockPool(pool_blocks, table.block_size), table.max_tokens, cfg.policy)
-    timer = SimTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed)
+    timer = SimTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed, str(cfg.policy))
     loop = StepLoop(sched, recorder, timer, TraceArrivals(trace.requests),
                     (lambda done: on_finish(len(done))) if on_finish else None)
     with _collector_paused():

@@ -155,7 +155,7 @@ def _edit(path: str, value):
     (_edit("prefill.points.0.p10_s", 1.0), r"prefill.points\[0\]. needs p10_s <= median_s"),
     (_edit("decode.paged.points.0.rows", 9), "decode.paged has points with rows .9. above max_batch 8"),
     (_edit("decode.padded.points.2.kv_read", 0), r"decode.padded.points\[2\].kv_read must be a positive integer"),
-    (_edit("version", 3), "cost-table version 3 is not one this reader knows"),
+    (_edit("version", 4), "cost-table version 4 is not one this reader knows"),  # 3 adds the serving correction
 ])
 def test_table_validation_refuses_bad_tables_naming_the_field(table, tmp_path, edit, message):
     path = tmp_path / "t.json"

@@ -54,6 +54,7 @@ SLO_HELP = ("service-level objectives, NAME[_pNN]=SECONDS,... or vLLM's NAME[_pN
 rate_arg = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of requests per second")
 count_arg = checked(int, lambda v: v >= 1, "a whole number >= 1")
 seed_arg = checked(int, lambda v: v >= 0, "a whole number >= 0")
+level_arg = checked(float, lambda v: 0 < v < 100, "a percentage between 0 and 100 (an interval's level)")
 
 # Sizes past which a run would not fit in memory or its counts would not be exact; each is far above real use.
 MAX_REQUESTS = 10_000_000  # the simulator holds about 1.5 KB a request: 10 million is ~15 GB

@@ -12,7 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from traces.cli import count_arg, seed_arg
+from traces.cli import count_arg, level_arg, seed_arg
 from traces.command import Parser, command
 from traces.errors import InputError
 from traces.outpath import check_out_dir
@@ -59,6 +59,11 @@ def parser() -> argparse.ArgumentParser:
                      help="instead of searching: compare the candidates' real runs in VALIDATION with their predictions")
     sag.add_argument("--allow-nonstationary", action="store_true", help="with --compare: as for report")
 
+    noise = sub.add_parser("noise", help="the engine's run-to-run noise from repeated real runs (CPU)")
+    noise.add_argument("validations", type=Path, nargs="+", metavar="VALIDATION", help="validation directories")
+    noise.add_argument("--out", type=Path, default=Path("costs/data/run_to_run.json"), help="(default %(default)s)")
+    noise.add_argument("--force", action="store_true", help="replace an existing file")
+
     plan = sub.add_parser("plan", parents=[common], help="choose the points and write their predictions (CPU)")
     plan.add_argument("--table", type=Path, help="the frozen cost table (default: the shipped H200 table)")
     plan.add_argument("--n", type=count_arg, default=400, help="requests per arrival point (default %(default)s)")
@@ -71,6 +76,8 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--predictions", type=Path, metavar="DIR",
                       help="the blind prefill-policy predictions (results/predictions): their points are run too")
     plan.add_argument("--force", action="store_true", help="replace an existing plan")
+    plan.add_argument("--interval", type=level_arg, metavar="LEVEL",
+                      help="freeze a LEVEL%% band for every point's metrics with the predictions (sim/intervals.py)")
     plan.add_argument("--allow-nonstationary", action="store_true",
                       help="plan from a table whose stationarity check failed (the plan and report say so)")
 
@@ -90,6 +97,14 @@ def parser() -> argparse.ArgumentParser:
     pol.add_argument("--table", type=Path, help="the plan's (re-calibrated) table")
     pol.add_argument("--allow-nonstationary", action="store_true", help="as for report")
     pol.add_argument("--force", action="store_true", help="replace an existing report")
+
+    cov = sub.add_parser("coverage", parents=[common],
+                         help="the share of real measurements inside their predicted band (CPU): the plan's frozen "
+                              "intervals, or with --interval re-predicted from the same table (retrospective)")
+    cov.add_argument("--table", type=Path, help="the plan's cost table (default: the shipped H200 table)")
+    cov.add_argument("--interval", type=level_arg, metavar="LEVEL", help="for a plan that froze none")
+    cov.add_argument("--force", action="store_true", help="replace an existing coverage report")
+    cov.add_argument("--allow-nonstationary", action="store_true", help="as for report")
 
     report = sub.add_parser("report", parents=[common], help="predicted beside measured (CPU)")
     report.add_argument("--table", type=Path, help="the plan's cost table (default: the shipped H200 table)")
@@ -120,6 +135,15 @@ def main(argv: list[str] | None = None) -> int:
                 doc = make_predictions(args.table, args.out, azure=args.azure, n=args.n, seed=args.seed,
                                        force=args.force)
                 print(f"wrote {args.out / 'predictions.json'} and predictions.md: {len(doc['points'])} points")
+            elif args.step == "coverage":
+                from .coverage import write as write_coverage
+                print(f"wrote {write_coverage(args.out, args.table, args.interval, args.allow_nonstationary, args.force)}")
+            elif args.step == "noise":
+                from .noise import write
+                doc = write(args.validations, args.out, args.force)
+                print(f"wrote {args.out}: {len(doc['groups'])} repeated points; " + "; ".join(
+                    f"{regime}: " + ", ".join(f"{k} {v['sigma']:.1%}" for k, v in m.items())
+                    for regime, m in doc["pooled"].items()))
             elif args.step == "sag" and args.compare:
                 from .sag import compare_real
                 print(f"wrote {compare_real(args.compare, args.out, args.table, args.allow_nonstationary, args.force)}")
@@ -133,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 points = make_plan(args.table, args.out, n=args.n, seed=args.seed, azure=args.azure,
                                    sharegpt=args.sharegpt, skip=args.skip, sag=args.sag,
                                    predictions=args.predictions, force=args.force,
-                                   allow_nonstationary=args.allow_nonstationary)
+                                   allow_nonstationary=args.allow_nonstationary, interval=args.interval)
                 print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
                 for p in points:
                     print(f"  {p.id:40s} {p.role:10s} {p.backend} {p.prefill} rows {p.max_batch} "

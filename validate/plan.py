@@ -53,15 +53,29 @@ def capacity(table, config: Config, workload: Workload) -> float:
     return lo or fine[0].rates[0]
 
 
-def predict(table, p: Point, root: Path) -> dict:
-    """The simulator's summary of point p (a pool that never binds stands for the engine's own large pool), with
-    the closed-run figures and, where every token's time is kept, the largest gap between an incumbent's tokens."""
+def point_config(table, p: Point) -> SimConfig:
+    """The simulator's configuration of point p (a pool that never binds stands for the engine's own large pool)."""
     from engine.block_pool import blocks_for_gib
-
-    trace = build_trace(p.trace, root)
     pool = blocks_for_gib(p.pool_gib, table.block_size) if p.pool_gib else None
-    cfg = SimConfig(p.backend, p.max_batch, pool, detail="tokens" if p.tokens else "steps",
-                    policy=PrefillPolicy.parse(p.prefill))
+    return SimConfig(p.backend, p.max_batch, pool, detail="tokens" if p.tokens else "steps",
+                     policy=PrefillPolicy.parse(p.prefill))
+
+
+def point_band(iv, table, p: Point, root: Path) -> dict:
+    """Point p's prediction interval (sim/intervals.py): a seeded trace over its seeds, any other as one sample."""
+    from sim.intervals import seeded, simulated
+    trace = build_trace(p.trace, root)
+    traces = seeded(lambda s: build_trace({**p.trace, "seed": s}, root), p.trace["seed"]) \
+        if "seed" in p.trace else [trace]
+    rate = trace.meta.get("rate") or trace.offered_rate
+    return iv.band(traces, simulated(point_config(table, p), rate, p.replicas, p.router))
+
+
+def predict(table, p: Point, root: Path) -> dict:
+    """The simulator's summary of point p, with the closed-run figures and, where every token's time is kept, the
+    largest gap between an incumbent's tokens."""
+    trace = build_trace(p.trace, root)
+    cfg = point_config(table, p)
     if p.replicas > 1:
         rec = simulate_fleet(trace, CostModel(table), cfg, p.replicas, p.router).record
     else:
@@ -77,7 +91,8 @@ def predict(table, p: Point, root: Path) -> dict:
 
 def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0, azure: Path | None = None,
               sharegpt: Path | None = None, skip: tuple[str, ...] = (), sag: Path | None = None,
-              predictions: Path | None = None, force: bool = False, allow_nonstationary: bool = False) -> list[Point]:
+              predictions: Path | None = None, force: bool = False, allow_nonstationary: bool = False,
+              interval: float | None = None) -> list[Point]:
     """Points chosen the way a user would: from the simulator's own sweep of the table."""
     out = Path(out)
     if (out / "plan.json").exists() and not force:
@@ -129,13 +144,19 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     if "fleet" not in skip:
         points += fleet_points(table, n, seed)
     predicted = {p.id: predict(table, p, out) for p in points}
+    intervals = None
+    if interval is not None:  # frozen with the predictions, before any real run
+        from sim.intervals import Intervals
+        iv = Intervals(table, interval)
+        intervals = {**iv.describe(), "bands": {p.id: point_band(iv, table, p, out) for p in points}}
     estimate = _estimate_s(points, predicted)
     plan = {"table": {"id": table.table_id, "created_at": table.created_at, "device": table.device_name,
                       "gpu_uuid": table.gpu_uuid, "path": str(table.path), "stationarity": table.stationarity and
                       {k: table.stationarity[k] for k in ("passed", "limit", "prefill", "decode")}},
             "planned_at": time.time(), "capacity_sim": cap, "small_pool_capacity_sim": small_cap, "n": n, "seed": seed,
             "skipped": list(skip), "estimated_gpu_s": estimate,
-            "points": [asdict(p) for p in points], "predictions": predicted, "blind": blind, **provenance()}
+            "points": [asdict(p) for p in points], "predictions": predicted, "blind": blind,
+            **({"intervals": intervals} if intervals else {}), **provenance()}
     atomic_write_text(out / "plan.json", json.dumps(plan, indent=1, default=float) + "\n")
     return points
 
