@@ -35,6 +35,19 @@ def _skip(text: str) -> tuple[str, ...]:
     return names
 
 
+def _policies(text: str) -> tuple[str, ...]:
+    from engine.scheduler import PrefillPolicy
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    try:
+        for n in names:
+            PrefillPolicy.parse(n)
+    except (InputError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names no prefill policy")
+    return names
+
+
 def parser() -> argparse.ArgumentParser:
     top = Parser(prog="python -m validate", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -76,6 +89,11 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--predictions", type=Path, metavar="DIR",
                       help="the blind prefill-policy predictions (results/predictions): their points are run too")
     plan.add_argument("--force", action="store_true", help="replace an existing plan")
+    plan.add_argument("--public-policies", type=_policies, default=("padded",), metavar="P1,P2",
+                      help="plan the public-trace points for each of these prefill policies (default padded)")
+    plan.add_argument("--public-repeats", type=count_arg, default=1, metavar="K",
+                      help="fresh runs at each public point near and past capacity, each on a newly started engine, "
+                           "so that the engine's own spread is measured there (default 1)")
     plan.add_argument("--interval", type=level_arg, metavar="LEVEL",
                       help="freeze a LEVEL%% band for every point's metrics with the predictions (sim/intervals.py)")
     plan.add_argument("--allow-nonstationary", action="store_true",
@@ -157,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                 points = make_plan(args.table, args.out, n=args.n, seed=args.seed, azure=args.azure,
                                    sharegpt=args.sharegpt, skip=args.skip, sag=args.sag,
                                    predictions=args.predictions, force=args.force,
-                                   allow_nonstationary=args.allow_nonstationary, interval=args.interval)
+                                   allow_nonstationary=args.allow_nonstationary, interval=args.interval,
+                                   public_policies=args.public_policies, public_repeats=args.public_repeats)
                 print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
                 for p in points:
                     print(f"  {p.id:40s} {p.role:10s} {p.backend} {p.prefill} rows {p.max_batch} "

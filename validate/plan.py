@@ -92,8 +92,11 @@ def predict(table, p: Point, root: Path) -> dict:
 def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0, azure: Path | None = None,
               sharegpt: Path | None = None, skip: tuple[str, ...] = (), sag: Path | None = None,
               predictions: Path | None = None, force: bool = False, allow_nonstationary: bool = False,
-              interval: float | None = None) -> list[Point]:
-    """Points chosen the way a user would: from the simulator's own sweep of the table."""
+              interval: float | None = None, public_policies: tuple[str, ...] = ("padded",),
+              public_repeats: int = 1) -> list[Point]:
+    """Points chosen the way a user would: from the simulator's own sweep of the table. The public traces are
+    planned for each of `public_policies`, with `public_repeats` fresh runs at their near and past points (the
+    engine's own run-to-run spread is measured there)."""
     out = Path(out)
     if (out / "plan.json").exists() and not force:
         raise InputError("already holds a validation plan; its real runs were graded against it. Choose another "
@@ -128,13 +131,17 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     window = None
     if "public" not in skip:
         window = _azure_window(azure, n)
-        wcap = capacity(table, Config("paged", 32, 64.0), Workload(base=window))
-        for f, role in ((0.6, "below"), (1.0, "near"), (1.5, "past")):
-            points.append(_scaled(window, f * wcap, f"azure-conv-{role}", traces_dir, "public"))
         lengths, _ = import_lengths(sharegpt, "num_prefill_tokens", "num_decode_tokens", rate=1.0, n=n, seed=seed)
-        scap = capacity(table, Config("paged", 32, 64.0), Workload(base=lengths))
-        for f, role in ((0.7, "below"), (1.3, "past")):
-            points.append(_scaled(lengths, f * scap, f"sharegpt-{role}", traces_dir, "public"))
+        for policy in public_policies:
+            tag = "" if policy == "padded" else policy.replace(":", "") + "-"
+            wcap = capacity(table, Config("paged", 32, 64.0, policy), Workload(base=window))
+            for f, role in ((0.6, "below"), (1.0, "near"), (1.5, "past")):
+                points.append(_scaled(window, f * wcap, f"{tag}azure-conv-{role}", traces_dir, "public", policy,
+                                      1 if role == "below" else public_repeats))
+            scap = capacity(table, Config("paged", 32, 64.0, policy), Workload(base=lengths))
+            for f, role in ((0.7, "below"), (1.3, "past")):
+                points.append(_scaled(lengths, f * scap, f"{tag}sharegpt-{role}", traces_dir, "public", policy,
+                                      1 if role == "below" else public_repeats))
     blind = {}
     if "policies" not in skip:
         added, blind = _blind_points(Path(predictions), traces_dir)
@@ -176,13 +183,14 @@ def _azure_window(azure: Path, n: int) -> Trace:
     return window
 
 
-def _scaled(base: Trace, rate: float, name: str, traces_dir: Path, role: str) -> Point:
+def _scaled(base: Trace, rate: float, name: str, traces_dir: Path, role: str, prefill: str = "padded",
+            repeats: int = 1) -> Point:
     rate = _round(rate)
     trace = inputs.at_rate(base, rate)
     path = traces_dir / f"{name}.csv"
     write_trace(trace, path)
     return Point(f"{name}-{rate:g}", role, {"kind": "file", "path": str(path.relative_to(traces_dir.parent))},
-                 fresh=role == "public")
+                 fresh=role == "public", prefill=prefill, repeats=repeats)
 
 
 FLEET = dict(replicas=2, n_factor=2, routers=("round-robin", "least-outstanding", "least-tokens"),

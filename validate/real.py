@@ -15,19 +15,29 @@ from .points import Point, build_trace, is_complete, load_plan, run_dir
 
 
 def engine_batches(points: list[Point]) -> list[list[Point]]:
-    """Points grouped by the engine that runs them: each fresh point opens a new engine; the rest share one."""
-    batches: list[list[Point]] = []
-    for p in points:
-        if p.fresh or not batches:
-            batches.append([p])
-        else:
-            batches[-1].append(p)
-    fresh = [b for b in batches if b[0].fresh]
-    rest = [p for b in batches for p in (b[1:] if b[0].fresh else b)]
-    # Spread the shared points over the fresh engines (each after its own first pass), so no engine starts twice.
+    """Points grouped by the engine that runs them: each fresh point opens a new engine (one per repeat, so that
+    every repeat is the first thing its engine serves: engine_runs); the rest share one, or are spread over the
+    fresh engines (each after its own first pass), so no engine starts only for them."""
+    fresh = [[p] for p in points if p.fresh]
+    rest = [p for p in points if not p.fresh]
+    if not fresh:
+        return [rest] if rest else []
     for i, p in enumerate(rest):
-        (fresh[i % len(fresh)] if fresh else batches[0]).append(p)
-    return fresh or batches
+        fresh[i % len(fresh)].append(p)
+    return fresh
+
+
+def engine_runs(batch: list[Point], out: Path) -> list[list[tuple[Point, int]]]:
+    """The (point, repeat) runs still to make, one list per engine: a fresh point's repeats each on an engine of its
+    own (with the points that share it after its first repeat), the others together."""
+    todo = [(p, k) for p in batch for k in range(1, p.repeats + 1) if not is_complete(run_dir(out, p, k))]
+    if not batch[0].fresh:
+        return [todo]
+    first = [(p, k) for p, k in todo if p is batch[0]]
+    rest = [(p, k) for p, k in todo if p is not batch[0]]
+    engines = [[run] for run in first] or [[]]
+    engines[0] += rest
+    return [e for e in engines if e]
 
 
 def shares(batches: list[list[Point]], n: int, predictions: dict) -> list[list[list[Point]]]:
@@ -60,7 +70,7 @@ def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = 
         points = [p for p in points if p.id in only]
     i, n = shard
     batches = shares(engine_batches(points), n, plan["predictions"])[i]
-    todo = [[(p, k) for p in b for k in range(1, p.repeats + 1) if not is_complete(run_dir(out, p, k))] for b in batches]
+    todo = [t for b in batches for t in engine_runs(b, out)]
     todo = [t for t in todo if t]
     if not todo:
         print("every point of this shard already has its real records")
@@ -82,7 +92,7 @@ def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = 
             engine.run(trace, d, p.backend, tokens=p.tokens, pool_blocks=pool, max_batch=p.max_batch,
                        policy=p.prefill, progress=False,
                        extra_meta={"validation_point": p.id, "repeat": k, "warmup_runs": p.warmup,
-                                   "plan_table_id": plan["table"]["id"], "fresh_engine": p.fresh and k == 1})
+                                   "plan_table_id": plan["table"]["id"], "fresh_engine": p.fresh and (p, k) == runs[0]})
             bar.update()
         engine.close()
     bar.close()
