@@ -12,8 +12,8 @@ from collections import defaultdict
 import numpy as np
 
 from costs.shapes import PrefillShape, kv_read
-from engine.block_pool import BlockPool
-from engine.scheduler import PrefillPolicy, Scheduler
+from core.block_pool import BlockPool
+from core.scheduler import PrefillPolicy, Scheduler
 from traces.workload import Request
 
 from .plan import Run

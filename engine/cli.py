@@ -69,8 +69,8 @@ def check_options(args: argparse.Namespace) -> None:
 def check_workload(trace: Trace, args: argparse.Namespace) -> None:
     """Refuse a workload with a request the engine would refuse (it records such a request as rejected and
     serves the rest, which on a whole-workload mismatch is a run of nothing), naming the first one."""
-    from engine.block_pool import BlockPool, unbounded_pool
-    from engine.scheduler import Scheduler
+    from core.block_pool import BlockPool, unbounded_pool
+    from core.scheduler import Scheduler
 
     if not trace.requests:
         raise InputError("the workload has no requests")
@@ -107,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
     from traces.metrics import slo_keys, summary
     from traces.timeline import write_timeline
 
-    from .scheduler import PrefillPolicy
+    from core.scheduler import PrefillPolicy
     check_options(args)
     PrefillPolicy.parse(args.prefill)
     outs = _out_dirs(args)

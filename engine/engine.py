@@ -16,12 +16,12 @@ from traces.model_spec import QWEN25_1P5B, kv_bytes_per_token
 from traces.provenance import gpu_matches, provenance
 from traces.records import RunRecord, RunWriter
 from traces.workload import Trace
+from core.block_pool import DEFAULT_BLOCK_SIZE, blocks_for_gib
+from core.recorder import Recorder
+from core.scheduler import PrefillPolicy
 
-from .block_pool import DEFAULT_BLOCK_SIZE, blocks_for_gib
 from .model_runner import EAGER_BUCKET, GRAPH_TOKENS, ModelRunner
 from .qwen2 import PagedQwen2
-from .recorder import Recorder
-from .scheduler import PrefillPolicy
 from .serve import serve
 from .weights import load_model
 

@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from costs.shapes import BACKENDS
+from core.scheduler import PrefillWork, Seq
 from traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens
 
 from .kernels import default_num_splits, paged_attention, paged_attention_workspace
 from .kernels.prefill_attention import default_block_m, max_programs, plan
 from .qwen2 import PagedQwen2
-from .scheduler import PrefillWork, Seq
 
 GRAPH_TOKENS = 8192  # prefill steps up to this many tokens replay a graph
 EAGER_BUCKET = 1024  # above it, token counts round up to a multiple of this

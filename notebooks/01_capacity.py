@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from engine.scheduler import PrefillPolicy
+from core.scheduler import PrefillPolicy
 from sim.bands import Band, exceeds_seed_spread
 from sim.report import band_rows, by_config, capacity_bands, mean_result, mechanism
 from sim.sweep import Config, Workload, run_sweep

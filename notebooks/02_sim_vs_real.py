@@ -40,8 +40,8 @@ import numpy as np
 import pandas as pd
 
 from costs.model import CostModel
-from engine.block_pool import blocks_for_gib
-from engine.scheduler import PrefillPolicy
+from core.block_pool import blocks_for_gib
+from core.scheduler import PrefillPolicy
 from sim import SimConfig, simulate
 from sim.fleet import simulate_fleet
 from traces.errors import InputError

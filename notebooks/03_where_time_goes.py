@@ -43,8 +43,8 @@ import pandas as pd
 
 from costs.model import CostModel
 from costs.shapes import PrefillShape
-from engine.block_pool import blocks_for_gib
-from engine.scheduler import PrefillPolicy
+from core.block_pool import blocks_for_gib
+from core.scheduler import PrefillPolicy
 from sim import SimConfig, simulate
 from traces.explain import PARTS, explain
 from traces.explain_plot import COLORS as PART_COLORS

@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from engine.block_pool import BlockPool, blocks_for_gib
+from core.block_pool import BlockPool, blocks_for_gib
 from sim.sweep import Config, Workload
 from traces.metrics import summary
 from traces.workload import poisson_trace

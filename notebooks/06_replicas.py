@@ -16,7 +16,7 @@
 #
 # The question after "how much does one engine carry?": how many engines does this traffic need, and how should
 # requests be routed? Each replica is one engine of the table's kind (its own rows, pool and scheduler) behind a
-# router (engine/routing.py: round-robin, least-outstanding, least-tokens); the simulator's fleet (sim/fleet.py)
+# router (core/routing.py: round-robin, least-outstanding, least-tokens); the simulator's fleet (sim/fleet.py)
 # runs them on one clock. A rate is held when the run meets the SLOs below (traces/metrics.py: at most 1% of
 # requests miss one, the served rate keeps up, the named tails are within their limits). Rates are multiples of
 # one engine's saturated estimate, so the notebook reads any table.
@@ -32,7 +32,7 @@ import time
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from engine.routing import ROUTERS
+from core.routing import ROUTERS
 from sim.fleet_report import fewest_replicas
 from sim.sweep import Config, Workload, run_sweep
 from traces.slo import parse_slos

@@ -301,7 +301,7 @@ def legend_once(fig, axes, **kw) -> None:
 
 def gib_of_blocks(blocks: int, block_size: int = BLOCK_SIZE) -> float:
     """A pool of `blocks` blocks in GiB of Qwen2.5-1.5B K/V."""
-    from engine.block_pool import gib_of
+    from core.block_pool import gib_of
 
     return gib_of(blocks, block_size)
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from costs.shapes import BACKENDS
-from engine.block_pool import DEFAULT_BLOCK_SIZE
-from engine.routing import ROUTERS
-from engine.scheduler import PrefillPolicy
+from core.block_pool import DEFAULT_BLOCK_SIZE
+from core.routing import ROUTERS
+from core.scheduler import PrefillPolicy
 from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg,
                         slo_arg)
 from traces.errors import InputError

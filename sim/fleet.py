@@ -2,7 +2,7 @@
 
 Each replica is one engine as sim.simulator runs it: its own scheduler, block pool, batch rows, recorder
 (replica=i) and the engine's step loop on a SimTimer. The router is a SimPy process that receives the trace's
-arrivals at their times and pushes each into one replica's inbox (engine/routing.py picks which, from what each
+arrivals at their times and pushes each into one replica's inbox (core/routing.py picks which, from what each
 replica has outstanding at that moment). A replica's loop reads its inbox as its arrivals; idle with an empty
 inbox, it cannot know when work will come, so the loop yields None and the replica's process waits for the router
 to wake it.
@@ -31,11 +31,11 @@ import simpy
 from simpy.events import NORMAL, URGENT
 
 from costs.model import CostModel
-from engine.block_pool import BlockPool
-from engine.recorder import Recorder
-from engine.routing import Load, Router, router as router_named
-from engine.scheduler import Scheduler, Seq
-from engine.step_loop import StepLoop
+from core.block_pool import BlockPool
+from core.recorder import Recorder
+from core.routing import Load, Router, router as router_named
+from core.scheduler import Scheduler, Seq
+from core.step_loop import StepLoop
 from traces.errors import InputError
 from traces.records import RunWriter
 from traces.workload import Request, Trace

@@ -9,8 +9,8 @@ from operator import attrgetter
 from pathlib import Path
 
 from costs.table import CostTable, check_compatible, load_cost_table
-from engine.block_pool import BlockPool, blocks_for_gib, largest_request_blocks, unbounded_pool
-from engine.scheduler import Scheduler
+from core.block_pool import BlockPool, blocks_for_gib, largest_request_blocks, unbounded_pool
+from core.scheduler import Scheduler
 from traces.errors import InputError
 from traces.model_spec import QWEN25_1P5B, config_hash
 from traces.trace_io import read_trace

@@ -1,4 +1,4 @@
-"""The simulator: the engine's own step loop (engine/step_loop.py) on a virtual clock, with step durations from
+"""The simulator: the engine's own step loop (core/step_loop.py) on a virtual clock, with step durations from
 a cost model instead of a GPU.
 
 The scheduler, block pool, recorder and loop are the engine's own, so admission, grouping, the prefill policy
@@ -13,7 +13,7 @@ arithmetic done in order (the times are a cumulative sum that starts from the st
 fast-forwarded run is identical, bit for bit, to one stepped one step at a time.
 
 One engine is one process with nothing to interleave, so simulate() drives its loop as the engine's driver does
-(engine/step_loop.drive), on SimTimer's clock: waiting is setting that clock. SimPy schedules the fleet
+(core/step_loop.drive), on SimTimer's clock: waiting is setting that clock. SimPy schedules the fleet
 (sim/fleet.py), where replicas and the router take turns; for one engine it would only add an event per pass.
 """
 from __future__ import annotations
@@ -31,10 +31,10 @@ import numpy as np
 
 from costs.model import CostModel
 from costs.shapes import DecodeShape
-from engine.block_pool import BlockPool, unbounded_pool
-from engine.recorder import Recorder
-from engine.scheduler import PADDED, PrefillPolicy, PrefillWork, Scheduler, Seq
-from engine.step_loop import StepLoop, TraceArrivals, drive
+from core.block_pool import BlockPool, unbounded_pool
+from core.recorder import Recorder
+from core.scheduler import PADDED, PrefillPolicy, PrefillWork, Scheduler, Seq
+from core.step_loop import StepLoop, TraceArrivals, drive
 from traces.errors import InputError
 from traces.records import RunRecord, RunWriter
 from traces.workload import Trace
@@ -52,7 +52,7 @@ class DerivedCostWarning(UserWarning):
 class SimConfig:
     backend: str = "paged"
     max_batch: int = 32
-    pool_blocks: int | None = None  # None: enough that the pool never binds (engine.block_pool.unbounded_pool)
+    pool_blocks: int | None = None  # None: enough that the pool never binds (core.block_pool.unbounded_pool)
     detail: str = "summary"
     fast_forward: bool = True
     noise_seed: int | None = None  # None: deterministic step times; else seeded log-normal noise

@@ -28,8 +28,8 @@ from tqdm import tqdm
 
 from costs.model import CostModel
 from costs.table import CostTable
-from engine.block_pool import blocks_for_gib
-from engine.scheduler import PrefillPolicy
+from core.block_pool import blocks_for_gib
+from core.scheduler import PrefillPolicy
 from traces.slo import SLO
 from traces.workload import Trace, poisson_trace
 

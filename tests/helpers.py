@@ -6,8 +6,8 @@ from pathlib import Path
 from costs.model import CostModel
 from costs.synthetic import constant_table, linear_table
 from costs.table import save_cost_table
-from engine.recorder import Recorder
-from engine.scheduler import PADDED, PrefillPolicy, decode_shape
+from core.recorder import Recorder
+from core.scheduler import PADDED, PrefillPolicy, decode_shape
 from engine.serve import serve
 from traces.records import RunRecord, RunWriter
 from traces.workload import Trace

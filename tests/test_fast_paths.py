@@ -24,7 +24,7 @@ from costs.model import CostModel, ExtrapolationWarning
 from costs.shapes import DecodeShape
 from costs.synthetic import linear_table
 from costs.table import load_cost_table
-from engine.block_pool import BlockPool
+from core.block_pool import BlockPool
 from sim.simulator import SimTimer, _Noise
 from traces.records import TABLES, RunWriter, _frame
 

@@ -13,7 +13,7 @@ import pytest
 from helpers import constant_table, linear_table
 
 from costs.model import CostModel
-from engine.routing import ROUTERS
+from core.routing import ROUTERS
 from sim import SimConfig, simulate
 from sim.fleet import simulate_fleet
 from sim.inputs import load_table

@@ -21,8 +21,8 @@ import pytest
 
 from costs.model import CostModel
 from costs.table import StationarityWarning, load_cost_table
-from engine.block_pool import blocks_for_gib
-from engine.scheduler import PrefillPolicy
+from core.block_pool import blocks_for_gib
+from core.scheduler import PrefillPolicy
 from sim.fleet import simulate_fleet
 from sim.simulator import SimConfig, simulate
 from traces.metrics import summary

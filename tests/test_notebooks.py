@@ -135,8 +135,8 @@ def build_standin(out: Path, n: int = STANDIN_N) -> tuple[Path, Path, Path]:
     simulator with step-time noise) and out/sag (the candidates, no search)."""
     from costs.model import CostModel
     from costs.table import load_cost_table, save_cost_table
-    from engine.block_pool import blocks_for_gib
-    from engine.scheduler import PrefillPolicy
+    from core.block_pool import blocks_for_gib
+    from core.scheduler import PrefillPolicy
     from sim import SimConfig, simulate
     from sim.fleet import simulate_fleet
     from validate.plan import make_plan

@@ -10,8 +10,8 @@ import pytest
 from costs.model import CostModel
 from costs.synthetic import linear_table
 from costs.table import save_cost_table
-from engine.block_pool import blocks_for_gib
-from engine.scheduler import PrefillPolicy
+from core.block_pool import blocks_for_gib
+from core.scheduler import PrefillPolicy
 from sim.fleet import simulate_fleet
 from sim.simulator import SimConfig, simulate
 from traces.errors import InputError

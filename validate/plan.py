@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from costs.model import CostModel
-from engine.scheduler import PrefillPolicy
+from core.scheduler import PrefillPolicy
 from sim import inputs
 from sim.fleet import simulate_fleet
 from sim.simulator import SimConfig, simulate
@@ -56,7 +56,7 @@ def capacity(table, config: Config, workload: Workload) -> float:
 def predict(table, p: Point, root: Path) -> dict:
     """The simulator's summary of point p (a pool that never binds stands for the engine's own large pool), with
     the closed-run figures and, where every token's time is kept, the largest gap between an incumbent's tokens."""
-    from engine.block_pool import blocks_for_gib
+    from core.block_pool import blocks_for_gib
 
     trace = build_trace(p.trace, root)
     pool = blocks_for_gib(p.pool_gib, table.block_size) if p.pool_gib else None

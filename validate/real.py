@@ -47,7 +47,7 @@ def shares(batches: list[list[Point]], n: int, predictions: dict) -> list[list[l
 def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = None,
              shard: tuple[int, int] = (0, 1)) -> None:
     """Every point (and repeat) of this shard on the engine."""
-    from engine.block_pool import blocks_for_gib
+    from core.block_pool import blocks_for_gib
     from engine.engine import Engine, EngineConfig  # the GPU side only
     from tqdm import tqdm
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from costs.model import CostModel
-from engine.block_pool import blocks_for_gib
-from engine.scheduler import PrefillPolicy
+from core.block_pool import blocks_for_gib
+from core.scheduler import PrefillPolicy
 from sim import inputs
 from sim.simulator import SimConfig, simulate
 from traces.csvio import atomic_write_text
