@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from core.config import ServingConfig
 from costs.shapes import BACKENDS
 from costs.table import save_cost_table
 from traces.errors import InputError
@@ -97,10 +98,10 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     elif args.out.exists() and not args.force:
         raise InputError("already exists; pass --force to replace it", path=args.out)
     plan = QUICK if args.quick else FULL
-    cfg = EngineConfig(max_batch=max_rows(plan, args.max_batch), max_prompt=plan.max_prompt,
-                       max_budget=plan.max_budget, backends=args.backend, checkpoint=args.checkpoint,
-                       dtype="float16" if args.device == "cuda" else "float32", device=args.device,
-                       spec=dict(MODELS[args.model]), expect_gpu=args.expect_gpu)
+    serving = ServingConfig(model=args.model, dtype="float16" if args.device == "cuda" else "float32",
+                            max_batch=max_rows(plan, args.max_batch))
+    cfg = EngineConfig(serving, max_prompt=plan.max_prompt, max_budget=plan.max_budget, backends=args.backend,
+                       checkpoint=args.checkpoint, device=args.device, expect_gpu=args.expect_gpu)
     ident = identity(cfg)  # refuses a missing or unexpected GPU before anything is written
     if args.refresh is not None:
         from .refresh import refresh
@@ -108,12 +109,12 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     if args.check_stationary:
         return check_stationary(plan, cfg, args.backend)
     from engine.engine import POLICIES_BUILT
-    runs = make_plan(plan, cfg.max_batch, args.backend,
+    runs = make_plan(plan, serving.max_batch, args.backend,
                      tuple(f"chunked:{plan.chunk}" if p == "chunked" else p for p in POLICIES_BUILT))
     store = PointsFile(points_path(args.out), ident)
     todo = sum(r.key not in store for r in runs)
-    print(f"calibrating {ident['model']} ({ident['dtype']}) on {ident['device']}: max batch {cfg.max_batch}, "
-          f"prompts up to {cfg.max_prompt}, budget up to {cfg.max_budget}, {cfg.block_size}-token blocks, "
+    print(f"calibrating {ident['model']} ({ident['dtype']}) on {ident['device']}: max batch {serving.max_batch}, "
+          f"prompts up to {cfg.max_prompt}, budget up to {cfg.max_budget}, {serving.block_size}-token blocks, "
           f"backends {', '.join(args.backend)}")
     print(describe(runs, H200_SPEEDS if args.model == "qwen2.5-1.5b" and not args.quick else None))
     if todo < len(runs):
@@ -163,7 +164,7 @@ def check_stationary(plan, cfg, backends) -> int:
 
     engine = Engine(cfg)
     others = [f"chunked:{plan.chunk}" if p == "chunked" else p for p in POLICIES_BUILT if p != "padded"]
-    runs = stationarity_runs(plan, cfg.max_batch, backends, others)
+    runs = stationarity_runs(plan, cfg.serving.max_batch, backends, others)
     samples = {r.key: measure(engine, r) for r in tqdm(runs, unit="run", desc="stationarity")}
     st = stationarity(runs, samples)
     worst = sorted(st["shapes"], key=lambda s: -s["first_over_again"])[:5]

@@ -22,10 +22,11 @@ def identity(cfg) -> dict:
     from traces.provenance import versions
 
     device = device_info(check_device(cfg))
-    return {"device": device["name"], "gpu_uuid": device.get("uuid"), "model": cfg.spec["name"],
-            "config_hash": config_hash(cfg.spec), "dtype": cfg.dtype,
+    serving = cfg.serving
+    return {"device": device["name"], "gpu_uuid": device.get("uuid"), "model": serving.spec["name"],
+            "config_hash": config_hash(serving.spec), "dtype": serving.dtype,
             "weights": f"checkpoint:{Path(cfg.checkpoint).resolve()}" if cfg.checkpoint else f"random(seed={cfg.seed})",
-            "block_size": cfg.block_size, "max_batch": cfg.max_batch, "max_prompt": cfg.max_prompt,
+            "block_size": serving.block_size, "max_batch": serving.max_batch, "max_prompt": cfg.max_prompt,
             "max_budget": cfg.max_budget, **versions(("torch", "triton", "transformers"))}
 
 

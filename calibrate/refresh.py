@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.config import ServingConfig
 from costs.fit import fit
 from costs.model import CostModel, ExtrapolationWarning
 from costs.table import CostTable, load_cost_table, save_cost_table
@@ -22,13 +23,14 @@ from .plan import Run
 from .points import prefill_steps, usable_steps
 
 DECODE_ROWS, DECODE_LENGTHS = (1, 8, 16, 32), (256, 2048)
+REFRESH_BUDGET = 64  # tokens a decode run generates: 63 decode steps
 PREFILL_SHAPES = ((1, 256), (8, 1024), (32, 256), (4, 4096))
 
 
 def refresh_runs(backends: tuple[str, ...], max_batch: int) -> list[Run]:
-    runs = [Run("prefill", (n,) * w, 1, backends[0], reps=3, warmup=1, label=f"refresh prefill {w} x {n}")
+    runs = [Run("prefill", (n,) * w, 1, ServingConfig(backend=backends[0]), reps=3, warmup=1, label=f"refresh prefill {w} x {n}")
             for w, n in PREFILL_SHAPES if w <= max_batch]
-    runs += [Run("decode", (n,) * r, 64, b, label=f"refresh decode {b} {r} x {n}")
+    runs += [Run("decode", (n,) * r, REFRESH_BUDGET, ServingConfig(backend=b), label=f"refresh decode {b} {r} x {n}")
              for b in backends for r in DECODE_ROWS if r <= max_batch for n in DECODE_LENGTHS]
     return runs
 
@@ -68,7 +70,7 @@ def refresh(source: Path, out: Path, cfg, argv: list[str]) -> int:
     old = load_cost_table(source, allow_nonstationary=True)
     cost = CostModel(old)
     engine = Engine(cfg)
-    runs = refresh_runs(old.backends, cfg.max_batch)
+    runs = refresh_runs(old.backends, cfg.serving.max_batch)
     samples = [measure(engine, r) for r in runs]
     measured = ratios(cost, runs, samples)
     factor = {k: float(np.median(v)) for k, v in measured.items()}

@@ -1,16 +1,17 @@
-"""The KV block pool's bookkeeping, and every sizing of a pool: from GiB, for one request, for a whole trace.
+"""The KV block pool's bookkeeping, and the only block arithmetic: tokens to blocks, GiB to blocks, and the size
+of a pool that never binds.
 
 Only ids live here; the engine's KV tensors are indexed by these ids, the simulator has none. The free list
 is lazy (ids never handed out are a counter), so a pool's cost does not grow with its size.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
-from traces.model_spec import QWEN25_1P5B, kv_bytes_per_token
+from traces.errors import InputError
 
 DEFAULT_BLOCK_SIZE = 64
-QWEN_KV_BYTES_PER_TOKEN = kv_bytes_per_token(QWEN25_1P5B)  # fp16
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -18,24 +19,68 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-def blocks_for_gib(gib: float, block_size: int = DEFAULT_BLOCK_SIZE,
-                   kv_bytes_per_token: int = QWEN_KV_BYTES_PER_TOKEN) -> int:
+def blocks_for_gib(gib: float, block_size: int, kv_bytes_per_token: int) -> int:
     """How many blocks a pool of `gib` GiB holds (callers check that gib is a positive number)."""
     return int(gib * 2**30 // (block_size * kv_bytes_per_token))
 
 
-def gib_of(blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, kv_bytes_per_token: int = QWEN_KV_BYTES_PER_TOKEN) -> float:
+def gib_of(blocks: int, block_size: int, kv_bytes_per_token: int) -> float:
     return blocks * block_size * kv_bytes_per_token / 2**30
 
 
-def largest_request_blocks(requests: Iterable, block_size: int) -> int:
-    """Blocks the largest request (prompt + full budget) reserves."""
-    return blocks_for(max(r.prompt_tokens + r.budget for r in requests), block_size)  # rounding up keeps the order
+def largest_request_tokens(requests: Iterable) -> int:
+    """Prompt + full budget of the largest request: what it reserves, in tokens."""
+    return max(r.prompt_tokens + r.budget for r in requests)
 
 
-def unbounded_pool(requests: Iterable, max_batch: int, block_size: int) -> int:
+def unbounded_pool(max_batch: int, largest_tokens: int, block_size: int) -> int:
     """Blocks for max_batch copies of the largest request: admission then never waits on the pool."""
-    return max_batch * largest_request_blocks(requests, block_size)
+    return max_batch * blocks_for(largest_tokens, block_size)
+
+
+@dataclass(frozen=True)
+class PoolSize:
+    """A KV pool's size as given: GiB of memory, a number of blocks, or neither (unbounded: enough that admission
+    never waits on the pool). Turned into blocks only here (num_blocks), for one block size and K/V width."""
+
+    gib: float | None = None
+    blocks: int | None = None
+
+    def __post_init__(self):
+        if self.gib is not None and self.blocks is not None:
+            raise InputError("a pool is given in GiB or in blocks, not both")
+        if self.gib is not None and not self.gib > 0:
+            raise InputError(f"a pool of {self.gib!r} GiB: the size must be a positive number")
+        if self.blocks is not None and (isinstance(self.blocks, bool) or not isinstance(self.blocks, int)
+                                        or self.blocks < 1):
+            raise InputError(f"a pool of {self.blocks!r} blocks: the size must be a whole number >= 1")
+
+    @property
+    def unbounded(self) -> bool:
+        return self.gib is None and self.blocks is None
+
+    def num_blocks(self, block_size: int, kv_bytes_per_token: int, max_batch: int, largest_tokens: int) -> int:
+        """The pool's blocks; unbounded: max_batch copies of a request of `largest_tokens` tokens."""
+        if self.gib is not None:
+            return blocks_for_gib(self.gib, block_size, kv_bytes_per_token)
+        if self.blocks is not None:
+            return self.blocks
+        return unbounded_pool(max_batch, largest_tokens, block_size)
+
+    def describe(self, max_batch: int) -> str:
+        """How the blocks were chosen, for a run's printout."""
+        if self.gib is not None:
+            return f"{self.gib:g} GiB"
+        if self.blocks is not None:
+            return "as given"
+        return f"never binds: {max_batch} x the largest request"
+
+    def __str__(self) -> str:
+        return f"{self.gib:g} GiB" if self.gib is not None else \
+            f"{self.blocks} blocks" if self.blocks is not None else "unbounded"
+
+
+UNBOUNDED = PoolSize()
 
 
 class BlockPool:

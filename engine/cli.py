@@ -12,6 +12,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from core.block_pool import PoolSize
+from core.config import ServingConfig
 from costs.shapes import BACKENDS
 from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, seed_arg, slo_arg,
                         workload_from_args, workload_options)
@@ -69,13 +71,13 @@ def check_options(args: argparse.Namespace) -> None:
 def check_workload(trace: Trace, args: argparse.Namespace) -> None:
     """Refuse a workload with a request the engine would refuse (it records such a request as rejected and
     serves the rest, which on a whole-workload mismatch is a run of nothing), naming the first one."""
-    from core.block_pool import BlockPool, unbounded_pool
+    from core.block_pool import BlockPool, largest_request_tokens, unbounded_pool
     from core.scheduler import Scheduler
 
     if not trace.requests:
         raise InputError("the workload has no requests")
-    sched = Scheduler(1, BlockPool(unbounded_pool(trace.requests, 1, args.block_size), args.block_size),
-                      args.max_prompt + args.max_budget)
+    pool = unbounded_pool(1, largest_request_tokens(trace.requests), args.block_size)
+    sched = Scheduler(1, BlockPool(pool, args.block_size), args.max_prompt + args.max_budget)
     try:
         for req in trace.requests:
             sched.submit(req)
@@ -86,12 +88,12 @@ def check_workload(trace: Trace, args: argparse.Namespace) -> None:
 
 def build_engine(args: argparse.Namespace):
     from .engine import Engine, EngineConfig  # torch is imported only once a command needs the engine
-    cfg = EngineConfig(max_batch=args.max_batch, block_size=args.block_size, pool_gib=args.pool_gib,
-                       pool_blocks=args.pool_blocks, max_prompt=args.max_prompt,
-                       max_budget=args.max_budget, backends=tuple(args.backends.split(",")),
-                       checkpoint=args.checkpoint, seed=args.weights_seed,
-                       dtype=args.dtype or ("float32" if args.device == "cpu" else "float16"), device=args.device,
-                       spec=dict(MODELS[args.model]), expect_gpu=args.expect_gpu)
+    serving = ServingConfig(model=args.model, dtype=args.dtype or ("float32" if args.device == "cpu" else "float16"),
+                            block_size=args.block_size, max_batch=args.max_batch,
+                            pool=PoolSize(args.pool_gib, args.pool_blocks))
+    cfg = EngineConfig(serving, max_prompt=args.max_prompt, max_budget=args.max_budget,
+                       backends=tuple(args.backends.split(",")), checkpoint=args.checkpoint, seed=args.weights_seed,
+                       device=args.device, expect_gpu=args.expect_gpu)
     return Engine(cfg)
 
 

@@ -47,7 +47,7 @@ def reference(engine: Engine, prompt_len: int, budget: int) -> tuple[list[int], 
                       do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
     tokens = out.sequences[0, ids.shape[1]:].tolist()
     margins = [float(t[0] - t[1]) for t in (lg[0].float().topk(2).values for lg in out.logits)]
-    diff = float((engine.model.dense_logits(ids, engine.cfg.block_size)[0].float() - out.logits[0][0].float()).abs().max())
+    diff = float((engine.model.dense_logits(ids, engine.cfg.serving.block_size)[0].float() - out.logits[0][0].float()).abs().max())
     return tokens, margins, diff
 
 

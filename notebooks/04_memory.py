@@ -32,7 +32,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from core.block_pool import BlockPool, blocks_for_gib
+from core.block_pool import PoolSize
+from core.config import ServingConfig
 from sim.sweep import Config, Workload
 from traces.metrics import summary
 from traces.workload import poisson_trace
@@ -52,13 +53,15 @@ ROW_COLORS = dict(zip(ROWS, ["tab:purple", "tab:blue"][-len(ROWS):]))
 
 # %%
 trace = poisson_trace(1.0, WORKLOAD.n, WORKLOAD.seed)
-blocks = np.array([BlockPool(1, S.BLOCK_SIZE).blocks_for(r.prompt_tokens + r.budget) for r in trace.requests])
+SERVING = ServingConfig()
+blocks = np.array([SERVING.blocks_for(r.prompt_tokens + r.budget) for r in trace.requests])
 full_batch_gib = {r: S.gib_of_blocks(r * blocks.mean()) for r in ROWS}
 print(f"mean reservation {blocks.mean():.1f} blocks ({S.gib_of_blocks(blocks.mean()) * 1024:.0f} MiB), "
       f"largest {blocks.max()} blocks; a full batch of average requests holds "
       + ", ".join(f"{g:.2f} GiB at {r} rows" for r, g in full_batch_gib.items()))
 for p in POOLS:
-    print(f"  {p:5g} GiB = {blocks_for_gib(p):5d} blocks = {blocks_for_gib(p) / blocks.mean():5.1f} average requests")
+    n = SERVING.but(pool=PoolSize(gib=p)).pool_blocks(0)
+    print(f"  {p:5g} GiB = {n:5d} blocks = {n / blocks.mean():5.1f} average requests")
 
 # %% [markdown]
 # ## The sweep
@@ -113,7 +116,7 @@ if S.has_validation():
         rate, pred = p.trace.get("rate"), plan["predictions"][p.id]
         meas = [summary(r, rate) for r in runs]
         keys = ("served_rate", "head_blocked_frac", "mean_running_rows")
-        rows.append({"point": p.id, "rate": rate, "rows": p.max_batch,
+        rows.append({"point": p.id, "rate": rate, "rows": p.serving.max_batch,
                      "pool_gib": S.gib_of_blocks(runs[0].meta["pool_blocks"]),
                      "repeats": len(runs), "served_rate_lo": min(m["served_rate"] for m in meas),
                      "served_rate_hi": max(m["served_rate"] for m in meas),

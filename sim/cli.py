@@ -12,12 +12,12 @@ import sys
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator
 
 from costs.shapes import BACKENDS
-from core.block_pool import DEFAULT_BLOCK_SIZE
+from core.block_pool import DEFAULT_BLOCK_SIZE, PoolSize
+from core.config import ServingConfig
 from core.routing import ROUTERS
 from core.scheduler import PrefillPolicy
 from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg,
@@ -29,7 +29,7 @@ from traces.workload import DEFAULT_N, poisson_trace
 
 from . import inputs
 from .store import FILE, PointStore
-from .sweep import AUTO_POINTS, AUTO_SPAN, Config, RemoteMap, Workload, run_sweep
+from .sweep import AUTO_POINTS, AUTO_SPAN, RemoteMap, Workload, run_sweep
 
 # pandas (records, metrics), SimPy, tqdm, matplotlib and provenance's probes are imported by the commands that use
 # them, so that --help and a refused argument answer without them (pandas alone takes longer to import than a
@@ -237,24 +237,25 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from .fleet_report import replica_table, slo_line
     from .simulator import SimConfig, simulate
-    table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
+    serving = ServingConfig(block_size=args.block_size, max_batch=args.max_batch,
+                            pool=PoolSize(args.pool_gib, args.pool_blocks), backend=args.backend,
+                            prefill=args.prefill, replicas=args.replicas, router=args.router)
+    table = inputs.load_table(args.table, serving, args.allow_nonstationary)
     inputs.check_backend(table, args.backend)
     trace = inputs.make_trace(rate=args.rate, n=args.n, seed=args.seed, trace_file=args.trace,
                               closed_mixed_n=args.closed_mixed, closed_uniform_prompt=args.closed_uniform)
-    pool_blocks, how = inputs.pool_size(trace, args.max_batch, table.block_size, args.pool_gib, args.pool_blocks)
-    inputs.check_trace(trace, table, args.max_batch, pool_blocks, table.block_size)
+    pool_blocks, how = inputs.pool_blocks(trace, serving), serving.pool.describe(serving.max_batch)
+    inputs.check_trace(trace, table, serving, pool_blocks)
     _check_out(args.out)
-    cfg = SimConfig(args.backend, args.max_batch, pool_blocks,
-                    detail=("tokens" if args.tokens else "steps") if args.out or args.trace_events else "summary",
-                    fast_forward=not args.no_fast_forward, noise_seed=args.noise_seed,
-                    policy=PrefillPolicy.parse(args.prefill))
+    cfg = SimConfig(serving, detail=("tokens" if args.tokens else "steps") if args.out or args.trace_events else
+                    "summary", fast_forward=not args.no_fast_forward, noise_seed=args.noise_seed)
     with tqdm(total=len(trace), unit="req", desc="simulating", disable=len(trace) < 20_000) as bar:
         cost = CostModel(table, args.strict)
         if args.replicas == 1:
             result = simulate(trace, cost, cfg, on_finish=bar.update)
         else:
             from .fleet import simulate_fleet  # SimPy: only a fleet needs it
-            result = simulate_fleet(trace, cost, cfg, args.replicas, args.router, on_finish=bar.update)
+            result = simulate_fleet(trace, cost, cfg, on_finish=bar.update)
     rate = trace.meta.get("rate") or trace.offered_rate  # None for a closed run: no stability verdict
     s = summary(result.record, rate, args.slo)
     if args.out:
@@ -313,7 +314,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     from .fleet_report import fewest_lines, fewest_replicas
     from .report import report, write_files
-    table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
+    table = inputs.load_table(args.table, ServingConfig(block_size=args.block_size), args.allow_nonstationary)
     for b in args.backend:
         inputs.check_backend(table, b)
     workload = Workload(n, seeds[0], inputs.load_trace(args.trace) if args.trace else None)
@@ -322,22 +323,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                          "simulate it with `sim run --trace`", path=args.trace)
     # The same requests at every rate: one trace per seed
     samples = [workload.base] if workload.base else [poisson_trace(1.0, n, s) for s in seeds]
-    configs = list(dict.fromkeys(Config(b, m, g, p, k, r) for b in args.backend for p in args.prefill
-                                 for m in args.max_batch for g in args.pool_gib for r in args.router
-                                 for k in args.replicas))
+    configs = list(dict.fromkeys(ServingConfig(block_size=args.block_size, max_batch=m, pool=PoolSize(gib=g),
+                                               backend=b, prefill=p, replicas=k, router=r)
+                                 for b in args.backend for p in args.prefill for m in args.max_batch
+                                 for g in args.pool_gib for r in args.router for k in args.replicas))
     rates = None if args.rates is None else sorted(set(args.rates))
     for c in configs:
-        pool_blocks = c.pool_blocks(table.block_size)
         for requests, seed in zip(samples, seeds):
+            pool_blocks = inputs.pool_blocks(requests, c)
             try:
-                inputs.check_trace(requests, table, c.max_batch, pool_blocks, table.block_size)
+                inputs.check_trace(requests, table, c, pool_blocks)
             except InputError as e:
                 on = f", seed {seed}" if len(samples) > 1 else ""
                 raise InputError(f"{c.label} ({pool_blocks} blocks{on}): {e}") from None
     _check_sweep_out(args)
     wl = {"trace_file": str(args.trace), "trace_id": samples[0].trace_id} if args.trace else \
         {"kind": "poisson", "n": n, **({"seeds": seeds} if len(seeds) > 1 else {"seed": seeds[0]})}
-    setup = {"table_id": table.table_id, "workload": wl, "configs": [asdict(c) for c in configs],
+    setup = {"table_id": table.table_id, "workload": wl, "configs": [c.axes() for c in configs],
              "rates": "auto" if rates is None else rates, "block_size": table.block_size,
              "noise_seed": args.noise_seed, "strict": args.strict, "slos": [str(slo) for slo in args.slo]}
     what = f"trace {args.trace} ({len(samples[0])} requests)" if args.trace else \

@@ -179,25 +179,25 @@ def _replica(env: FleetEnv, loop: StepLoop, timer: ReplicaTimer, inbox: Inbox):
         timer.wait_until(t)
 
 
-def simulate_fleet(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(), replicas: int = 1,
-                   router: str = "round-robin", on_finish: Callable[[int], None] | None = None) -> SimResult:
-    """Run `trace` through `replicas` engines of configuration `cfg` behind `router`, on simulated time; one
-    record of the engine's schema, each row with its replica (steps and passes in the result are the fleet's).
-    `on_finish(n)` is called as rows retire, as simulate() calls it."""
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise InputError(f"a fleet needs a whole number of replicas >= 1, got {replicas!r}")
+def simulate_fleet(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
+                   on_finish: Callable[[int], None] | None = None) -> SimResult:
+    """Run `trace` through cfg.serving.replicas engines behind its router, on simulated time; one record of the
+    engine's schema, each row with its replica (steps and passes in the result are the fleet's). `on_finish(n)` is
+    called as rows retire, as simulate() calls it."""
+    serving = cfg.serving
+    replicas, router = serving.replicas, serving.router
     pick = router_named(router)
     t0 = time.perf_counter()
     pool_blocks, writer = start_run(trace, cost, cfg, replicas=replicas, router=router)
-    table = cost.table
     env = FleetEnv()
     dispatcher = Dispatcher(env, trace.requests, pick, replicas)
     env.process(dispatcher.run())  # first: arrivals at t=0 are in the inboxes before any replica's first pass
     loops, timers = [], []
     for i, inbox in enumerate(dispatcher.inboxes):
-        sched = Scheduler(cfg.max_batch, BlockPool(pool_blocks, table.block_size), table.max_tokens, cfg.policy)
-        timer = ReplicaTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed, i)
-        recorder = ReplicaRecorder(writer, cfg.backend, dispatcher.loads[i], i, cfg.detail)
+        sched = Scheduler(serving.max_batch, BlockPool(pool_blocks, serving.block_size), cost.table.max_tokens,
+                          serving.prefill)
+        timer = ReplicaTimer(cost, serving.backend, cfg.fast_forward, cfg.noise_seed, i)
+        recorder = ReplicaRecorder(writer, serving.backend, dispatcher.loads[i], i, cfg.detail)
         loop = StepLoop(sched, recorder, timer, inbox, (lambda done: on_finish(len(done))) if on_finish else None)
         env.process(_replica(env, loop, timer, inbox))
         loops.append(loop)

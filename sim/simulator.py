@@ -31,11 +31,14 @@ import numpy as np
 
 from costs.model import CostModel
 from costs.shapes import DecodeShape
-from core.block_pool import BlockPool, unbounded_pool
+from costs.table import check_compatible
+from core.block_pool import BlockPool, largest_request_tokens
+from core.config import ServingConfig
 from core.recorder import Recorder
-from core.scheduler import PADDED, PrefillPolicy, PrefillWork, Scheduler, Seq
+from core.scheduler import PrefillPolicy, PrefillWork, Scheduler, Seq
 from core.step_loop import StepLoop, TraceArrivals, drive
 from traces.errors import InputError
+from traces.model_spec import config_hash
 from traces.records import RunRecord, RunWriter
 from traces.workload import Trace
 
@@ -50,13 +53,12 @@ class DerivedCostWarning(UserWarning):
 
 @dataclass(frozen=True)
 class SimConfig:
-    backend: str = "paged"
-    max_batch: int = 32
-    pool_blocks: int | None = None  # None: enough that the pool never binds (core.block_pool.unbounded_pool)
+    """What is served (the serving configuration, replicas and router included) and how the simulator runs it."""
+
+    serving: ServingConfig = field(default_factory=ServingConfig)
     detail: str = "summary"
     fast_forward: bool = True
     noise_seed: int | None = None  # None: deterministic step times; else seeded log-normal noise
-    policy: PrefillPolicy = field(default=PADDED)
 
     def __post_init__(self):
         if self.detail not in DETAILS:
@@ -170,16 +172,19 @@ def start_run(trace: Trace, cost: CostModel, cfg: SimConfig, **fleet) -> tuple[i
     """What simulate() and a fleet (sim/fleet.py, which passes its shape as `fleet`) do before a run: refuse what
     cannot run, size the pool, and open the record with the engine's run metadata, the cost table standing in for
     the device it was measured on. Returns the pool's blocks and the record's writer."""
-    table = cost.table
-    if cfg.backend not in table.backends:
-        raise InputError(f"{table.summary()} has no decode costs for backend {cfg.backend!r} "
+    table, serving = cost.table, cfg.serving
+    check_compatible(table, config_hash(serving.spec), serving.block_size)
+    if table.model["dtype"] != serving.dtype:
+        raise InputError(f"cost table {table.table_id} was measured in {table.model['dtype']}, not {serving.dtype}")
+    if serving.backend not in table.backends:
+        raise InputError(f"{table.summary()} has no decode costs for backend {serving.backend!r} "
                          f"(it has {', '.join(table.backends)})")
-    check_policy(cost, cfg.policy, cost.strict)
+    check_policy(cost, serving.prefill, cost.strict)
     if not trace.requests:
         raise InputError("the trace has no requests")
-    pool_blocks = cfg.pool_blocks or unbounded_pool(trace.requests, cfg.max_batch, table.block_size)
-    run_meta = {"kind": "sim", "backend": cfg.backend, "prefill": str(cfg.policy), "trace_id": trace.trace_id,
-                "trace": trace.meta, "max_batch": cfg.max_batch, "pool_blocks": pool_blocks,
+    pool_blocks = serving.pool_blocks(largest_request_tokens(trace.requests))
+    run_meta = {"kind": "sim", "backend": serving.backend, "prefill": str(serving.prefill), "trace_id": trace.trace_id,
+                "trace": trace.meta, "max_batch": serving.max_batch, "pool_blocks": pool_blocks,
                 "block_size": table.block_size, "max_tokens": table.max_tokens, "model": table.model,
                 "device": table.device, "table_id": table.table_id,
                 "sim": {"detail": cfg.detail, "fast_forward": cfg.fast_forward, "noise_seed": cfg.noise_seed,
@@ -198,10 +203,11 @@ def simulate(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
     """
     t0 = time.perf_counter()
     pool_blocks, writer = start_run(trace, cost, cfg)
-    table = cost.table
-    recorder = Recorder(writer, cfg.backend, tokens=cfg.detail == "tokens", decode_steps=cfg.detail != "summary")
-    sched = Scheduler(cfg.max_batch, BlockPool(pool_blocks, table.block_size), table.max_tokens, cfg.policy)
-    timer = SimTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed)
+    serving = cfg.serving
+    recorder = Recorder(writer, serving.backend, tokens=cfg.detail == "tokens", decode_steps=cfg.detail != "summary")
+    sched = Scheduler(serving.max_batch, BlockPool(pool_blocks, serving.block_size), cost.table.max_tokens,
+                      serving.prefill)
+    timer = SimTimer(cost, serving.backend, cfg.fast_forward, cfg.noise_seed)
     loop = StepLoop(sched, recorder, timer, TraceArrivals(trace.requests),
                     (lambda done: on_finish(len(done))) if on_finish else None)
     with _collector_paused():

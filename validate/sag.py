@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from costs.model import CostModel
-from core.block_pool import blocks_for_gib
-from core.scheduler import PrefillPolicy
+from core.block_pool import PoolSize
+from core.config import ServingConfig
 from sim import inputs
 from sim.simulator import SimConfig, simulate
 from traces.csvio import atomic_write_text
@@ -50,6 +50,10 @@ class Case:
     prefill: str
 
     @property
+    def serving(self) -> ServingConfig:
+        return ServingConfig(max_batch=self.max_batch, pool=PoolSize(gib=self.pool_gib), prefill=self.prefill)
+
+    @property
     def name(self) -> str:
         pool = "pool-ample" if self.pool_gib is None else f"pool-{self.pool_gib:g}gib"
         return f"{self.prompts}-{self.budgets.replace(':', '')}-b{self.max_batch}-{pool}-{self.prefill.replace(':', '')}"
@@ -70,8 +74,7 @@ def _run(case: Case, rate: float | None, seed: int, n: int) -> dict:
     if rate is None:
         from sim.inputs import closed
         trace = closed(trace)
-    pool = blocks_for_gib(case.pool_gib, _cost.table.block_size) if case.pool_gib else None
-    rec = simulate(trace, _cost, SimConfig("paged", case.max_batch, pool, policy=PrefillPolicy.parse(case.prefill))).record
+    rec = simulate(trace, _cost, SimConfig(case.serving)).record
     if rate is None:
         return {"served_rate": served_rate(rec)}
     s = summary(rec, rate)
@@ -106,7 +109,7 @@ def search(table_path: Path | None, out: Path, *, jobs: int | None = None, force
     out = Path(out)
     if (out / "search.json").exists() and not force:
         raise InputError("already holds a sag search; choose another --out or pass --force", path=out / "search.json")
-    table = inputs.load_table(table_path, 64)
+    table = inputs.load_table(table_path)
     cases = [Case(*c) for c in itertools.product(PROMPTS, BUDGETS, MAX_BATCH, POOLS, POLICIES)]
     jobs = jobs or os.cpu_count() or 1
     with ProcessPoolExecutor(jobs, initializer=_init, initargs=(table,)) as pool:
