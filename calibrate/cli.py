@@ -15,6 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from core.config import ServingConfig
+from core.policies import PADDED, every_policy
 from costs.shapes import BACKENDS
 from costs.table import save_cost_table
 from traces.errors import InputError
@@ -108,9 +109,7 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         return refresh(args.refresh, args.out, cfg, argv)
     if args.check_stationary:
         return check_stationary(plan, cfg, args.backend)
-    from engine.engine import POLICIES_BUILT
-    runs = make_plan(plan, serving.max_batch, args.backend,
-                     tuple(f"chunked:{plan.chunk}" if p == "chunked" else p for p in POLICIES_BUILT))
+    runs = make_plan(plan, serving.max_batch, args.backend, tuple(map(str, every_policy(plan.chunk))))
     store = PointsFile(points_path(args.out), ident)
     todo = sum(r.key not in store for r in runs)
     print(f"calibrating {ident['model']} ({ident['dtype']}) on {ident['device']}: max batch {serving.max_batch}, "
@@ -156,14 +155,14 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
 
 def check_stationary(plan, cfg, backends) -> int:
     """The stationarity check alone, on a freshly started engine."""
-    from engine.engine import POLICIES_BUILT, Engine
+    from engine.engine import Engine
 
     from .measure import measure
     from .plan import stationarity_runs
     from .table import stationarity
 
     engine = Engine(cfg)
-    others = [f"chunked:{plan.chunk}" if p == "chunked" else p for p in POLICIES_BUILT if p != "padded"]
+    others = [str(p) for p in every_policy(plan.chunk) if p != PADDED]
     runs = stationarity_runs(plan, cfg.serving.max_batch, backends, others)
     samples = {r.key: measure(engine, r) for r in tqdm(runs, unit="run", desc="stationarity")}
     st = stationarity(runs, samples)

@@ -11,7 +11,7 @@ from traces.model_spec import DTYPE_BYTES, MODELS, kv_bytes_per_token
 
 from .block_pool import DEFAULT_BLOCK_SIZE, UNBOUNDED, PoolSize, blocks_for
 from .routing import ROUTERS
-from .scheduler import PADDED, PrefillPolicy
+from .policies import PADDED, RESERVE, AdmissionPolicy, PrefillPolicy
 
 
 def _count(value, what: str) -> None:
@@ -23,7 +23,8 @@ def _count(value, what: str) -> None:
 class ServingConfig:
     """model: a key of traces.model_spec.MODELS; dtype: the K/V (and weights') dtype; block_size: tokens per KV
     block; max_batch: batch rows; pool: the KV pool (GiB, blocks or unbounded); backend: the decode backend;
-    prefill: the prefill policy (or its name, parsed here); replicas behind `router` (one: a single engine)."""
+    prefill, admission: the scheduler's policies (or their names; core/policies.py); replicas behind `router` (one:
+    a single engine)."""
 
     model: str = "qwen2.5-1.5b"
     dtype: str = "float16"
@@ -32,6 +33,7 @@ class ServingConfig:
     pool: PoolSize = UNBOUNDED
     backend: str = "paged"
     prefill: PrefillPolicy = PADDED
+    admission: AdmissionPolicy = RESERVE
     replicas: int = 1
     router: str = "round-robin"
 
@@ -49,8 +51,9 @@ class ServingConfig:
             raise InputError(f"unknown router {self.router!r}; choose {', '.join(ROUTERS)}")
         if not isinstance(self.pool, PoolSize):
             raise TypeError(f"pool must be a PoolSize, got {self.pool!r}")
-        if not isinstance(self.prefill, PrefillPolicy):
-            object.__setattr__(self, "prefill", PrefillPolicy.parse(self.prefill))
+        # Names are parsed (once, here), so that a configuration can be written as text.
+        object.__setattr__(self, "prefill", PrefillPolicy.parse(self.prefill))
+        object.__setattr__(self, "admission", AdmissionPolicy.parse(self.admission))
 
     @property
     def spec(self) -> dict:

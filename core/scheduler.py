@@ -1,21 +1,13 @@
-"""The scheduler both clocks share: FIFO queue, batch rows, reserve-on-admit, admission groups, prefill policy,
-retirement, and the shapes of the steps it asks for.
+"""The scheduler both clocks share: FIFO queue, batch rows, admission groups, retirement, and the shapes of the
+steps it asks for; what to prefill and how much to reserve are its policies' (core/policies.py).
 
 The engine drives it with real GPU steps and the simulator with modelled step costs; neither has scheduling
 code of its own, so they cannot disagree about who is admitted when or what a step computes.
 
-Admission: the queue head is admitted only when a batch row is free and every block it could ever need
-(prompt + full budget, rounded up to whole blocks) is free; if it does not fit, it and everything behind it
-wait. The requests admitted in one step form an admission group.
-
-Prefill policies (what the prefill step of a pass computes):
-- padded: the group admitted in this pass, every prompt padded to the group's widest (the write-up's engine);
-- packed: the same group, each prompt at its true length;
-- chunked:N: at most N prompt positions a step, taken from the admitted prompts not yet in the pool, oldest
-  first (several short prompts can share a chunk; a long one spans several). A decode step for the rows that
-  have their first token follows each chunk step, as it follows every prefill: the two stay separate steps, so
-  a decode step is always the same graph-captured kernel sequence, and a chunk's cost is a prefill's.
-A prompt whose last positions are computed in a step gets its first token from that step.
+Admission: the queue head is admitted only when a batch row is free and the blocks its admission policy asks
+for (reserve: prompt + full budget, in whole blocks) are free; if it does not fit, it and everything behind it
+wait. The requests admitted in one step form an admission group. A prompt whose last positions are computed in
+a step gets its first token from that step.
 """
 from __future__ import annotations
 
@@ -28,41 +20,7 @@ from traces.errors import InputError
 from traces.workload import Request
 
 from .block_pool import BlockPool
-
-POLICIES = ("padded", "packed", "chunked")
-
-
-@dataclass(frozen=True)
-class PrefillPolicy:
-    name: str = "padded"
-    chunk: int | None = None  # prompt positions per chunk step (chunked only)
-
-    def __post_init__(self):
-        if self.name not in POLICIES:
-            raise InputError(f"unknown prefill policy {self.name!r}; choose padded, packed or chunked:N")
-        if (self.name == "chunked") != (self.chunk is not None):
-            raise InputError("chunked prefill needs a chunk size (chunked:N); padded and packed take none")
-        if self.chunk is not None and (isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1):
-            raise InputError(f"the chunk size must be a whole number of tokens >= 1, got {self.chunk!r}")
-
-    @classmethod
-    def parse(cls, text: str) -> "PrefillPolicy":
-        """'padded', 'packed' or 'chunked:N'."""
-        name, sep, n = str(text).strip().partition(":")
-        if name == "chunked":
-            if not n.strip().isdigit():
-                raise InputError(f"{text!r}: chunked prefill is written chunked:N, N a whole number of tokens >= 1")
-            return cls(name, int(n))
-        if sep:
-            raise InputError(f"{text!r}: only chunked takes a size (chunked:N)")
-        return cls(name)
-
-    def __str__(self) -> str:
-        return f"chunked:{self.chunk}" if self.chunk is not None else self.name
-
-
-PADDED = PrefillPolicy()
-
+from .policies import PADDED, RESERVE, AdmissionPolicy, PrefillPolicy
 
 class Seq:
     """A request inside the engine: its blocks, progress and the times the records need."""
@@ -122,13 +80,15 @@ def decode_shape(rows: list[Seq]) -> DecodeShape:
 
 
 class Scheduler:
-    def __init__(self, max_batch: int, pool: BlockPool, max_tokens: int | None = None, policy: PrefillPolicy = PADDED):
+    def __init__(self, max_batch: int, pool: BlockPool, max_tokens: int | None = None, policy: PrefillPolicy = PADDED,
+                 admission: AdmissionPolicy = RESERVE):
         if max_batch <= 0:
             raise ValueError(f"max batch must be positive, got {max_batch}")
         self.max_batch = max_batch
         self.pool = pool
         self.max_tokens = max_tokens  # prompt + budget the model can hold (its positions), None = unbounded
         self.policy = policy
+        self.admission = admission
         self.queue: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.prefilling: deque[Seq] = deque()  # admitted, prompt not yet whole in the pool, in admission order
@@ -148,7 +108,7 @@ class Scheduler:
         if self.max_tokens is not None and total > self.max_tokens:
             raise InputError(f"request {rid}: prompt {req.prompt_tokens} + budget {req.budget} = {total} tokens is beyond "
                              f"the model's {self.max_tokens} positions")
-        need = self.pool.blocks_for(total)
+        need = self.admission.blocks_to_admit(req, self.pool)
         if need > self.pool.num_blocks:
             raise InputError(f"request {rid}: needs {need} blocks of {self.pool.block_size} tokens "
                              f"({total} tokens); the pool has {self.pool.num_blocks}")
@@ -156,7 +116,7 @@ class Scheduler:
     def submit(self, req: Request) -> Seq:
         self.check(req)
         self._seen.add(req.request_id)
-        seq = Seq(req, self.pool.blocks_for(req.prompt_tokens + req.budget))
+        seq = Seq(req, self.admission.blocks_to_admit(req, self.pool))
         self.queue.append(seq)
         return seq
 
@@ -183,24 +143,7 @@ class Scheduler:
 
     def prefill_work(self) -> PrefillWork | None:
         """What this pass's prefill step computes under the policy, or None when no prompt waits for the pool."""
-        if not self.prefilling:
-            return None
-        policy = self.policy
-        if policy.name != "chunked":  # the group admitted in this pass: nothing else is ever left half-prefilled
-            seqs = list(self.prefilling)
-            new = [s.req.prompt_tokens for s in seqs]
-            computed = [max(new)] * len(seqs) if policy.name == "padded" else new
-            return PrefillWork(seqs, [0] * len(seqs), new, computed)
-        seqs, prefix, new, budget = [], [], [], policy.chunk
-        for s in self.prefilling:
-            if not budget:
-                break
-            n = min(s.req.prompt_tokens - s.kv_len, budget)
-            seqs.append(s)
-            prefix.append(s.kv_len)
-            new.append(n)
-            budget -= n
-        return PrefillWork(seqs, prefix, new, list(new))
+        return PrefillWork(*self.policy.select(self.prefilling)) if self.prefilling else None
 
     def prefilled(self, work: PrefillWork, t: float) -> list[Seq]:
         """The step's positions are in the pool at `t`; prompts it completed have their first token then.

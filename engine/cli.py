@@ -109,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     from traces.metrics import slo_keys, summary
     from traces.timeline import write_timeline
 
-    from core.scheduler import PrefillPolicy
+    from core.policies import PrefillPolicy
     check_options(args)
     PrefillPolicy.parse(args.prefill)
     outs = _out_dirs(args)

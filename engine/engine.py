@@ -19,14 +19,12 @@ from traces.workload import Trace
 from core.block_pool import PoolSize, blocks_for, gib_of
 from core.config import ServingConfig
 from core.recorder import Recorder
-from core.scheduler import PrefillPolicy
+from core.policies import PREFILL, PrefillPolicy
 
 from .model_runner import EAGER_BUCKET, GRAPH_TOKENS, ModelRunner
 from .qwen2 import PagedQwen2
 from .serve import serve
 from .weights import load_model
-
-POLICIES_BUILT = ("padded", "packed", "chunked")  # the prefill policies this engine can run
 
 GRAPH_RESERVE_BYTES = 2 << 30  # CUDA graphs' private memory and allocator slack, kept out of the default pool
 POOL_FRACTION = 0.9
@@ -140,7 +138,7 @@ class Engine:
                 "model": {"name": m.spec["name"], "config_hash": m.config_hash, "weights": m.weights,
                           "dtype": cfg.serving.dtype},
                 "device": device_info(self.device), "prefill_peak_gib": round(self.peak_prefill_bytes / 2**30, 3),
-                "engine": {"start_s": round(self.start_s, 2), "policies": list(POLICIES_BUILT),
+                "engine": {"start_s": round(self.start_s, 2), "policies": list(PREFILL),
                            "prefill_attention": "triton varlen (engine/kernels/prefill_attention.py)",
                            "prefill_buckets": r.buckets, "prefill_block_m": r.block_m,
                            "prefill_graph_buckets": sorted(r.prefill_graphs), "graph_tokens": GRAPH_TOKENS,
@@ -169,8 +167,6 @@ class Engine:
         if backend not in self.cfg.backends:
             raise InputError(f"backend {backend!r} was not compiled at engine start ({', '.join(self.cfg.backends)})")
         prefill = PrefillPolicy.parse(policy)
-        if prefill.name not in POLICIES_BUILT:
-            raise InputError(f"this engine does not run {prefill} prefill yet (it runs {', '.join(POLICIES_BUILT)})")
         max_batch = max_batch or self.cfg.serving.max_batch
         if max_batch > self.cfg.serving.max_batch:
             raise InputError(f"max batch {max_batch} is above the engine's {self.cfg.serving.max_batch}")

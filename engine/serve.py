@@ -14,7 +14,8 @@ from traces.workload import Trace
 
 from core.block_pool import BlockPool
 from core.recorder import Recorder
-from core.scheduler import PADDED, PrefillPolicy, PrefillWork, Scheduler, Seq
+from core.policies import PADDED, PrefillPolicy
+from core.scheduler import PrefillWork, Scheduler, Seq
 from core.step_loop import StepLoop, TraceArrivals, drive
 
 

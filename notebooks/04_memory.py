@@ -34,7 +34,7 @@ import pandas as pd
 
 from core.block_pool import PoolSize
 from core.config import ServingConfig
-from sim.sweep import Config, Workload
+from sim.sweep import Workload
 from traces.metrics import summary
 from traces.workload import poisson_trace
 
@@ -73,7 +73,7 @@ for p in POOLS:
 
 # %%
 t0 = time.perf_counter()
-configs = [Config(BACKEND, r, p) for r in ROWS for p in POOLS]
+configs = [ServingConfig(backend=BACKEND, max_batch=r, pool=PoolSize(gib=p)) for r in ROWS for p in POOLS]
 results, _ = S.capacity_sweep(table, configs, WORKLOAD)
 print(f"{len(configs)} configurations, {sum(len(r.rows) for r in results)} simulated runs in "
       f"{time.perf_counter() - t0:.1f} s")

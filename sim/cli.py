@@ -19,7 +19,7 @@ from costs.shapes import BACKENDS
 from core.block_pool import DEFAULT_BLOCK_SIZE, PoolSize
 from core.config import ServingConfig
 from core.routing import ROUTERS
-from core.scheduler import PrefillPolicy
+from core.policies import PrefillPolicy
 from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg,
                         slo_arg)
 from traces.errors import InputError

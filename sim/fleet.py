@@ -195,7 +195,7 @@ def simulate_fleet(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
     loops, timers = [], []
     for i, inbox in enumerate(dispatcher.inboxes):
         sched = Scheduler(serving.max_batch, BlockPool(pool_blocks, serving.block_size), cost.table.max_tokens,
-                          serving.prefill)
+                          serving.prefill, serving.admission)
         timer = ReplicaTimer(cost, serving.backend, cfg.fast_forward, cfg.noise_seed, i)
         recorder = ReplicaRecorder(writer, serving.backend, dispatcher.loads[i], i, cfg.detail)
         loop = StepLoop(sched, recorder, timer, inbox, (lambda done: on_finish(len(done))) if on_finish else None)

@@ -9,7 +9,8 @@ from costs.table import save_cost_table
 from core.block_pool import PoolSize
 from core.config import ServingConfig
 from core.recorder import Recorder
-from core.scheduler import PADDED, PrefillPolicy, decode_shape
+from core.policies import PADDED, PrefillPolicy
+from core.scheduler import decode_shape
 from engine.serve import serve
 from sim.simulator import SimConfig
 from traces.records import RunRecord, RunWriter

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from core.config import ServingConfig
+from core.policies import STUDIED
 from sim import inputs
 from sim.sweep import Workload
 from traces.csvio import atomic_write_text
@@ -26,12 +27,11 @@ from traces.provenance import provenance
 from .plan import LARGE_POOL, _azure_window, _round, _scaled, capacity, predict
 from .points import Point
 
-POLICIES = ("padded", "packed", "chunked:512")
 KEYS = ("served_rate", "queue_wait_p50", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s", "gap_max")
 
 
 def make_predictions(table_path: Path | None, out: Path, *, azure: Path | None, n: int = 400, seed: int = 0,
-                     policies: tuple[str, ...] = POLICIES, force: bool = False) -> dict:
+                     policies: tuple[str, ...] = STUDIED, force: bool = False) -> dict:
     out = Path(out)
     if (out / "predictions.json").exists() and not force:
         raise InputError("already holds predictions; they are a record of what was predicted when. Choose another "
