@@ -36,11 +36,9 @@ def step_shapes(run: Run) -> list[PrefillShape]:
     sched = Scheduler(run.width, BlockPool(pool, serving.block_size), None, serving.prefill)
     for i, n in enumerate(run.prompts):
         sched.submit(Request(i, 0.0, n, run.budget))
-    sched.admit(0.0, 0)
     shapes = []
-    while (work := sched.prefill_work()) is not None:
-        shapes.append(work.shape)
-        sched.prefilled(work, 0.0)
+    while (plan := sched.schedule(0.0, 0)).prefill is not None:  # the first plan admits them all
+        shapes.append(plan.prefill.shape)
     return shapes
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 from costs.shapes import DecodeShape, PrefillShape
 from traces.errors import InputError
@@ -21,6 +22,9 @@ from traces.workload import Request
 
 from .block_pool import BlockPool
 from .policies import PADDED, RESERVE, AdmissionPolicy, PrefillPolicy
+
+if TYPE_CHECKING:
+    from .step_loop import Arrivals
 
 class Seq:
     """A request inside the engine: its blocks, progress and the times the records need."""
@@ -79,6 +83,21 @@ def decode_shape(rows: list[Seq]) -> DecodeShape:
     return DecodeShape(len(rows), sum(kv) + len(rows), max(kv) + 1)
 
 
+class StepPlan(NamedTuple):
+    """What one pass runs, decided at its start (Scheduler.schedule): admit a group, then at most one prefill step,
+    then a stretch of 1 to max_steps decode steps of the same rows, cut after the first that ends at or after
+    `stop` (when an admission could come). A named tuple: the simulator makes one every pass."""
+
+    step: int  # the number of the pass's first step: its prefill step and its first decode step carry it
+    group: list[Seq]  # the admission group (may be empty)
+    prefill: PrefillWork | None
+    first_tokens: list[Seq]  # the prompts the prefill step completes: their first token comes from it
+    rows: list[Seq]  # the decode rows once the prefill step is done (first token, budget left); may be empty
+    shape: DecodeShape | None  # the first decode step's shape
+    max_steps: int
+    stop: float
+
+
 class Scheduler:
     def __init__(self, max_batch: int, pool: BlockPool, max_tokens: int | None = None, policy: PrefillPolicy = PADDED,
                  admission: AdmissionPolicy = RESERVE):
@@ -120,6 +139,35 @@ class Scheduler:
         self.queue.append(seq)
         return seq
 
+    def schedule(self, now: float, step: int, lookahead: Arrivals | None = None) -> StepPlan:
+        """Plan the pass that starts at `now` as step `step`: admit, choose the prefill step and the decode rows.
+        The prefill step's bookkeeping (positions in the pool, first tokens generated) is done here; its time, and
+        every decode step's, are set once they have run (first_token_at, advance). With `lookahead` (a timer that
+        can price a stretch of decode steps), the stretch is bounded by the next point where this scheduler has
+        something to decide: a row finishing, a chunk step due, or an arrival it could admit."""
+        group = self.admit(now, step)
+        work, first = None, []
+        if self.prefilling:
+            work = PrefillWork(*self.policy.select(self.prefilling))
+            first = self._prefilled(work)
+        rows = self.decode_rows()
+        if not rows:
+            return StepPlan(step, group, work, first, rows, None, 0, math.inf)
+        limit = self.max_decode_steps() if lookahead is not None else 1
+        stop = self.next_admission(lookahead) if limit > 1 else math.inf
+        return StepPlan(step, group, work, first, rows, decode_shape(rows), limit, stop)
+
+    def next_admission(self, arrivals: Arrivals) -> float:
+        """The earliest time an admission can happen before the running rows change: never while the queue head
+        waits for blocks or no row is free; else when the arrivals' next candidate comes, unless it is a known
+        request that does not fit in the free blocks (it would block everything behind it)."""
+        if self.queue or len(self.running) >= self.max_batch:
+            return math.inf
+        when, req = arrivals.next_candidate(self)
+        if req is not None and self.admission.blocks_to_admit(req, self.pool) > self.pool.free:
+            return math.inf
+        return when
+
     def can_admit(self) -> bool:
         return bool(self.queue) and len(self.running) < self.max_batch and self.queue[0].blocks_needed <= self.pool.free
 
@@ -141,23 +189,23 @@ class Scheduler:
             self.prefilling.extend(group)
         return group
 
-    def prefill_work(self) -> PrefillWork | None:
-        """What this pass's prefill step computes under the policy, or None when no prompt waits for the pool."""
-        return PrefillWork(*self.policy.select(self.prefilling)) if self.prefilling else None
-
-    def prefilled(self, work: PrefillWork, t: float) -> list[Seq]:
-        """The step's positions are in the pool at `t`; prompts it completed have their first token then.
-        Returns those sequences."""
+    def _prefilled(self, work: PrefillWork) -> list[Seq]:
+        """The step's positions are in the pool; prompts it completes have their first token. Returns those."""
         done = []
         for i, s in enumerate(work.seqs):
             s.kv_len += work.new[i]
             if work.completes(i):
                 s.generated = 1
-                s.first_token = s.last_token = t
                 done.append(s)
         for _ in done:  # prompts complete in admission order, so the finished ones lead the deque
             self.prefilling.popleft()
         return done
+
+    @staticmethod
+    def first_token_at(seqs: list[Seq], t: float) -> None:
+        """The prefill step that completed these prompts ended at `t`: their first token came then."""
+        for s in seqs:
+            s.first_token = s.last_token = t
 
     def decode_rows(self) -> list[Seq]:
         """Rows with their first token and budget left: the ones a decode step advances."""

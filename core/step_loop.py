@@ -1,18 +1,21 @@
 """The engine's step loop, written once: the real engine and the simulator both run it.
 
-One pass: submit the arrivals that are due (refusing what the engine could never serve), admit a group, run the
-prefill step the policy asks for, run decode for every row that has its first token, retire finished rows and
-record everything. What a step costs is the timer's business: the engine's timer runs the model on the GPU and
-reads the clock; the simulator's returns the cost model's durations on its own clock and may price a whole
-stretch of decode steps at once (fast-forward), up to the first point where the scheduler has something to
-decide: a row finishing, a prompt waiting for its next chunk, or the next arrival that could be admitted.
+One pass, top to bottom: take the arrivals that are due (refusing what the engine could never serve); ask the
+scheduler for the pass's plan (Scheduler.schedule: the admission group, at most one prefill step, and a stretch of
+decode steps of the same rows); run the plan's steps on the timer; let their time pass; retire the rows that
+finished and write the pass's records. What a step costs is the timer's business: the engine's timer runs the
+model on the GPU and reads the clock; the simulator's returns the cost model's durations on its own clock and may
+price a whole stretch of decode steps at once (fast-forward), up to the bound the plan sets.
 
 The loop is a generator of times: it yields a time whenever the driver must let time pass before it goes on
-(the end of a pass's work, or the next arrival when idle; None when the next arrival is not known, as for a
+(the end of a pass's steps, or the next arrival when idle; None when the next arrival is not known, as for a
 replica fed by a router). The engine's driver (drive) sleeps until then (a no-op for work already done); the
 simulator's, the same function, sets its virtual clock; a simulated fleet's replicas wait in SimPy processes.
-Rows finish at the yielded time, after the wait, so anything that looks at the scheduler from outside (a router)
-sees it as it is at that moment.
+Rows retire once that time has passed, so anything that looks at the scheduler from outside (a router) sees a
+row outstanding until its replica's clock has reached the end of its last step and its records are written.
+
+Step numbers: a pass's first step has the pass's number; its prefill step (if any) and its first decode step
+both carry it, and its k decode steps take k consecutive numbers, so the next pass is numbered max(k, 1) on.
 """
 from __future__ import annotations
 
@@ -23,12 +26,53 @@ from costs.shapes import DecodeShape
 from traces.errors import InputError
 from traces.workload import Request
 
-from .recorder import Recorder
-from .scheduler import PrefillWork, Scheduler, Seq, decode_shape
+from .scheduler import PrefillWork, Scheduler, Seq, StepPlan
+
+
+class RunLog(Protocol):
+    """Where a run's rows go (core.recorder.Recorder). Invariants: every submitted request ends in exactly one of
+    finish() (once, when it retires) or reject() (once, on arrival); steps are written in step order per replica,
+    each once, after the step has ended."""
+
+    tokens: bool  # keep every token's time (and id)
+    keep_decode: bool  # write a row per decode step (else only requests and prefill steps)
+
+    def prefill(self, step: int, work: PrefillWork, n_admitted: int, start: float, end: float) -> None: ...
+
+    def decode_steps(self, step: int, shape: DecodeShape, start: float, ends: list[float], retired: int,
+                     next_start: float) -> None: ...
+
+    def finish(self, seqs: list[Seq]) -> None: ...
+
+    def reject(self, req: Request, reason: str) -> None: ...
+
+
+class Arrivals(Protocol):
+    """The requests a loop serves, as it sees them at each pass's start. Invariants: due(t) hands each request
+    over once, in arrival order, and only once its arrival is <= t; exhausted is final; next_candidate never says
+    later than the first moment a request the scheduler would accept can arrive (it bounds fast-forward: a bound
+    too early costs a pass, one too late would change the run)."""
+
+    def due(self, t: float) -> list[Request]: ...
+
+    @property
+    def exhausted(self) -> bool:
+        """No request will come any more."""
+
+    def next_time(self) -> float | None:
+        """When the next request comes (when idle); None when that is not known yet (then wait())."""
+
+    def next_candidate(self, sched: Scheduler) -> tuple[float, Request | None]:
+        """When the next request the scheduler could admit may arrive, and that request where it is known (the
+        scheduler then checks it fits: Scheduler.next_admission holds the admission rule)."""
+
+    def wait(self):
+        """Block (or, in SimPy, an event to yield) until a request comes or none ever will."""
 
 
 class StepTimer(Protocol):
-    """How long steps take, and when it is now."""
+    """How long steps take, and when it is now. Invariants: now() never goes back; a step's end is at or after
+    its start; decode() returns between 1 and `limit` ends, in order, cut only after the first end >= stop."""
 
     fast_forward: bool  # decode() may run more than one step
 
@@ -72,11 +116,11 @@ class TraceArrivals:
     def next_time(self) -> float:
         return self.pending[self.i].arrival
 
-    def next_admission(self, sched: Scheduler) -> float:
-        """The earliest time an admission can happen before the running rows change: the arrival of the next
-        request the scheduler would accept, if a row is free and it fits in the free blocks; else never."""
-        if sched.queue or len(sched.running) >= sched.max_batch:  # a head waiting for blocks, or no free row
-            return math.inf
+    def wait(self) -> None:
+        raise RuntimeError("a trace's next arrival is always known: a loop on a trace never waits for one")
+
+    def next_candidate(self, sched: Scheduler) -> tuple[float, Request | None]:
+        """The next pending request the scheduler would accept (requests it refuses change nothing), or never."""
         p = self.pending
         # Whether the scheduler accepts a request changes only when it accepts another (a repeated id), which
         # happens only as i moves on; so the search is done once per i, not once per pass.
@@ -90,15 +134,11 @@ class TraceArrivals:
                 except InputError:  # it will be refused on arrival and change nothing
                     k += 1
             self._acceptable = (self.i, k)
-        if k == len(p):
-            return math.inf
-        req = p[k]
-        fits = sched.pool.blocks_for(req.prompt_tokens + req.budget) <= sched.pool.free
-        return req.arrival if fits else math.inf  # one that does not fit blocks everything behind it
+        return (math.inf, None) if k == len(p) else (p[k].arrival, p[k])
 
 
 class StepLoop:
-    def __init__(self, sched: Scheduler, recorder: Recorder, timer: StepTimer, arrivals,
+    def __init__(self, sched: Scheduler, recorder: RunLog, timer: StepTimer, arrivals: Arrivals,
                  on_finish: Callable[[list[Seq]], None] | None = None):
         self.sched, self.rec, self.timer, self.arrivals, self.on_finish = sched, recorder, timer, arrivals, on_finish
         self.passes = 0  # passes that did work
@@ -111,15 +151,11 @@ class StepLoop:
                 self.rec.reject(req, str(e))
 
     def run(self) -> Iterator[float | None]:
-        sched, rec, timer, arrivals = self.sched, self.rec, self.timer, self.arrivals
-        keep_times, keep_decode, fast_forward = rec.tokens, rec.keep_decode, timer.fast_forward
-        step = 0
-        stretch = None  # the last decode stretch's steps, when kept; the last of them ends where the next pass starts
+        sched, timer, arrivals = self.sched, self.timer, self.arrivals
+        lookahead = arrivals if timer.fast_forward else None
+        step = 0  # the next pass's number
         while True:
             t = timer.now()
-            if stretch is not None:
-                rec.decode_steps(*stretch, t)
-                stretch = None
             due = arrivals.due(t)
             if due:
                 self._submit(due)
@@ -129,45 +165,51 @@ class StepLoop:
                 yield arrivals.next_time()
                 continue
             self.passes += 1
-            start = t
-            group = sched.admit(t, step)
-            work = sched.prefill_work()
-            if work is not None:
-                tokens, t = timer.prefill(work, start)
-                first_tokens = sched.prefilled(work, t)
-                if tokens is not None:
-                    for i, s in enumerate(first_tokens):
-                        s.token_ids.append(tokens[i])
-                if keep_times:
-                    for s in first_tokens:
-                        s.token_times.append(t)
-                rec.prefill(step, work, len(group), start, t)
-            rows = sched.decode_rows()
-            k = 0
-            if rows:
-                shape = decode_shape(rows)
-                limit = sched.max_decode_steps()
-                stop = arrivals.next_admission(sched) if limit > 1 and fast_forward else math.inf
-                tokens, ends = timer.decode(rows, shape, t, limit, stop)
-                k = len(ends)
-                decode_start, t = t, ends[-1]
-                sched.advance(rows, t, k)
-                if tokens is not None:
-                    for s, tok in zip(rows, tokens):
-                        s.token_ids.append(tok)
-                if keep_times:
-                    for s in rows:
-                        s.token_times.extend(ends)
-            yield t
-            done = sched.retire()
-            if done:
-                rec.finish(done)
-                timer.retired(len(done))
-                if self.on_finish:
-                    self.on_finish(done)
-            if rows and keep_decode:
-                stretch = (step, shape, decode_start, ends, len(done))
-            step += max(k, 1)
+            plan = sched.schedule(t, step, lookahead)
+            decode_start = self._prefill(plan, t) if plan.prefill is not None else t
+            ends = self._decode(plan, decode_start) if plan.rows else []
+            yield ends[-1] if ends else decode_start  # the driver lets the steps' time pass
+            self._retire(plan, decode_start, ends)
+            step = plan.step + max(len(ends), 1)
+
+    def _prefill(self, plan: StepPlan, start: float) -> float:
+        """Run the plan's prefill step from `start`; its end."""
+        work, first = plan.prefill, plan.first_tokens
+        tokens, end = self.timer.prefill(work, start)
+        self.sched.first_token_at(first, end)
+        if tokens is not None:
+            for s, tok in zip(first, tokens):
+                s.token_ids.append(tok)
+        if self.rec.tokens:
+            for s in first:
+                s.token_times.append(end)
+        self.rec.prefill(plan.step, work, len(plan.group), start, end)
+        return end
+
+    def _decode(self, plan: StepPlan, start: float) -> list[float]:
+        """Run the plan's decode stretch from `start`; each step's end."""
+        rows = plan.rows
+        tokens, ends = self.timer.decode(rows, plan.shape, start, plan.max_steps, plan.stop)
+        self.sched.advance(rows, ends[-1], len(ends))
+        if tokens is not None:
+            for s, tok in zip(rows, tokens):
+                s.token_ids.append(tok)
+        if self.rec.tokens:
+            for s in rows:
+                s.token_times.extend(ends)
+        return ends
+
+    def _retire(self, plan: StepPlan, decode_start: float, ends: list[float]) -> None:
+        """The pass's steps have ended: retire the rows that finished (their records cost the timer's time), then
+        write the decode steps, the last ending where the next pass starts."""
+        done = self.sched.retire()
+        if done:
+            self.rec.finish(done)
+            self.timer.retired(len(done))
+            if self.on_finish:
+                self.on_finish(done)
+        if ends and self.rec.keep_decode:
+            self.rec.decode_steps(plan.step, plan.shape, decode_start, ends, len(done), self.timer.now())
 
 
 def drive(loop: StepLoop, timer: StepTimer) -> None:

@@ -63,8 +63,8 @@ class QueueArrivals:
     def next_time(self) -> float | None:
         return min((r.arrival for r in self.pending), default=None)
 
-    def next_admission(self, sched) -> float:
-        return float("inf")  # the engine steps one decode at a time: it never looks ahead
+    def next_candidate(self, sched) -> tuple[float, None]:
+        return float("inf"), None  # the engine steps one decode at a time: it never looks ahead
 
     def wait(self) -> None:
         self._take(block=True)

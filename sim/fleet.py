@@ -155,13 +155,10 @@ class Inbox:
         """The next pushed arrival's time; None when nothing is queued (when the next one comes is not known)."""
         return self.queue[0].arrival if self.queue else None
 
-    def next_admission(self, sched: Scheduler) -> float:
-        """A time no admission can come before (TraceArrivals.next_admission's bound, for a replica): never while
-        the queue head waits for blocks or no row is free; else the next pushed arrival, or, with none, the
-        router's next arrival, which may or may not come here."""
-        if sched.queue or len(sched.running) >= sched.max_batch:
-            return math.inf
-        return self.queue[0].arrival if self.queue else self.dispatcher.next_arrival
+    def next_candidate(self, sched: Scheduler) -> tuple[float, None]:
+        """The next pushed arrival, or, with none, the router's next arrival, which may or may not come here: a
+        time no admission can come before, for a request not known yet (so no fit is checked)."""
+        return (self.queue[0].arrival if self.queue else self.dispatcher.next_arrival), None
 
 
 def _replica(env: FleetEnv, loop: StepLoop, timer: ReplicaTimer, inbox: Inbox):

@@ -127,7 +127,7 @@ class SimTimer:
         return None, self.t
 
     def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int, stop: float):
-        k = limit if self.fast_forward else 1
+        k = limit  # the plan's bound: 1 unless this timer fast-forwards
         d = self.cost.decode_stretch(self.backend, shape.rows, shape.kv_tokens, shape.kv_max, k)
         if self.noise:
             d = [x * f for x, f in zip(d, self.noise[1].factors(self.decodes, k).tolist())]
