@@ -96,10 +96,6 @@ class BlockPool:
         self._head = 0
         self.free = num_blocks
 
-    @property
-    def used(self) -> int:
-        return self.num_blocks - self.free
-
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)  # blocks_for(), inlined: the scheduler asks several times a pass
 

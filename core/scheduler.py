@@ -142,7 +142,7 @@ class Scheduler:
     def schedule(self, now: float, step: int, lookahead: Arrivals | None = None) -> StepPlan:
         """Plan the pass that starts at `now` as step `step`: admit, choose the prefill step and the decode rows.
         The prefill step's bookkeeping (positions in the pool, first tokens generated) is done here; its time, and
-        every decode step's, are set once they have run (first_token_at, advance). With `lookahead` (a timer that
+        every decode step's, are set once they have run (the loop's, advance). With `lookahead` (a timer that
         can price a stretch of decode steps), the stretch is bounded by the next point where this scheduler has
         something to decide: a row finishing, a chunk step due, or an arrival it could admit."""
         group = self.admit(now, step)
@@ -201,11 +201,7 @@ class Scheduler:
             self.prefilling.popleft()
         return done
 
-    @staticmethod
-    def first_token_at(seqs: list[Seq], t: float) -> None:
-        """The prefill step that completed these prompts ended at `t`: their first token came then."""
-        for s in seqs:
-            s.first_token = s.last_token = t
+
 
     def decode_rows(self) -> list[Seq]:
         """Rows with their first token and budget left: the ones a decode step advances."""

@@ -26,7 +26,7 @@ from costs.shapes import DecodeShape
 from traces.errors import InputError
 from traces.workload import Request
 
-from .scheduler import PrefillWork, Scheduler, Seq, StepPlan
+from .scheduler import PrefillWork, Scheduler, Seq
 
 
 class RunLog(Protocol):
@@ -151,10 +151,12 @@ class StepLoop:
                 self.rec.reject(req, str(e))
 
     def run(self) -> Iterator[float | None]:
-        sched, timer, arrivals = self.sched, self.timer, self.arrivals
+        sched, rec, timer, arrivals = self.sched, self.rec, self.timer, self.arrivals
+        keep_times, keep_decode = rec.tokens, rec.keep_decode
         lookahead = arrivals if timer.fast_forward else None
         step = 0  # the next pass's number
         while True:
+            # Arrivals: what is due by now; idle, wait for the next.
             t = timer.now()
             due = arrivals.due(t)
             if due:
@@ -164,52 +166,46 @@ class StepLoop:
                     return
                 yield arrivals.next_time()
                 continue
+            # The plan: the admission group, the prefill step, the decode stretch's rows and bound.
             self.passes += 1
             plan = sched.schedule(t, step, lookahead)
-            decode_start = self._prefill(plan, t) if plan.prefill is not None else t
-            ends = self._decode(plan, decode_start) if plan.rows else []
-            yield ends[-1] if ends else decode_start  # the driver lets the steps' time pass
-            self._retire(plan, decode_start, ends)
-            step = plan.step + max(len(ends), 1)
-
-    def _prefill(self, plan: StepPlan, start: float) -> float:
-        """Run the plan's prefill step from `start`; its end."""
-        work, first = plan.prefill, plan.first_tokens
-        tokens, end = self.timer.prefill(work, start)
-        self.sched.first_token_at(first, end)
-        if tokens is not None:
-            for s, tok in zip(first, tokens):
-                s.token_ids.append(tok)
-        if self.rec.tokens:
-            for s in first:
-                s.token_times.append(end)
-        self.rec.prefill(plan.step, work, len(plan.group), start, end)
-        return end
-
-    def _decode(self, plan: StepPlan, start: float) -> list[float]:
-        """Run the plan's decode stretch from `start`; each step's end."""
-        rows = plan.rows
-        tokens, ends = self.timer.decode(rows, plan.shape, start, plan.max_steps, plan.stop)
-        self.sched.advance(rows, ends[-1], len(ends))
-        if tokens is not None:
-            for s, tok in zip(rows, tokens):
-                s.token_ids.append(tok)
-        if self.rec.tokens:
-            for s in rows:
-                s.token_times.extend(ends)
-        return ends
-
-    def _retire(self, plan: StepPlan, decode_start: float, ends: list[float]) -> None:
-        """The pass's steps have ended: retire the rows that finished (their records cost the timer's time), then
-        write the decode steps, the last ending where the next pass starts."""
-        done = self.sched.retire()
-        if done:
-            self.rec.finish(done)
-            self.timer.retired(len(done))
-            if self.on_finish:
-                self.on_finish(done)
-        if ends and self.rec.keep_decode:
-            self.rec.decode_steps(plan.step, plan.shape, decode_start, ends, len(done), self.timer.now())
+            # Run its prefill step: the prompts it completes have their first token at its end.
+            work, first = plan.prefill, plan.first_tokens
+            if work is not None:
+                tokens, end = timer.prefill(work, t)
+                for s in first:
+                    s.first_token = s.last_token = end
+                if tokens is not None:
+                    for s, tok in zip(first, tokens):
+                        s.token_ids.append(tok)
+                if keep_times:
+                    for s in first:
+                        s.token_times.append(end)
+                rec.prefill(plan.step, work, len(plan.group), t, end)
+                t = end
+            # Run its decode stretch.
+            rows, ends = plan.rows, None
+            if rows:
+                tokens, ends = timer.decode(rows, plan.shape, t, plan.max_steps, plan.stop)
+                sched.advance(rows, ends[-1], len(ends))
+                if tokens is not None:
+                    for s, tok in zip(rows, tokens):
+                        s.token_ids.append(tok)
+                if keep_times:
+                    for s in rows:
+                        s.token_times.extend(ends)
+            # Let the steps' time pass, then retire the rows that finished (their records cost the timer's time)
+            # and write the decode steps, the last ending where the next pass starts.
+            yield ends[-1] if ends else t
+            done = sched.retire()
+            if done:
+                rec.finish(done)
+                timer.retired(len(done))
+                if self.on_finish:
+                    self.on_finish(done)
+            if ends and keep_decode:
+                rec.decode_steps(plan.step, plan.shape, t, ends, len(done), timer.now())
+            step = plan.step + (len(ends) if ends else 1)
 
 
 def drive(loop: StepLoop, timer: StepTimer) -> None:

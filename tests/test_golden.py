@@ -31,7 +31,7 @@ DATA = Path(__file__).resolve().parent / "data"
 REQUESTS = ("request_id", "arrival", "admitted", "admit_step", "group_id", "group_size", "first_token", "finished",
             "prompt_tokens", "output_tokens", "blocks")
 STEPS = ("step", "kind", "rows", "padded_len", "prompt_tokens", "kv_tokens", "kv_max", "kv_read", "start", "end",
-         "group_id", "admitted", "retired")
+         "group_id", "n_admitted", "retired")  # n_admitted: `admitted` when the digests were made
 
 
 def _arbitrary() -> list[tuple[float, int, int]]:

@@ -7,6 +7,8 @@ finished row; meta.json says "running" until the run closes it.
 Version 2 adds to each prefill step the positions it computed (`tokens`: padding included) and its causal
 attention work (`attn`, costs/shapes.py), and the replica that ran each request and step. Version-1 records
 are still read: their prefill steps were padded groups, whose tokens and work follow from rows x padded_len.
+Version 3 names a step's count of admitted requests n_admitted (it was `admitted`, the name of a time in
+requests.csv); older records read with the new name.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from array import array
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -24,12 +27,37 @@ from .errors import InputError
 from .provenance import now_iso
 
 SCHEMA = "run-record"
-VERSION = 2
-READS = (1, 2)
+VERSION = 3
+READS = (1, 2, 3)
 REQUEST_COLUMNS = ("request_id", "arrival", "admitted", "admit_step", "group_id", "group_size", "first_token",
                    "finished", "prompt_tokens", "output_tokens", "blocks", "replica")
-STEP_COLUMNS = ("step", "kind", "rows", "padded_len", "prompt_tokens", "tokens", "attn", "kv_tokens", "kv_max",
-                "kv_read", "start", "end", "group_id", "admitted", "retired", "replica")
+
+
+class StepRow(NamedTuple):
+    """One row of steps.csv: a prefill step (its rows, padded length, prompt positions, positions computed and
+    attention work; its admission group and how many requests the pass admitted) or a decode step (its rows' K/V
+    tokens, the longest row's, what its attention read, and how many rows retired after it)."""
+
+    step: int
+    kind: str  # "prefill" or "decode"
+    rows: int
+    padded_len: int
+    prompt_tokens: int
+    tokens: int
+    attn: int
+    kv_tokens: int
+    kv_max: int
+    kv_read: int
+    start: float
+    end: float
+    group_id: int  # -1 for a decode step
+    n_admitted: int
+    retired: int
+    replica: int
+
+
+STEP_COLUMNS = StepRow._fields
+_RENAMED = {("steps", "n_admitted"): ("admitted", 3)}  # (table, column): (its name before, the version renaming it)
 _ADDED = {"requests": ("replica",), "steps": ("tokens", "attn", "replica")}  # columns version 2 added
 TOKEN_COLUMNS = ("request_id", "index", "time", "token_id")  # token_id -1 where not known (simulated)
 REJECTED_COLUMNS = ("request_id", "arrival", "reason")
@@ -205,7 +233,8 @@ def read_run(run_dir: str | Path) -> RunRecord:
             p = p.with_name(f"{t}.csv.gz")
         old = version == 1 and t in _ADDED
         want = tuple(c for c in cols if c not in _ADDED[t]) if old else cols
-        rows = read_table(p, f"{SCHEMA}/{t}", (version,), want, appended=True)[1] if p.exists() else []
+        named = tuple(_RENAMED[t, c][0] if (t, c) in _RENAMED and version < _RENAMED[t, c][1] else c for c in want)
+        rows = read_table(p, f"{SCHEMA}/{t}", (version,), named, appended=True)[1] if p.exists() else []
         frames[t] = _upgrade(t, _frame(t, rows, want)) if old else _frame(t, rows)
     return RunRecord(meta, **frames)
 
