@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from core.config import ServingConfig
 from core.policies import PADDED, every_policy
-from costs.shapes import BACKENDS
+from costs.shapes import BACKENDS, backend_from_user
 from costs.table import save_cost_table
 from traces.errors import InputError
 from traces.model_spec import MODELS
@@ -28,7 +28,7 @@ from .store import PointsFile, points_path
 
 
 def _backends(text: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    names = tuple(dict.fromkeys(backend_from_user(t.strip(), "calibrate") for t in text.split(",") if t.strip()))
     bad = [n for n in names if n not in BACKENDS]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of backends ({', '.join(BACKENDS)})")

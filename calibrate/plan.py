@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from core.config import ServingConfig
+from costs.shapes import RENAMED_BACKENDS
 
 WIDTHS = (1, 2, 4, 8, 16, 32)
 LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -94,7 +95,10 @@ class Run:
     @property
     def key(self) -> str:
         """The run's identity in the points file: every field that changes what is measured (not the label)."""
-        d = {"kind": self.kind, "prompts": list(self.prompts), "budget": self.budget, "backend": self.backend,
+        # The backend under the name it had when the points files began (`padded` for dense), so they still resume.
+        old = {new: name for name, new in RENAMED_BACKENDS.items()}
+        d = {"kind": self.kind, "prompts": list(self.prompts), "budget": self.budget,
+             "backend": old.get(self.backend, self.backend),
              "reps": self.reps, "warmup": self.warmup}
         if self.policy != "padded":  # the field came later: padded runs keep the keys they always had
             d["policy"] = self.policy

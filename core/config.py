@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from costs.shapes import BACKENDS
+from costs.shapes import BACKENDS, backend_named
 from traces.errors import InputError
 from traces.model_spec import DTYPE_BYTES, MODELS, kv_bytes_per_token
 
@@ -45,6 +45,7 @@ class ServingConfig:
         _count(self.block_size, "the block size must be a whole number of tokens >= 1")
         _count(self.max_batch, "max batch must be a whole number of rows >= 1")
         _count(self.replicas, "a fleet needs a whole number of replicas >= 1")
+        object.__setattr__(self, "backend", backend_named(self.backend))  # an old plan's or command's `padded`
         if self.backend not in BACKENDS:
             raise InputError(f"unknown backend {self.backend!r}; choose {', '.join(BACKENDS)}")
         if self.router not in ROUTERS:

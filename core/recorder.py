@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costs.shapes import BACKENDS, DecodeShape, kv_read
+from costs.shapes import BACKENDS, DecodeShape, backend_named, kv_read
 from traces.records import RunWriter, StepRow
 from traces.workload import Request
 
@@ -16,6 +16,7 @@ class Recorder:
 
     def __init__(self, writer: RunWriter, backend: str, tokens: bool = True, decode_steps: bool = True,
                  replica: int = 0):
+        backend = backend_named(backend)
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
         self.writer = writer

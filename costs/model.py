@@ -32,7 +32,7 @@ import numpy as np
 
 from traces.errors import InputError
 
-from .shapes import PrefillShape
+from .shapes import PrefillShape, backend_named
 from .table import PREFILL_PARAMS, CostTable, as_cost_table, table_id
 
 
@@ -206,7 +206,7 @@ class CostModel:
         return float(prefill_time(self._prefill_params, rows, *self.rounding.features(shape)))
 
     def _fit(self, backend: str) -> _DecodeFit:
-        d = self._decode.get(backend)
+        d = self._decode.get(backend_named(backend))  # a record or command may give the backend's old name
         if d is None:
             raise InputError(f"the cost table has no decode costs for backend {backend!r} "
                              f"(it has {', '.join(self.backends)})")

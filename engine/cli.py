@@ -14,7 +14,7 @@ from pathlib import Path
 
 from core.block_pool import PoolSize
 from core.config import ServingConfig
-from costs.shapes import BACKENDS
+from costs.shapes import BACKENDS, backend_from_user
 from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, seed_arg, slo_arg,
                         workload_from_args, workload_options)
 from traces.errors import InputError
@@ -47,7 +47,8 @@ def engine_options() -> argparse.ArgumentParser:
     g.add_argument("--block-size", type=_block_size, default=64, help="tokens per KV block (default 64)")
     g.add_argument("--max-prompt", type=count_arg, default=None, help="longest prompt (default 4096; 96 for --model tiny)")
     g.add_argument("--max-budget", type=count_arg, default=None, help="largest token budget (default 256; 32 for tiny)")
-    g.add_argument("--backends", default=",".join(BACKENDS), help="decode backends to compile (default paged,padded)")
+    g.add_argument("--backends", default=",".join(BACKENDS),
+                   help="decode backends to compile (default paged,dense; padded is the old name of dense)")
     g.add_argument("--expect-gpu", metavar="NAME", help="refuse to run on any other device, e.g. 'NVIDIA H200'")
     return p
 
@@ -61,7 +62,7 @@ def check_options(args: argparse.Namespace) -> None:
     if args.max_prompt + args.max_budget > positions:
         raise InputError(f"--max-prompt {args.max_prompt} + --max-budget {args.max_budget} is beyond --model "
                          f"{args.model}'s {positions} positions")
-    backends = tuple(b for b in args.backends.split(",") if b)
+    backends = tuple(backend_from_user(b, "engine") for b in args.backends.split(",") if b)
     bad = [b for b in backends if b not in BACKENDS]
     if bad or not backends:
         raise InputError(f"--backends {args.backends!r}: choose from {', '.join(BACKENDS)}")
@@ -171,7 +172,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     r = sub.add_parser("run", parents=[workload_options(), engine_options()],
                        help="replay a trace on the engine in real time and record every request, step and token")
-    r.add_argument("--backend", choices=BACKENDS, default="paged", help="decode attention (default paged)")
+    r.add_argument("--backend", type=lambda v: backend_from_user(v, "engine"), choices=BACKENDS, default="paged",
+                   help="decode attention (default paged)")
     r.add_argument("--prefill", default="padded", metavar="POLICY",
                    help="prefill policy: padded, packed or chunked:N (default padded)")
     r.add_argument("--out", metavar="DIR", help="write the run record here (rows appended as they complete)")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from costs.shapes import BACKENDS
+from costs.shapes import BACKENDS, backend_named
 from traces.errors import InputError
 from traces.model_spec import kv_bytes_per_token
 from traces.provenance import gpu_matches, provenance
@@ -164,6 +164,7 @@ class Engine:
         `clock` is the fleet's, and `trace` is the whole fleet's (its metadata). `on_finish` gets the ids of the
         requests each step finished.
         """
+        backend = backend_named(backend)
         if backend not in self.cfg.backends:
             raise InputError(f"backend {backend!r} was not compiled at engine start ({', '.join(self.cfg.backends)})")
         prefill = PrefillPolicy.parse(policy)

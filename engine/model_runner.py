@@ -134,7 +134,7 @@ class ModelRunner:
 
         def attend(i, q, k, v):
             o = paged_attention(q, self.k_cache[i], self.v_cache[i], self.tables, self.lens, m.scale, num_splits=s,
-                                pad_to_span=backend == "padded", workspace=ws)
+                                pad_to_span=backend == "dense", workspace=ws)
             return o.view(rows, m.hq * m.head_dim)
 
         logits = m.forward(self.ids[:rows], self.pos[:rows], self.slots[:rows], self.k_cache, self.v_cache, attend,

@@ -97,7 +97,7 @@ def run_gate(engine: Engine, budget: int = 12, log=print) -> tuple[list[Mismatch
             want, margins, diff = ref[key]
             pairs = [(b, got[b][r.request_id], want) for b in got]
             if len(got) == 2:
-                pairs.append(("paged-vs-padded", got["paged"][r.request_id], got["padded"][r.request_id]))
+                pairs.append(("paged-vs-dense", got["paged"][r.request_id], got["dense"][r.request_id]))
             pairs += [(f"{policy}-vs-padded", tokens[r.request_id], got[base][r.request_id])
                       for policy, tokens in policies.items()]
             for label, have, other in pairs:

@@ -59,7 +59,7 @@ MAKE_REAL = ("run the plan's points on the engine: `python -m validate real --ou
 MAKE_SAG = "make it with `python -m validate sag --out results/sag` (CPU); or set SERVECAP_SAG"
 
 # One look for every figure. Simulated: lines and open markers; measured on the engine: filled markers.
-COLORS = {"paged": "tab:blue", "padded": "tab:orange"}  # decode backends
+COLORS = {"paged": "tab:blue", "dense": "tab:orange", "padded": "tab:orange"}  # decode backends (padded: dense's old name)
 POLICY_COLORS = {"padded": "tab:orange", "packed": "tab:green", "chunked": "tab:purple"}  # prefill policies
 ROUTER_COLORS = {"round-robin": "tab:blue", "least-outstanding": "tab:green", "least-tokens": "tab:red"}
 ROLE_COLORS = {"below": "tab:green", "near": "tab:olive", "past": "tab:red", "small-pool": "tab:purple",

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from costs.model import CostModel
 from costs.synthetic import linear_table
 from core.block_pool import PoolSize
+from costs.shapes import BACKENDS
 from core.config import ServingConfig
 from costs.table import as_cost_table
 from traces.errors import InputError
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         walls.append(time.perf_counter() - t0)
     print(_line("one 400-request point", sorted(walls[1:])[2], result.events, TARGETS_S["point"]))
 
-    configs = [ServingConfig(backend=b, max_batch=m, pool=PoolSize(gib=g)) for b in ("paged", "padded") for m in (16, 32)
+    configs = [ServingConfig(backend=b, max_batch=m, pool=PoolSize(gib=g)) for b in BACKENDS for m in (16, 32)
                for g in (0.5, 1, 2, 4)]
     t0 = time.perf_counter()
     results, _ = run_sweep(table, configs, None, Workload(), jobs=args.jobs)

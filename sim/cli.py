@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from costs.shapes import BACKENDS
+from costs.shapes import BACKENDS, backend_from_user
 from core.block_pool import DEFAULT_BLOCK_SIZE, PoolSize
 from core.config import ServingConfig
 from core.routing import ROUTERS
@@ -44,7 +44,7 @@ def _list(item: Callable[[str], object]) -> Callable[[str], list]:
     return lambda text: [item(t.strip()) for t in text.split(",") if t.strip()] or item("")
 
 
-_backend = checked(str, lambda v: v in BACKENDS, f"a backend ({', '.join(BACKENDS)})")
+_backend = checked(lambda v: backend_from_user(v, "sim"), lambda v: v in BACKENDS, f"a backend ({', '.join(BACKENDS)})")
 _router = checked(str, lambda v: v in ROUTERS, f"a router ({', '.join(ROUTERS)})")
 
 
@@ -102,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--n", type=requests_arg, help=f"requests of --rate or --closed-uniform (default {DEFAULT_N})")
     run.add_argument("--seed", type=seed_arg, help="seed of --rate's trace or --closed-mixed's draw (default 0)")
     run.add_argument("--backend", type=_backend, default="paged",
-                     help="decode backend: paged or padded (default paged)")
+                     help="decode backend: paged or dense (every row read at the widest; old name padded) (default paged)")
     run.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
     run.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY",
                      help="prefill policy: padded (each group padded to its widest prompt), packed (true lengths) or "
@@ -136,8 +136,8 @@ def parser() -> argparse.ArgumentParser:
                        help="KV pool sizes in GiB (default 0.5,1,2,4)")
     sweep.add_argument("--max-batch", type=_list(batch_arg), default=[16, 32], metavar="B1,B2,...",
                        help="batch rows (default 16,32)")
-    sweep.add_argument("--backend", type=_list(_backend), default=list(BACKENDS), metavar="paged,padded",
-                       help="backends (default paged,padded)")
+    sweep.add_argument("--backend", type=_list(_backend), default=list(BACKENDS), metavar="paged,dense",
+                       help="decode backends (default paged,dense; padded is the old name of dense)")
     sweep.add_argument("--prefill", type=_list(_policy), default=["padded"], metavar="P1,P2,...",
                        help="prefill policies: padded, packed, chunked:N (default padded)")
     sweep.add_argument("--replicas", type=_list(count_arg), default=[1], metavar="N1,N2,...",

@@ -152,3 +152,36 @@ def test_policies_come_from_one_registry_and_parse_in_one_place():
         with pytest.raises(InputError, match=why):
             PrefillPolicy.parse(bad)
     assert ServingConfig(prefill="chunked:64").prefill == PREFILL["chunked"](64)
+
+
+def test_the_decode_backend_padded_is_now_dense_and_its_old_name_still_works(tmp_path, capsys):
+    from pathlib import Path
+
+    from costs.table import load_cost_table
+    from helpers import run_cli, write_table
+    from sim.cli import main
+
+    assert ServingConfig(backend="padded").backend == "dense"
+    old = load_cost_table(Path(__file__).parent / "data" / "h200-v1-59e02847ee9daee8.json")  # keyed `padded`
+    assert set(old.backends) == {"paged", "dense"} and old.table_id == "59e02847ee9daee8"
+    cost = CostModel(old)
+    assert cost.decode("padded", 8, 800, 100) == cost.decode("dense", 8, 800, 100)  # an old record's name
+    table = write_table(linear_table(), tmp_path / "t.json")
+    code, out, err = run_cli(main, capsys, "run", "--table", table, "--rate", 2, "--n", 20, "--backend", "padded")
+    assert code == 0 and "engine   dense," in out and "'padded' is now called 'dense'" in err
+
+
+def test_records_written_before_n_admitted_read_with_the_new_name(tmp_path):
+    from traces.records import read_run
+
+    cfg = sim_config(detail="steps", max_batch=4)
+    rec = simulate(length_trace([(0.0, 16, 3), (0.0, 40, 2), (0.5, 8, 4)]), CostModel(constant_table()), cfg).record
+    from sim.cli import _write_record
+    _write_record(rec, tmp_path / "run", False, {})
+    for f in (tmp_path / "run").iterdir():  # the same record as version 2 wrote it
+        text = f.read_text().replace('"version": 3', '"version": 2')
+        f.write_text(text.replace(",n_admitted,", ",admitted,") if f.name == "steps.csv" else text)
+    assert "admitted" in (tmp_path / "run" / "steps.csv").read_text().splitlines()[1].split(",")
+    again = read_run(tmp_path / "run")
+    assert again.meta["version"] == 2
+    assert again.steps["n_admitted"].tolist() == rec.steps["n_admitted"].tolist() and rec.steps["n_admitted"].max() == 2

@@ -71,12 +71,12 @@ def test_a_request_larger_than_the_run_pool_is_refused_at_submit(engine):
 
 
 def test_records_are_written_as_rows_complete(engine, tmp_path):
-    rec = engine.run(length_trace([(0.0, 17, 5), (0.0, 33, 3)]), tmp_path / "r", "padded", progress=False)
+    rec = engine.run(length_trace([(0.0, 17, 5), (0.0, 33, 3)]), tmp_path / "r", "dense", progress=False)
     again = read_run(tmp_path / "r")
     assert len(again.tokens) == 8 and set(again.steps.kind) == {"prefill", "decode"}
     assert (again.requests.finished >= again.requests.first_token).all()
     assert again.tokens.token_id.ge(0).all()
-    assert rec.meta["backend"] == "padded"
+    assert rec.meta["backend"] == "dense"
 
 
 def test_a_pool_that_cannot_hold_the_largest_request_is_refused_at_start():

@@ -139,7 +139,7 @@ FLEETS_OF_ONE = {
     "linear, retire cost, blocks bind, a refusal": (lambda: CostModel(linear_table()), _bad_and_good,
                                                     dict(backend="paged", max_batch=8, pool_blocks=150)),
     "padded, noise": (lambda: CostModel(linear_table(sigma=0.1)), lambda: poisson_trace(3.0, 120, 5),
-                      dict(backend="padded", max_batch=16, pool_blocks=300, noise_seed=3)),
+                      dict(backend="dense", max_batch=16, pool_blocks=300, noise_seed=3)),
     "shipped H200 table": (lambda: CostModel(load_table(None)), lambda: poisson_trace(40.0, 400, 0),
                            dict(backend="paged", max_batch=32)),
     "closed, stepped": (lambda: CostModel(load_table(None)), lambda: closed_mixed(64, 0),

@@ -43,7 +43,7 @@ def _arbitrary() -> list[tuple[float, int, int]]:
 CASES = {
     "paged32-rate30": (lambda: poisson_trace(30, 400, 0), dict(backend="paged", max_batch=32)),
     "padded16-0.5gib-rate20-seed1": (lambda: poisson_trace(20, 400, 1),
-                                     dict(backend="padded", max_batch=16, pool_gib=0.5)),
+                                     dict(backend="dense", max_batch=16, pool_gib=0.5)),
     "paged32-1gib-rate60-noise3": (lambda: poisson_trace(60, 400, 2),
                                    dict(backend="paged", max_batch=32, pool_gib=1, noise_seed=3)),
     "closed-mixed-64-through-8": (lambda: closed_mixed(64, 0), dict(backend="paged", max_batch=8)),
@@ -83,7 +83,7 @@ def test_records_are_bit_identical_to_the_first_simulator(cost, name):
 
 CASES_V2 = {
     "packed-paged32-rate30": (1, "round-robin", dict(backend="paged", max_batch=32, prefill="packed")),
-    "chunked256-padded16-0.5gib-rate30": (1, "round-robin", dict(backend="padded", max_batch=16,
+    "chunked256-padded16-0.5gib-rate30": (1, "round-robin", dict(backend="dense", max_batch=16,
                                                                 pool_gib=0.5, prefill="chunked:256")),
     "fleet3-least-tokens-rate60-noise3": (3, "least-tokens", dict(backend="paged", max_batch=16, noise_seed=3)),
 }

@@ -351,7 +351,7 @@ TINY = ["run", "--model", "tiny", "--device", "cpu", "--closed-mixed", "2"]
     (["--max-budget", "-3"], "'-3' is not a whole number >= 1"),
     (["--max-batch", "0"], "'0' is not a whole number of batch rows"),
     (["--max-prompt", "2048"], "--max-prompt 2048 + --max-budget 32 is beyond --model tiny's 512 positions"),
-    (["--backends", "paged,foo"], "--backends 'paged,foo': choose from paged, padded"),
+    (["--backends", "paged,foo"], "--backends 'paged,foo': choose from paged, dense"),
     (["--prefill", "sideways"], "sideways"),
 ])
 def test_engine_options_are_refused_before_the_model_loads(capsys, no_engine, args, message):
