@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from costs.shapes import BACKENDS
+from core.block_pool import blocks_for
 from core.scheduler import PrefillWork, Seq
 from traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens
 
@@ -84,7 +85,7 @@ class ModelRunner:
         self.model = model
         self.num_blocks, self.block_size = num_blocks, block_size
         self.max_batch, self.max_tokens = max_batch, max_tokens
-        self.max_blocks = -(-max_tokens // block_size)
+        self.max_blocks = blocks_for(max_tokens, block_size)
         self.scratch = num_blocks  # id of the pad block
         dev = model.device
         shape = (model.num_layers, num_blocks + 1, model.hkv, block_size, model.head_dim)
