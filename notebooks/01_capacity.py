@@ -65,7 +65,7 @@ print(f"{len(configs)} configurations, {sum(len(r.rows) for r in results)} simul
 
 rows = pd.DataFrame([{**r, "label": res.config.label} for res in results for r in res.rows]).sort_values(
     ["backend", "max_batch", "pool_gib", "rate"])
-cap = pd.DataFrame([{"backend": r.config.backend, "max_batch": r.config.max_batch, "pool_gib": r.config.pool_gib,
+cap = pd.DataFrame([{"backend": r.config.backend, "max_batch": r.config.max_batch, "pool_gib": r.config.pool.gib,
                      "pool_blocks": r.pool_blocks, "saturated_estimate": r.estimate, "capacity_lo": r.bracket[0],
                      "capacity_hi": r.bracket[1]} for r in results])
 cap["name"] = [f"{b}, {mb} rows, {p:g} GiB" for b, mb, p in zip(cap.backend, cap.max_batch, cap.pool_gib)]
@@ -108,7 +108,7 @@ def configurations(axes):
     """Each panel (pool x backend) with its configurations: (axes, result, its rows by rate, its colour)."""
     for i, pool in enumerate(POOLS):
         for j, b in enumerate(BACKENDS):
-            for res in (r for r in results if r.config.pool_gib == pool and r.config.backend == b):
+            for res in (r for r in results if r.config.pool.gib == pool and r.config.backend == b):
                 yield axes[i, j], res, pd.DataFrame(res.rows).sort_values("rate"), BATCH_COLORS[res.config.max_batch]
 
 

@@ -77,7 +77,7 @@ configs = [ServingConfig(backend=BACKEND, max_batch=r, pool=PoolSize(gib=p)) for
 results, _ = S.capacity_sweep(table, configs, WORKLOAD)
 print(f"{len(configs)} configurations, {sum(len(r.rows) for r in results)} simulated runs in "
       f"{time.perf_counter() - t0:.1f} s")
-cap = pd.DataFrame([{"rows": r.config.max_batch, "pool_gib": r.config.pool_gib, "pool_blocks": r.pool_blocks,
+cap = pd.DataFrame([{"rows": r.config.max_batch, "pool_gib": r.config.pool.gib, "pool_blocks": r.pool_blocks,
                      "estimate": r.estimate, "lo": r.bracket[0], "hi": r.bracket[1],
                      **{k: max(r.rows, key=lambda x: x["rate"])[k]
                         for k in ("head_blocked_frac", "mean_running_rows", "served_rate")}}
