@@ -45,9 +45,9 @@ def measure(engine, run: Run) -> dict:
         with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
             rec = engine.run(trace, Path(tmp) / "run", backend=run.backend, policy=run.policy, progress=False)
         pre, dec = rec.steps[rec.steps.kind == "prefill"], rec.steps[rec.steps.kind == "decode"]
-        if pre.admitted.iloc[0] != run.width or (dec.rows != run.width).any():
+        if pre.n_admitted.iloc[0] != run.width or (dec.rows != run.width).any():
             raise RuntimeError(f"{run.label}: the engine did not admit the run as one group of {run.width} "
-                               f"(admitted {pre.admitted.tolist()}); is its KV pool too small?")
+                               f"(admitted {pre.n_admitted.tolist()}); is its KV pool too small?")
         if i >= run.warmup:
             prefill.append([[int(s.rows), int(s.tokens), int(s.attn), float(s.end - s.start)]
                             for s in pre.itertuples()])
