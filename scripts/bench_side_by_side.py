@@ -33,9 +33,11 @@ print(json.dumps({"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time
 
 
 def once(tree: Path, n: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(n)], cwd=tree, env={"PYTHONPATH": str(tree)},
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out.splitlines()[-1])
+    done = subprocess.run([sys.executable, "-c", CHILD, str(n)], cwd=tree, env={"PYTHONPATH": str(tree)},
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the run in {tree} failed:\n{done.stderr}")
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def main() -> int:
