@@ -10,6 +10,9 @@ from traces.workload import Request
 from .scheduler import PrefillWork, Seq
 
 
+_row = tuple.__new__  # a StepRow from its fields in order, without the named tuple's keyword-taking __new__
+
+
 class Recorder:
     """`tokens`: keep every token's time (and id); `decode_steps`: keep a row per decode step (the simulator's
     summary runs keep only requests and prefill steps, which is all the metrics need)."""
@@ -27,9 +30,9 @@ class Recorder:
 
     def prefill(self, step: int, work: PrefillWork, n_admitted: int, start: float, end: float) -> None:
         s = work.shape
-        self.writer.add("steps", StepRow(step, "prefill", s.rows, work.padded_len, work.prompt_tokens, s.tokens,
-                                         s.attn, 0, 0, 0, start, end, work.seqs[0].group_id, n_admitted, 0,
-                                         self.replica))
+        self.writer.add("steps", _row(StepRow, (step, "prefill", s.rows, work.padded_len, work.prompt_tokens,
+                                                s.tokens, s.attn, 0, 0, 0, start, end, work.seqs[0].group_id,
+                                                n_admitted, 0, self.replica)))
 
     def decode_steps(self, step: int, shape: DecodeShape, start: float, ends: list[float], retired: int,
                      next_start: float) -> None:

@@ -98,6 +98,9 @@ class StepPlan(NamedTuple):
     stop: float
 
 
+_plan = tuple.__new__  # StepPlan's fields as one tuple, without the named tuple's keyword-taking __new__
+
+
 class Scheduler:
     def __init__(self, max_batch: int, pool: BlockPool, max_tokens: int | None = None, policy: PrefillPolicy = PADDED,
                  admission: AdmissionPolicy = RESERVE):
@@ -152,10 +155,10 @@ class Scheduler:
             first = self._prefilled(work)
         rows = self.decode_rows()
         if not rows:
-            return StepPlan(step, group, work, first, rows, None, 0, math.inf)
+            return _plan(StepPlan, (step, group, work, first, rows, None, 0, math.inf))
         limit = self.max_decode_steps() if lookahead is not None else 1
         stop = self.next_admission(lookahead) if limit > 1 else math.inf
-        return StepPlan(step, group, work, first, rows, decode_shape(rows), limit, stop)
+        return _plan(StepPlan, (step, group, work, first, rows, decode_shape(rows), limit, stop))
 
     def next_admission(self, arrivals: Arrivals) -> float:
         """The earliest time an admission can happen before the running rows change: never while the queue head
