@@ -82,7 +82,10 @@ def arrival_remote(rate: float, n: int, seed: int, backend: str, max_batch: int,
     from engine.engine import Engine, EngineConfig
     from traces.workload import poisson_trace
 
-    engine = Engine(EngineConfig(max_batch=max_batch, pool_gib=pool_gib, expect_gpu=GPU))
+    from core.block_pool import PoolSize
+    from core.config import ServingConfig
+
+    engine = Engine(EngineConfig(ServingConfig(max_batch=max_batch, pool=PoolSize(gib=pool_gib)), expect_gpu=GPU))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         engine.run(poisson_trace(rate, n, seed), out, backend=backend, progress=False)

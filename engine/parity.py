@@ -86,7 +86,7 @@ def reference(engine: Engine, prompt_len: int, budget: int) -> Reference:
     logits = [lg[0].float() for lg in out.logits]
     margins = [float(t[0] - t[1]) for t in (z.topk(2).values for z in logits)]
     scales = [float(z.pow(2).mean().sqrt()) for z in logits]
-    diff = float((engine.model.dense_logits(ids, engine.cfg.block_size)[0].float() - logits[0]).abs().max())
+    diff = float((engine.model.dense_logits(ids, engine.cfg.serving.block_size)[0].float() - logits[0]).abs().max())
     return Reference(tokens, margins, scales, diff)
 
 
@@ -119,7 +119,7 @@ def run_gate(engine: Engine, budget: int = 12, log=print) -> tuple[list[Mismatch
     """
     ref: dict[tuple[int, int], Reference] = {}
     layers = engine.loaded.spec["num_hidden_layers"]
-    unit_roundoff = torch.finfo(getattr(torch, engine.cfg.dtype)).eps / 2
+    unit_roundoff = torch.finfo(getattr(torch, engine.cfg.serving.dtype)).eps / 2
     mismatches, compared = [], 0
     for name, (trace, rows) in scenarios(engine.cfg.max_prompt, budget).items():
         got = {}
@@ -138,7 +138,7 @@ def run_gate(engine: Engine, budget: int = 12, log=print) -> tuple[list[Mismatch
             want = ref[key].tokens
             pairs = [(b, got[b][r.request_id], want) for b in got]
             if len(got) == 2:
-                pairs.append(("paged-vs-padded", got["paged"][r.request_id], got["padded"][r.request_id]))
+                pairs.append(("paged-vs-dense", got["paged"][r.request_id], got["dense"][r.request_id]))
             pairs += [(f"{policy}-vs-padded", tokens[r.request_id], got[base][r.request_id])
                       for policy, tokens in policies.items()]
             for label, have, other in pairs:
