@@ -384,7 +384,7 @@ def test_a_plan_point_gets_its_band_over_the_points_seeds(tmp_path):
     from validate.points import Point
     raw = linear_table()
     table = as_cost_table({**raw, "table_id": table_id(raw)})
-    p = Point("rate-8", "near", {"kind": "poisson", "rate": 8.0, "n": 60, "seed": 0}, max_batch=8)
+    p = Point("rate-8", "near", {"kind": "poisson", "rate": 8.0, "n": 60, "seed": 0}, serving=ServingConfig(max_batch=8))
     band = point_band(Intervals(table, 90, NO_NOISE), table, p, tmp_path)
     pred = predict(table, p, tmp_path)
     assert band["served_rate"]["lo"] <= pred["served_rate"] <= band["served_rate"]["hi"]
