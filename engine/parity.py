@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Collection, Sequence
 
 import torch
 
@@ -112,8 +113,10 @@ def gate_policies(max_prompt: int) -> tuple[str, ...]:
     return ("packed", f"chunked:{max(16, max_prompt // 8)}")
 
 
-def run_gate(engine: Engine, budget: int = 12, log=print) -> tuple[list[Mismatch], int]:
-    """Every scenario on every compiled backend and prefill policy, against the reference and against each other.
+def run_gate(engine: Engine, budget: int = 12, log=print, only: Collection[str] | None = None,
+             prefill: Sequence[str] | None = None) -> tuple[list[Mismatch], int]:
+    """Every scenario (or those named in `only`) on every compiled backend and prefill policy, against the
+    reference and against each other. `prefill`: the policies compared with padded (default gate_policies).
 
     Returns the mismatches and the number of tokens compared.
     """
@@ -122,13 +125,15 @@ def run_gate(engine: Engine, budget: int = 12, log=print) -> tuple[list[Mismatch
     unit_roundoff = torch.finfo(getattr(torch, engine.cfg.serving.dtype)).eps / 2
     mismatches, compared = [], 0
     for name, (trace, rows) in scenarios(engine.cfg.max_prompt, budget).items():
+        if only is not None and name not in only:
+            continue
         got = {}
         for backend in engine.cfg.backends:
             rec = engine.run(trace, None, backend, max_batch=rows, progress=False)
             got[backend] = rec.tokens.sort_values(["request_id", "index"]).groupby("request_id").token_id.apply(list)
         base = engine.cfg.backends[0]
         policies = {}
-        for policy in gate_policies(engine.cfg.max_prompt):
+        for policy in prefill or gate_policies(engine.cfg.max_prompt):
             rec = engine.run(trace, None, base, max_batch=rows, progress=False, policy=policy)
             policies[policy] = rec.tokens.sort_values(["request_id", "index"]).groupby("request_id").token_id.apply(list)
         for r in trace.requests:

@@ -293,9 +293,15 @@ def test_modal_results_from_another_card_are_not_written(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_calibration_end_to_end(tmp_path, capsys):
+def test_tiny_calibration_end_to_end(tmp_path, capsys, monkeypatch):
     torch = pytest.importorskip("torch")
+    import calibrate.cli
     from calibrate.cli import main
+
+    # The quick plan's shapes and policies with one recorded repeat where it has two, and one held-out and one
+    # never-run padded shape where it has two: the same path end to end, a third fewer interpreted prefill steps.
+    monkeypatch.setattr(calibrate.cli, "QUICK", dataclasses.replace(QUICK, prefill_reps=1, check_reps=1,
+                                                                    check_prefill=1, stationary_prefill=1))
 
     # Where a GPU is visible Triton compiles for it and cannot run the engine's kernels on the CPU.
     device = "cuda" if torch.cuda.is_available() else "cpu"
