@@ -36,7 +36,6 @@ from core.recorder import Recorder
 from core.routing import Load, Router, router as router_named
 from core.scheduler import Scheduler, Seq
 from core.step_loop import StepLoop
-from traces.errors import InputError
 from traces.records import RunWriter
 from traces.workload import Request, Trace
 

@@ -20,7 +20,7 @@ from sim.simulator import SimConfig, simulate
 from sim.sweep import Workload, run_sweep
 from traces import cli as traces_cli
 from traces.latency import itl_gaps, latency_ms, parse_percentiles
-from traces.metrics import capacity_bracket, summary
+from traces.metrics import summary
 from traces.slo import parse_slo, parse_slos
 from traces.trace_io import read_trace
 from traces.workload import ARRIVAL_DECIMALS, _raw, poisson_arrivals, poisson_trace, ramped

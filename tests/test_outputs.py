@@ -23,7 +23,7 @@ from helpers import linear_table, run_cli, sim_config, write_table
 from sim.cli import main as sim_main
 from sim.fleet import simulate_fleet
 from sim.fleet_report import fewest_replicas
-from sim.simulator import SimConfig, simulate
+from sim.simulator import simulate
 from sim.sweep import ConfigResult
 from sim.sweep_plot import _styles, channels, title
 from traces import records
