@@ -16,7 +16,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from costs.shapes import BACKENDS
+from core.config import ServingConfig
+from core.policies import PADDED, every_policy
+from costs.shapes import BACKENDS, backend_from_user
 from costs.table import save_cost_table
 from traces.command import Parser, command
 from traces.errors import InputError
@@ -30,7 +32,7 @@ from .store import PointsFile, points_path
 
 
 def _backends(text: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    names = tuple(dict.fromkeys(backend_from_user(t.strip(), "calibrate") for t in text.split(",") if t.strip()))
     bad = [n for n in names if n not in BACKENDS]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of backends ({', '.join(BACKENDS)})")
@@ -127,10 +129,10 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     elif args.out.exists() and not args.force:
         raise InputError("already exists; pass --force to replace it", path=args.out)
     plan = QUICK if args.quick else FULL
-    cfg = EngineConfig(max_batch=max_rows(plan, args.max_batch), max_prompt=plan.max_prompt,
-                       max_budget=plan.max_budget, backends=args.backend, checkpoint=args.checkpoint,
-                       dtype="float16" if args.device == "cuda" else "float32", device=args.device,
-                       spec=dict(MODELS[args.model]), expect_gpu=args.expect_gpu)
+    serving = ServingConfig(model=args.model, dtype="float16" if args.device == "cuda" else "float32",
+                            max_batch=max_rows(plan, args.max_batch))
+    cfg = EngineConfig(serving, max_prompt=plan.max_prompt, max_budget=plan.max_budget, backends=args.backend,
+                       checkpoint=args.checkpoint, device=args.device, expect_gpu=args.expect_gpu)
     if args.refresh is not None:
         from .refresh import refresh, source_table
         source = source_table(args.refresh, cfg)
@@ -142,13 +144,11 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         with tempfile.TemporaryDirectory(prefix="stationarity-") as tmp, \
                 telemetry(Path(tmp) / "telemetry.csv", ident) as rec:
             return check_stationary(plan, cfg, args.backend, args.settle_s, rec)
-    from engine.engine import POLICIES_BUILT
-    runs = make_plan(plan, cfg.max_batch, args.backend,
-                     tuple(f"chunked:{plan.chunk}" if p == "chunked" else p for p in POLICIES_BUILT))
+    runs = make_plan(plan, serving.max_batch, args.backend, tuple(map(str, every_policy(plan.chunk))))
     store = PointsFile(points_path(args.out), ident)
     todo = sum(r.key not in store for r in runs)
-    print(f"calibrating {ident['model']} ({ident['dtype']}) on {ident['device']}: max batch {cfg.max_batch}, "
-          f"prompts up to {cfg.max_prompt}, budget up to {cfg.max_budget}, {cfg.block_size}-token blocks, "
+    print(f"calibrating {ident['model']} ({ident['dtype']}) on {ident['device']}: max batch {serving.max_batch}, "
+          f"prompts up to {cfg.max_prompt}, budget up to {cfg.max_budget}, {serving.block_size}-token blocks, "
           f"backends {', '.join(args.backend)}")
     print(describe(runs, H200_SPEEDS if args.model == "qwen2.5-1.5b" and not args.quick else None))
     if todo < len(runs):
@@ -198,15 +198,15 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
 
 def check_stationary(plan, cfg, backends, settle_s: float, rec) -> int:
     """The stationarity check alone, on a freshly started engine; what the GPU's clock did is printed (`rec`)."""
-    from engine.engine import POLICIES_BUILT, Engine
+    from engine.engine import Engine
 
     from .measure import measure
     from .plan import stationarity_runs
     from .table import stationarity
 
     engine = Engine(cfg)
-    others = [f"chunked:{plan.chunk}" if p == "chunked" else p for p in POLICIES_BUILT if p != "padded"]
-    runs = stationarity_runs(plan, cfg.max_batch, backends, others)
+    others = [str(p) for p in every_policy(plan.chunk) if p != PADDED]
+    runs = stationarity_runs(plan, cfg.serving.max_batch, backends, others)
     samples = {r.key: measure(engine, r, settle_s) for r in tqdm(runs, unit="run", desc="stationarity")}
     st = stationarity(runs, samples)
     print(f"engine start {engine.start_s:.1f} s; {settle_s} s idle before each repetition; every shape in run order "

@@ -28,10 +28,11 @@ def identity(cfg) -> dict:
     from traces.provenance import versions
 
     device = device_info(check_device(cfg))
-    return {"device": device["name"], "gpu_uuid": device.get("uuid"), "model": cfg.spec["name"],
-            "config_hash": config_hash(cfg.spec), "dtype": cfg.dtype,
+    serving = cfg.serving
+    return {"device": device["name"], "gpu_uuid": device.get("uuid"), "model": serving.spec["name"],
+            "config_hash": config_hash(serving.spec), "dtype": serving.dtype,
             "weights": f"checkpoint:{Path(cfg.checkpoint).resolve()}" if cfg.checkpoint else f"random(seed={cfg.seed})",
-            "block_size": cfg.block_size, "max_batch": cfg.max_batch, "max_prompt": cfg.max_prompt,
+            "block_size": serving.block_size, "max_batch": serving.max_batch, "max_prompt": cfg.max_prompt,
             "max_budget": cfg.max_budget, **versions(("torch", "triton", "transformers"))}
 
 
@@ -68,9 +69,9 @@ def measure(engine, run: Run, settle_s: float = STATIONARY_SETTLE_S) -> dict:
             rec = engine.run(trace, Path(tmp) / "run", backend=run.backend, policy=run.policy, progress=False,
                              telemetry=False)  # the calibration records it through all of its runs
         pre, dec = rec.steps[rec.steps.kind == "prefill"], rec.steps[rec.steps.kind == "decode"]
-        if pre.admitted.iloc[0] != run.width or (dec.rows != run.width).any():
+        if pre.n_admitted.iloc[0] != run.width or (dec.rows != run.width).any():
             raise RuntimeError(f"{run.label}: the engine did not admit the run as one group of {run.width} "
-                               f"(admitted {pre.admitted.tolist()}); is its KV pool too small?")
+                               f"(admitted {pre.n_admitted.tolist()}); is its KV pool too small?")
         if stationary:
             clocks.append([before, gpu.sm_clock_mhz()])
         if i >= run.warmup:

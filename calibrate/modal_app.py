@@ -82,7 +82,10 @@ def arrival_remote(rate: float, n: int, seed: int, backend: str, max_batch: int,
     from engine.engine import Engine, EngineConfig
     from traces.workload import poisson_trace
 
-    engine = Engine(EngineConfig(max_batch=max_batch, pool_gib=pool_gib, expect_gpu=GPU))
+    from core.block_pool import PoolSize
+    from core.config import ServingConfig
+
+    engine = Engine(EngineConfig(ServingConfig(max_batch=max_batch, pool=PoolSize(gib=pool_gib)), expect_gpu=GPU))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         engine.run(poisson_trace(rate, n, seed), out, backend=backend, progress=False)
@@ -103,13 +106,13 @@ def save_result(result: dict, directory: Path) -> list[Path]:
 @app.local_entrypoint()
 def main(out: str, quick: bool = False, backend: str = "", max_batch: int = 32, rate: float = 0.0, n: int = 400,
          seed: int = 0, pool_gib: float = 0.0) -> None:
-    """Calibrate on an A10 and write the cost table to OUT (backends default paged,padded); with --rate, make
+    """Calibrate on an A10 and write the cost table to OUT (backends default paged,dense); with --rate, make
     one seeded arrival run (backend default paged) and write its run record into the directory OUT."""
     if rate > 0:
         result = arrival_remote.remote(rate, n, seed, backend or "paged", max_batch, pool_gib or None)
         paths = save_result(result, Path(out))
     else:
-        options = ["--backend", backend or "paged,padded", "--max-batch", str(max_batch)]
+        options = ["--backend", backend or "paged,dense", "--max-batch", str(max_batch)]
         options += ["--quick"] if quick else []
         result = calibrate_remote.remote(Path(out).name, options)
         paths = save_result(result, Path(out).parent)

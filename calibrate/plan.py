@@ -12,10 +12,13 @@ prefill steps, decode per backend, and the held-out shapes of the accuracy check
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
+
+from core.config import ServingConfig
+from costs.shapes import RENAMED_BACKENDS
 
 WIDTHS = (1, 2, 4, 8, 16, 32)
 LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -70,24 +73,35 @@ class Run:
     kind: "prefill" (budget 1: the run is its prefill steps), "decode" (budget-1 decode steps of fixed rows),
     "check-prefill" / "check-decode" (held out from the fit, for the accuracy check), or "stationary-prefill" /
     "stationary-decode" (a shape the engine has never run: its first run against its repeats).
-    policy: the prefill policy the run uses ("padded", "packed", "chunked:N").
+    serving: the decode backend and prefill policy the run uses (its rows are its prompts, all admitted at once).
     """
 
     kind: str
     prompts: tuple[int, ...]
     budget: int
-    backend: str = "paged"
+    serving: ServingConfig = ServingConfig()
     reps: int = 1
     warmup: int = 0
     label: str = ""
-    policy: str = "padded"
+
+    @property
+    def backend(self) -> str:
+        return self.serving.backend
+
+    @property
+    def policy(self) -> str:
+        return str(self.serving.prefill)
 
     @property
     def key(self) -> str:
         """The run's identity in the points file: every field that changes what is measured (not the label)."""
-        d = {k: v for k, v in asdict(self).items() if k != "label"}
-        if d["policy"] == "padded":  # the field came later: padded runs keep the keys they always had
-            del d["policy"]
+        # The backend under the name it had when the points files began (`padded` for dense), so they still resume.
+        old = {new: name for name, new in RENAMED_BACKENDS.items()}
+        d = {"kind": self.kind, "prompts": list(self.prompts), "budget": self.budget,
+             "backend": old.get(self.backend, self.backend),
+             "reps": self.reps, "warmup": self.warmup}
+        if self.policy != "padded":  # the field came later: padded runs keep the keys they always had
+            d["policy"] = self.policy
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @property
@@ -110,6 +124,10 @@ class Run:
     @property
     def decode_steps(self) -> int:
         return self.count * (self.budget - 1)
+
+
+def _on(backend: str, policy: str = "padded") -> ServingConfig:
+    return ServingConfig(backend=backend, prefill=policy)
 
 
 def _rows(r: int) -> str:
@@ -138,7 +156,7 @@ def make_plan(plan: Plan, max_batch: int, backends: Sequence[str], policies: Seq
     others = [p for p in policies if p != "padded"]
     runs = stationarity_runs(plan, max_batch, backends, others)
     # Prefill does not depend on the decode backend; a run still names one the engine compiled.
-    runs += [Run("prefill", (n,) * w, 1, backends[0], reps=plan.prefill_reps, warmup=1, label=f"prefill {w} x {n}")
+    runs += [Run("prefill", (n,) * w, 1, _on(backends[0]), reps=plan.prefill_reps, warmup=1, label=f"prefill {w} x {n}")
              for w in widths for n in lengths]
     runs += policy_runs(plan, max_batch, backends[0], others, "prefill", plan.policy_runs, seed=2)
     uniform = _clip(plan.decode_lengths, plan.max_prompt)
@@ -147,10 +165,10 @@ def make_plan(plan: Plan, max_batch: int, backends: Sequence[str], policies: Seq
             for k in uniform:
                 # The longest prompts run the whole budget, so the points reach the largest K/V a request holds.
                 budget = plan.max_budget if k == plan.max_prompt else plan.decode_budget
-                runs.append(Run("decode", (k,) * r, budget, b, label=f"decode {b} {_rows(r)} x {k}"))
+                runs.append(Run("decode", (k,) * r, budget, _on(b), label=f"decode {b} {_rows(r)} x {k}"))
             for m in range(plan.mixed_runs if r > 1 else 0):
                 draw = np.random.default_rng([plan.seed, r, m]).integers(lengths[0], plan.max_prompt + 1, r)
-                runs.append(Run("decode", tuple(int(k) for k in draw), plan.decode_budget, b,
+                runs.append(Run("decode", tuple(int(k) for k in draw), plan.decode_budget, _on(b),
                                 label=f"decode {b} {_rows(r)} mixed {m + 1}"))
     return runs + check_runs(plan, max_batch, backends, others)
 
@@ -174,7 +192,7 @@ def policy_runs(plan: Plan, max_batch: int, backend: str, policies: Sequence[str
                 top = hi if w == 1 else np.log(max(17, plan.chunk))
                 prompts = tuple(int(round(np.exp(x))) for x in rng.uniform(lo, top, w))
             reps = plan.prefill_reps if kind == "prefill" else plan.check_reps
-            runs.append(Run(kind, prompts, 1, backend, reps=reps, warmup=1, policy=policy,
+            runs.append(Run(kind, prompts, 1, _on(backend, policy), reps=reps, warmup=1,
                             label=f"{kind} {policy} {_rows(w)} ({sum(prompts)} tokens)"))
     return runs
 
@@ -193,7 +211,7 @@ def check_runs(plan: Plan, max_batch: int, backends: Sequence[str], policies: Se
         if w in widths and n in lengths:
             continue
         prompts = (n, *(int(p) for p in rng.integers(min(lengths[0], n), n + 1, w - 1)))
-        runs.append(Run("check-prefill", prompts, 1, backends[0], reps=plan.check_reps, warmup=1,
+        runs.append(Run("check-prefill", prompts, 1, _on(backends[0]), reps=plan.check_reps, warmup=1,
                         label=f"check prefill {w} x {n}"))
     runs += policy_runs(plan, max_batch, backends[0], policies, "check-prefill", max(1, plan.check_prefill // 2),
                         seed=3)
@@ -201,7 +219,7 @@ def check_runs(plan: Plan, max_batch: int, backends: Sequence[str], policies: Se
         for _ in range(plan.check_decode):
             r = int(rng.integers(1, rows_max + 1))
             prompts = tuple(int(p) for p in rng.integers(lengths[0], plan.max_prompt + 1, r))
-            runs.append(Run("check-decode", prompts, plan.decode_budget, b, label=f"check decode {b} {_rows(r)}"))
+            runs.append(Run("check-decode", prompts, plan.decode_budget, _on(b), label=f"check decode {b} {_rows(r)}"))
     return runs
 
 
@@ -219,15 +237,15 @@ def stationarity_runs(plan: Plan, max_batch: int, backends: Sequence[str], polic
             continue
         seen.add((w, n))
         prompts = (n, *(int(p) for p in rng.integers(1, n + 1, w - 1)))
-        runs.append(Run("stationary-prefill", prompts, 1, backends[0], reps=3, label=f"stationarity prefill {w} x {n}"))
-    runs += [Run("stationary-prefill", r.prompts, 1, r.backend, reps=3, policy=r.policy,
+        runs.append(Run("stationary-prefill", prompts, 1, _on(backends[0]), reps=3, label=f"stationarity prefill {w} x {n}"))
+    runs += [Run("stationary-prefill", r.prompts, 1, r.serving, reps=3,
                  label=r.label.replace("stationary-prefill", "stationarity"))
              for r in policy_runs(plan, max_batch, backends[0], policies, "stationary-prefill", min(2, plan.policy_runs),
                                   seed=4)]
     for _ in range(plan.stationary_decode):
         r = int(rng.integers(1, rows_max + 1))
         prompts = tuple(int(p) for p in rng.integers(17, plan.max_prompt + 1, r))
-        runs.append(Run("stationary-decode", prompts, plan.decode_budget, backends[0], reps=2,
+        runs.append(Run("stationary-decode", prompts, plan.decode_budget, _on(backends[0]), reps=2,
                         label=f"stationarity decode {_rows(r)}"))
     return runs
 

@@ -12,8 +12,8 @@ from collections import defaultdict
 import numpy as np
 
 from costs.shapes import PrefillShape, kv_read
-from engine.block_pool import BlockPool
-from engine.scheduler import PrefillPolicy, Scheduler
+from core.block_pool import BlockPool, unbounded_pool
+from core.scheduler import Scheduler
 from traces.workload import Request
 
 from .plan import Run
@@ -31,19 +31,15 @@ def stats(durations) -> dict:
 def step_shapes(run: Run) -> list[PrefillShape]:
     """The prefill steps the engine's scheduler makes of a closed run, in order (several for a chunked prompt):
     the same scheduler code replayed here, so a measured duration gets its exact step."""
-    sched = Scheduler(run.width, BlockPool(unbounded_pool_blocks(run), 64), None, PrefillPolicy.parse(run.policy))
+    serving = run.serving
+    pool = unbounded_pool(run.width, max(run.prompts) + run.budget, serving.block_size)
+    sched = Scheduler(run.width, BlockPool(pool, serving.block_size), None, serving.prefill)
     for i, n in enumerate(run.prompts):
         sched.submit(Request(i, 0.0, n, run.budget))
-    sched.admit(0.0, 0)
     shapes = []
-    while (work := sched.prefill_work()) is not None:
-        shapes.append(work.shape)
-        sched.prefilled(work, 0.0)
+    while (plan := sched.schedule(0.0, 0)).prefill is not None:  # the first plan admits them all
+        shapes.append(plan.prefill.shape)
     return shapes
-
-
-def unbounded_pool_blocks(run: Run) -> int:
-    return sum(-(-(n + run.budget) // 64) for n in run.prompts)
 
 
 def prefill_steps(run: Run, sample: dict) -> dict[PrefillShape, list[float]]:

@@ -12,6 +12,7 @@ import shlex
 import time
 from pathlib import Path
 
+from core.policies import PREFILL
 from costs.table import load_cost_table, save_cost_table
 from traces.errors import InputError
 from traces.provenance import git_commit
@@ -36,8 +37,7 @@ def refit(source: Path, out: Path, points: Path | None, argv: list[str]) -> str:
         raise InputError("the table's measured runs are not there (its points file); give it with --points", path=points)
     store = PointsFile(points, None)
     store.close()
-    policies = tuple(f"chunked:{plan.chunk}" if p == "chunked" else p
-                     for p in raw.get("engine", {}).get("policies", ["padded"]))
+    policies = tuple(str(PREFILL[p].sample(plan.chunk)) for p in raw.get("engine", {}).get("policies", ["padded"]))
     runs = make_plan(plan, raw["max_batch"], tuple(cal.get("backends") or raw["decode"]), policies)
     missing = [r.label for r in runs if r.key not in store]
     if missing:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.config import ServingConfig
 from costs.fit import fit
 from costs.model import CostModel, ExtrapolationWarning
 from costs.table import CostTable, load_cost_table, save_cost_table
@@ -23,13 +24,14 @@ from .plan import Run
 from .points import prefill_steps, usable_steps
 
 DECODE_ROWS, DECODE_LENGTHS = (1, 8, 16, 32), (256, 2048)
+REFRESH_BUDGET = 64  # tokens a decode run generates: 63 decode steps
 PREFILL_SHAPES = ((1, 256), (8, 1024), (32, 256), (4, 4096))
 
 
 def refresh_runs(backends: tuple[str, ...], max_batch: int) -> list[Run]:
-    runs = [Run("prefill", (n,) * w, 1, backends[0], reps=3, warmup=1, label=f"refresh prefill {w} x {n}")
+    runs = [Run("prefill", (n,) * w, 1, ServingConfig(backend=backends[0]), reps=3, warmup=1, label=f"refresh prefill {w} x {n}")
             for w, n in PREFILL_SHAPES if w <= max_batch]
-    runs += [Run("decode", (n,) * r, 64, b, label=f"refresh decode {b} {r} x {n}")
+    runs += [Run("decode", (n,) * r, REFRESH_BUDGET, ServingConfig(backend=b), label=f"refresh decode {b} {r} x {n}")
              for b in backends for r in DECODE_ROWS if r <= max_batch for n in DECODE_LENGTHS]
     return runs
 
@@ -65,7 +67,8 @@ def source_table(path: Path, cfg) -> CostTable:
     dtype, block size): the ratios of another model's steps to its model would rescale it by nothing they share."""
     from traces.model_spec import MODELS, config_hash
     old = load_cost_table(path, allow_nonstationary=True)
-    m, asked = old.model, {"config_hash": config_hash(cfg.spec), "dtype": cfg.dtype, "block_size": cfg.block_size}
+    m, asked = old.model, {"config_hash": config_hash(cfg.serving.spec), "dtype": cfg.serving.dtype,
+                 "block_size": cfg.serving.block_size}
     theirs = {"config_hash": m["config_hash"], "dtype": m["dtype"], "block_size": old.block_size}
     differ = [f"{k} {theirs[k]} (this engine: {v})" for k, v in asked.items() if theirs[k] != v]
     if differ:
@@ -88,7 +91,7 @@ def refresh(old: CostTable, out: Path, cfg, argv: list[str], telemetry=None) -> 
     t0 = time.perf_counter()
     cost = CostModel(old)
     engine = Engine(cfg)
-    runs = refresh_runs(old.backends, cfg.max_batch)
+    runs = refresh_runs(old.backends, cfg.serving.max_batch)
     samples = [measure(engine, r) for r in runs]
     measured = ratios(cost, runs, samples)
     factor = {k: float(np.median(v)) for k, v in measured.items()}

@@ -6,11 +6,11 @@ not belong in the same table.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from traces.csvio import read_text
 from traces.errors import InputError
+from traces.jsonl_store import JsonLines, complete_lines, drop_cut_off, entries, header
 
 SCHEMA = "calibration-points"
 VERSION = 1
@@ -28,23 +28,18 @@ class PointsFile:
         self.samples: dict[str, dict] = {}
         if not (self.path.exists() and self.path.stat().st_size and self._read()):
             # New, or only the header of a start that measured nothing: (re)start it with this setup.
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps({"schema": SCHEMA, "version": VERSION, "identity": identity},
-                                            sort_keys=True) + "\n", encoding="utf-8")
-        self._f = open(self.path, "a", encoding="utf-8")
+            self._f = JsonLines.create(self.path, {"schema": SCHEMA, "version": VERSION, "identity": identity},
+                                       separators=(",", ":"))
+        else:
+            self._f = JsonLines(self.path, separators=(",", ":"))
 
     def _read(self) -> bool:
         """Load the measured runs; False when the file holds none (nothing to resume, whatever its setup)."""
         text = read_text(self.path)  # not UTF-8 is refused with its line
-        if not text.endswith("\n"):  # killed mid-write: drop the partial line, so the next append starts clean
-            text = text[: text.rfind("\n") + 1]
-            self.path.write_text(text, encoding="utf-8")
-        lines = text.splitlines()
-        try:
-            head = json.loads(lines[0]) if lines else None
-        except json.JSONDecodeError:
-            head = None
-        if not isinstance(head, dict) or head.get("schema") != SCHEMA:
+        lines, cut_off = complete_lines(text)
+        drop_cut_off(self.path, text, cut_off)  # killed mid-write: the next append starts a line of its own
+        head = header(lines)
+        if head is None or head.get("schema") != SCHEMA:
             raise InputError(f"is not a calibration points file (expected a {SCHEMA!r} first line)", path=self.path)
         if len(lines) == 1:
             return False
@@ -55,20 +50,15 @@ class PointsFile:
         if diff:
             raise InputError(f"holds points measured with another setup: {'; '.join(diff)}. Resume on the same "
                              f"setup, or choose another --out (or delete this file) to start over", path=self.path)
-        for i, line in enumerate(lines[1:], start=2):
-            try:
-                entry = json.loads(line)
-                self.samples[entry["key"]] = entry["sample"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise InputError("is not a measured run (corrupt points file?)", path=self.path, row=i) from None
+        self.samples = entries(lines, "key", "sample", path=self.path,
+                               refusal="is not a measured run (corrupt points file?)")
         return True
 
     def __contains__(self, key: str) -> bool:
         return key in self.samples
 
     def add(self, key: str, sample: dict) -> None:
-        self._f.write(json.dumps({"key": key, "sample": sample}, separators=(",", ":")) + "\n")
-        self._f.flush()
+        self._f.write({"key": key, "sample": sample})
         self.samples[key] = sample
 
     def close(self) -> None:

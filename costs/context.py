@@ -21,6 +21,9 @@ A table with no correction prices every step exactly as before: the factor is 1 
 from __future__ import annotations
 
 import math
+import re
+
+from .shapes import backend_named
 
 IDLE_S = 0.02  # seconds with nothing running after which a step counts as the first after idle
 ROW_BUCKETS = (1, 8, 16, 32)  # rows up to each bound share a class; more than the last, one more
@@ -57,6 +60,11 @@ def keys(kind: str, prev: str, rows: int) -> list[str]:
     return out
 
 
+def current_kind(key: str) -> str:
+    """A factor key under its decode backend's current name: corrections fitted before the rename say `padded`."""
+    return re.sub(r"^decode ([\w-]+)", lambda m: f"decode {backend_named(m.group(1))}", key)
+
+
 class Correction:
     """A table's correction section, read once; factor() is the multiplier of one step."""
 
@@ -64,7 +72,8 @@ class Correction:
         self.raw = raw
         self.min_steps = int(raw.get("min_steps", MIN_STEPS))
         self.idle_s = float(raw.get("idle_s", IDLE_S))
-        self.factors = {k: float(v["factor"]) for k, v in raw["factors"].items() if v["n"] >= self.min_steps}
+        self.factors = {current_kind(k): float(v["factor"]) for k, v in raw["factors"].items()
+                        if v["n"] >= self.min_steps}
         self.scale = float(raw.get("scale", 1.0))  # one factor on every step: an interval's sampled cost draw
         clock = raw.get("clock") or {}
         self.clock_ref, self.clock_exp = clock.get("reference_mhz"), clock.get("exponent")
@@ -84,7 +93,7 @@ class Correction:
 
     def sigma(self, kind: str) -> float | None:
         """The held-out log residual sd of this kind's steps after the correction (None where not measured)."""
-        s = self.raw.get("residual_sigma", {})
+        s = {current_kind(k): v for k, v in self.raw.get("residual_sigma", {}).items()}
         return s.get(kind, s.get(" ".join(kind.split(" ")[:2])))
 
 

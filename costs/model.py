@@ -44,12 +44,19 @@ import numpy as np
 from traces.errors import InputError
 
 from .context import Correction, decode_kind, prefill_kind
-from .shapes import PrefillShape
+from .shapes import PrefillShape, backend_named
 from .table import PREFILL_PARAMS, CostTable, as_cost_table, table_id
 
 
 class ExtrapolationWarning(UserWarning):
     pass
+
+
+def _whole(x) -> int:
+    """A K/V token count: a whole number (given as an int or a float)."""
+    if x != int(x):
+        raise ValueError(f"a K/V token count must be a whole number, got {x!r}")
+    return int(x)
 
 
 def prefill_time(params, rows, tokens, span):
@@ -227,38 +234,20 @@ class CostModel:
         return float(prefill_time(self._prefill_params, rows, *self.rounding.features(shape)))
 
     def _fit(self, backend: str) -> _DecodeFit:
-        d = self._decode.get(backend)
+        d = self._decode.get(backend_named(backend))  # a record or command may give the backend's old name
         if d is None:
             raise InputError(f"the cost table has no decode costs for backend {backend!r} "
                              f"(it has {', '.join(self.backends)})")
         return d
 
     def decode(self, backend: str, rows: int, kv_tokens, kv_max):
-        """One decode step of `rows` rows holding `kv_tokens` K/V tokens in all, `kv_max` in the longest
-        (numbers, or arrays of them for a stretch of steps)."""
-        d = self._fit(backend)
-        r = d.rows
-        if rows > r[-1] or rows < r[0]:
-            self._outside(f"decode rows {rows}")
-        kv_tokens, kv_max = np.asarray(kv_tokens, float), np.asarray(kv_max, float)
-        if np.max(kv_max) > 1.05 * d.top:
-            self._outside(f"decode K/V of {int(np.max(kv_max))} tokens in the longest row")
-
-        short = rows * kv_max - kv_tokens  # tokens the shorter rows lack next to a uniform batch at the longest
-
-        def at(i: int):
-            return _interp(d.knots[i].x, d.knots[i].y, kv_max) - d.per_token[i] * short
-        if len(r) == 1:
-            return at(0)
-        # Between two measured row counts, weigh their two predictions.
-        i = int(np.clip(np.searchsorted(r, rows), 1, len(r) - 1))
-        w = (rows - r[i - 1]) / (r[i] - r[i - 1])
-        cost = at(i - 1) * (1 - w) + at(i) * w
-        if rows > r[-1]:
-            # Past the widest measured batch the line through the last two row counts goes on; where noise made
-            # the last one the cheaper, it would make every added row cheaper still. Never below the last.
-            return np.maximum(cost, at(len(r) - 1))
-        return cost
+        """One decode step of `rows` rows holding `kv_tokens` K/V tokens in all, `kv_max` in the longest (whole
+        numbers, or arrays of them): decode_stretch's price of a one-step stretch at each, so that there is one
+        decode cost."""
+        kt, km = np.broadcast_arrays(np.asarray(kv_tokens), np.asarray(kv_max))
+        got = [self.decode_stretch(backend, rows, _whole(a), _whole(b), 1)[0]
+               for a, b in zip(kt.ravel().tolist(), km.ravel().tolist())]
+        return np.asarray(got, float).reshape(kt.shape) if kt.ndim else got[0]
 
     def decode_stretch_in_context(self, backend: str, rows: int, kv_tokens: int, kv_max: int, k: int, policy: str,
                                   prev_kind: str | None, idle_s: float) -> list[float]:
@@ -273,19 +262,21 @@ class CostModel:
         return [d[0] * first] + [x * rest for x in d[1:]]
 
     def decode_stretch(self, backend: str, rows: int, kv_tokens: int, kv_max: int, k: int) -> list[float]:
-        """k consecutive decode steps of the same rows from this shape, each row one token longer a step:
-        decode(backend, rows, kv_tokens + rows * j, kv_max + j) for j < k, equal to the bit (tests/test_fast_paths.py):
-        the same operations in the same order on Python floats, with interp looked up (_Knots). The simulator
-        prices every stretch with it: a stretch is a few steps on average, where numpy's per-call overhead would
-        be most of the cost."""
+        """k consecutive decode steps of the same rows from this shape, each row one token longer a step.
+
+        The uniform cost at the longest row, less what the shorter rows save (per_token * (rows * kv_max -
+        kv_tokens), the same at every step); between two measured row counts their two predictions weighed; past
+        the widest, the line through the last two, never below the last. Interp is looked up (_Knots), in plain
+        Python: the simulator prices every stretch with it, a stretch is a few steps on average, and numpy's
+        per-call overhead would be most of the cost (tests/test_fast_paths.py holds it to numpy's arithmetic)."""
         try:
             d = self._decode[backend]
         except KeyError:
             d = self._fit(backend)  # raises, naming the backends there are
+        if rows > d.rows[-1] or rows < d.rows[0]:
+            self._outside(f"decode rows {rows}")
         weights = d.weights.get(rows)
-        if weights is None:  # the first stretch at this row count (later ones could only repeat a warning)
-            if rows > d.rows[-1] or rows < d.rows[0]:
-                self._outside(f"decode rows {rows}")
+        if weights is None:  # the first stretch at this row count
             weights = d.weights[rows] = d.row_weights(rows)
         end = kv_max + k
         if end - 1 > 1.05 * d.top:

@@ -6,13 +6,29 @@ shapes, the engine records them, the cost model prices them and calibration meas
 """
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple, Sequence
 
-BACKENDS = ("paged", "padded")
+BACKENDS = ("paged", "dense")  # decode backends: paged attention at true lengths; every row read at the widest
+RENAMED_BACKENDS = {"padded": "dense"}  # old name: current name (old commands, records and tables still work)
+
+
+def backend_named(name: str) -> str:
+    """The current name of a decode backend given by its current or its old name."""
+    return RENAMED_BACKENDS.get(name, name)
+
+
+def backend_from_user(name: str, prog: str) -> str:
+    """A backend named on a command line: its current name, with a warning on stderr for an old one."""
+    new = backend_named(name)
+    if new != name:
+        print(f"{prog}: warning: the decode backend {name!r} is now called {new!r}; {name!r} still works for now",
+              file=sys.stderr)
+    return new
 
 
 def kv_read(backend: str, rows: int, kv_tokens, kv_max):
-    """K/V tokens a decode step's attention reads: true lengths (paged) or every row at the widest (padded).
+    """K/V tokens a decode step's attention reads: true lengths (paged) or every row at the widest (dense).
 
     Numbers or numpy arrays (a stretch of steps)."""
     return kv_tokens if backend == "paged" else rows * kv_max

@@ -31,7 +31,7 @@ def _point(keys: dict, median: float, sigma: float) -> dict:
 
 
 def synthetic_table(prefill: Callable[[PrefillShape], float], decode: Callable[[str, int, int, int], float], *,
-                    retire_s: float = 0.0, sigma: float = 0.0, backends=("paged", "padded"), max_batch: int = 32,
+                    retire_s: float = 0.0, sigma: float = 0.0, backends=("paged", "dense"), max_batch: int = 32,
                     block_size: int = 64, model: dict = QWEN25_1P5B, name: str = "synthetic") -> dict:
     """A checked cost table (its JSON object) whose medians are prefill(shape) over padded groups and
     decode(backend, rows, kv_tokens, kv_max): uniform rows at every length of KV_PER_ROW, and rows where

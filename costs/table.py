@@ -24,7 +24,7 @@ from traces.csvio import atomic_write_text, read_text
 from traces.errors import InputError
 
 from .context import check_correction
-from .shapes import BACKENDS, PrefillShape
+from .shapes import BACKENDS, RENAMED_BACKENDS, PrefillShape, backend_named
 
 SCHEMA = "cost-table"
 VERSION = 2  # what a calibration writes; a table with a correction is CORRECTED_VERSION
@@ -174,7 +174,7 @@ def check_table(table: dict, path: str | Path | None = None) -> dict:
     if not decode:
         raise InputError("decode has no backends", path=path)
     for backend, d in decode.items():
-        if backend not in BACKENDS:
+        if backend_named(backend) not in BACKENDS:
             raise InputError(f"decode has an unknown backend {backend!r} (known: {', '.join(BACKENDS)})", path=path)
         _check_points(_need(d, "points", f"decode.{backend}.", path, list), _DECODE_KEYS, f"decode.{backend}.points", path)
         too_wide = [p["rows"] for p in d["points"] if p["rows"] > table["max_batch"]]
@@ -296,7 +296,7 @@ def as_cost_table(table: dict, path: str | Path | None = None, *, allow_nonstati
     """A checked CostTable from a table's JSON object: structure, fit, and its stationarity check (missing: a warning
     naming it; failed: refused unless allow_nonstationary). That its fitted steps are positive over its own range
     is the cost model's check, made when a model is first built on the table."""
-    ct = CostTable(check_table(table, path), Path(path) if path is not None else None)
+    ct = CostTable(_current_names(check_table(table, path)), Path(path) if path is not None else None)
     s = ct.stationarity
     if s is None:
         warnings.warn(f"cost table {ct.table_id} has no stationarity check (first run of a new shape against a "
@@ -308,6 +308,17 @@ def as_cost_table(table: dict, path: str | Path | None = None, *, allow_nonstati
                          f"on what ran before. Calibrate again, or pass --allow-nonstationary to use it anyway",
                          path=path)
     return ct
+
+
+def _current_names(table: dict) -> dict:
+    """The table with its decode backends under their current names (an older table's `padded` is `dense`); its
+    table_id stays the one its content was checked against."""
+    if not any(b in RENAMED_BACKENDS for b in table["decode"]):
+        return table
+
+    def renamed(d: dict) -> dict:
+        return {backend_named(b): v for b, v in d.items()}
+    return {**table, "decode": renamed(table["decode"]), "fit": {**table["fit"], "decode": renamed(table["fit"]["decode"])}}
 
 
 def load_cost_table(path: str | Path, *, allow_nonstationary: bool = False) -> CostTable:

@@ -218,7 +218,7 @@ def profile_decode(engine: Engine, rows: int, ctx: int, reps: int = 20) -> list[
 def _targets(decode: list[dict], prefill: list[dict], closed: list[dict], uniform32: float | None) -> dict:
     pre = {(p["width"], p["padded_len"]): p for p in prefill}
     by = {(p["backend"], p["rows"], p["ctx"]): p for p in decode}
-    ratios = [by["paged", r, c]["step_ms"] / by["padded", r, c]["step_ms"] for (b, r, c) in by if b == "paged" and r >= 8]
+    ratios = [by["paged", r, c]["step_ms"] / by["dense", r, c]["step_ms"] for (b, r, c) in by if b == "paged" and r >= 8]
     floor = by.get(("paged", 32, 1024))
     hf = [p["vs_hf"] for p in decode if p["backend"] == "paged" and p["rows"] == 32 and p["vs_hf"]]
     return {"paged_over_padded_max_uniform_8_32": max(ratios) if ratios else None,

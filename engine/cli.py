@@ -12,13 +12,15 @@ import statistics
 import sys
 from pathlib import Path
 
-from costs.shapes import BACKENDS
+from core.block_pool import PoolSize, blocks_for_gib
+from core.config import ServingConfig
+from costs.shapes import BACKENDS, backend_from_user
 from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, seed_arg, slo_arg,
                         workload_from_args, workload_options)
 from traces.command import Parser, command
 from traces.errors import InputError
 from traces.memory import GIB, check_fits
-from traces.model_spec import MODELS, kv_bytes_per_token, parameter_count
+from traces.model_spec import DTYPE_BYTES, MODELS, kv_bytes_per_token, parameter_count
 from traces.outpath import check_out_dir, check_trace_events
 from traces.records import TABLES
 from traces.workload import Trace
@@ -47,7 +49,8 @@ def engine_options() -> argparse.ArgumentParser:
     g.add_argument("--block-size", type=_block_size, default=64, help="tokens per KV block (default 64)")
     g.add_argument("--max-prompt", type=count_arg, default=None, help="longest prompt (default 4096; 96 for --model tiny)")
     g.add_argument("--max-budget", type=count_arg, default=None, help="largest token budget (default 256; 32 for tiny)")
-    g.add_argument("--backends", default=",".join(BACKENDS), help="decode backends to compile (default paged,padded)")
+    g.add_argument("--backends", default=",".join(BACKENDS),
+                   help="decode backends to compile (default paged,dense; padded is the old name of dense)")
     g.add_argument("--expect-gpu", metavar="NAME", help="refuse to run on any other device, e.g. 'NVIDIA H200'")
     return p
 
@@ -61,7 +64,7 @@ def check_options(args: argparse.Namespace) -> None:
     if args.max_prompt + args.max_budget > positions:
         raise InputError(f"--max-prompt {args.max_prompt} + --max-budget {args.max_budget} is beyond --model "
                          f"{args.model}'s {positions} positions")
-    backends = tuple(b for b in args.backends.split(",") if b)
+    backends = tuple(backend_from_user(b, "engine") for b in args.backends.split(",") if b)
     bad = [b for b in backends if b not in BACKENDS]
     if bad or not backends:
         raise InputError(f"--backends {args.backends!r}: choose from {', '.join(BACKENDS)}")
@@ -74,14 +77,15 @@ def check_cpu_memory(args: argparse.Namespace) -> None:
     """On the CPU (Triton's interpreter) only the tiny model runs, and the weights and an explicit pool must fit in
     this machine's memory: refused here, before the model loads, rather than as an allocation failure."""
     spec = MODELS[args.model]
-    dtype_bytes = {"float16": 2, "bfloat16": 2}.get(args.dtype, 4)  # float32 is the CPU's default
-    weights = parameter_count(spec) * dtype_bytes
+    dtype = args.dtype or "float32"  # the CPU's default
+    weights = parameter_count(spec) * DTYPE_BYTES[dtype]
     if args.model != "tiny":
         raise InputError(f"--device cpu runs --model tiny only: --model {args.model} would need "
                          f"{weights / GIB:.1f} GiB for its weights alone, and minutes a step under Triton's "
                          f"interpreter; run it on a GPU")
-    block_bytes = args.block_size * kv_bytes_per_token(spec, dtype_bytes)
-    blocks = args.pool_blocks or (args.pool_gib and int(args.pool_gib * GIB // block_bytes))
+    kv_bytes = kv_bytes_per_token(spec, dtype)
+    block_bytes = args.block_size * kv_bytes
+    blocks = args.pool_blocks or (args.pool_gib and blocks_for_gib(args.pool_gib, args.block_size, kv_bytes))
     if blocks:
         check_fits(weights + (blocks + 1) * block_bytes, f"a KV pool of {blocks:,} blocks",
                    "choose a smaller --pool-gib or --pool-blocks")
@@ -109,8 +113,8 @@ def build_engine(args: argparse.Namespace):
 def check_workload(trace: Trace, args: argparse.Namespace) -> None:
     """Refuse a workload with a request the engine would refuse (it records such a request as rejected and
     serves the rest, which on a whole-workload mismatch is a run of nothing), naming the first one."""
-    from engine.block_pool import BlockPool, unbounded_pool
-    from engine.scheduler import Scheduler
+    from core.block_pool import BlockPool, largest_request_tokens, unbounded_pool
+    from core.scheduler import Scheduler
 
     if not trace.requests:
         raise InputError("the workload has no requests")
@@ -125,8 +129,8 @@ def check_workload(trace: Trace, args: argparse.Namespace) -> None:
             if value > limit:
                 raise InputError(f"{misfit}: request {req.request_id}: {what} of {value} tokens is beyond {option} "
                                  f"{limit}")
-    sched = Scheduler(1, BlockPool(unbounded_pool(trace.requests, 1, args.block_size), args.block_size),
-                      args.max_prompt + args.max_budget)
+    pool = unbounded_pool(1, largest_request_tokens(trace.requests), args.block_size)
+    sched = Scheduler(1, BlockPool(pool, args.block_size), args.max_prompt + args.max_budget)
     try:
         for req in trace.requests:
             sched.submit(req)
@@ -136,12 +140,12 @@ def check_workload(trace: Trace, args: argparse.Namespace) -> None:
 
 def _build_engine(args: argparse.Namespace):
     from .engine import Engine, EngineConfig  # torch is imported only once a command needs the engine
-    cfg = EngineConfig(max_batch=args.max_batch, block_size=args.block_size, pool_gib=args.pool_gib,
-                       pool_blocks=args.pool_blocks, max_prompt=args.max_prompt,
-                       max_budget=args.max_budget, backends=tuple(args.backends.split(",")),
-                       checkpoint=args.checkpoint, seed=args.weights_seed,
-                       dtype=args.dtype or ("float32" if args.device == "cpu" else "float16"), device=args.device,
-                       spec=dict(MODELS[args.model]), expect_gpu=args.expect_gpu)
+    serving = ServingConfig(model=args.model, dtype=args.dtype or ("float32" if args.device == "cpu" else "float16"),
+                            block_size=args.block_size, max_batch=args.max_batch,
+                            pool=PoolSize(args.pool_gib, args.pool_blocks))
+    cfg = EngineConfig(serving, max_prompt=args.max_prompt, max_budget=args.max_budget,
+                       backends=tuple(args.backends.split(",")), checkpoint=args.checkpoint, seed=args.weights_seed,
+                       device=args.device, expect_gpu=args.expect_gpu)
     return Engine(cfg)
 
 
@@ -157,7 +161,7 @@ def _run(args: argparse.Namespace) -> int:
     from traces.metrics import slo_keys, summary
     from traces.timeline import write_timeline
 
-    from .scheduler import PrefillPolicy
+    from core.policies import PrefillPolicy
     check_options(args)
     PrefillPolicy.parse(args.prefill)
     outs = _out_dirs(args)
@@ -223,7 +227,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     r = sub.add_parser("run", parents=[workload_options(), engine_options()],
                        help="replay a trace on the engine in real time and record every request, step and token")
-    r.add_argument("--backend", choices=BACKENDS, default="paged", help="decode attention (default paged)")
+    r.add_argument("--backend", type=lambda v: backend_from_user(v, "engine"), choices=BACKENDS, default="paged",
+                   help="decode attention (default paged)")
     r.add_argument("--prefill", default="padded", metavar="POLICY",
                    help="prefill policy: padded, packed or chunked:N (default padded)")
     r.add_argument("--out", metavar="DIR", help="write the run record here (rows appended as they complete)")

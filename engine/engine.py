@@ -10,23 +10,22 @@ from pathlib import Path
 
 import torch
 
-from costs.shapes import BACKENDS
+from costs.shapes import BACKENDS, backend_named
 from traces.errors import InputError
-from traces.model_spec import QWEN25_1P5B, kv_bytes_per_token
+from traces.model_spec import kv_bytes_per_token
 from traces.provenance import gpu_matches, provenance
 from traces.records import RunRecord, RunWriter
 from traces.workload import Trace
+from core.block_pool import PoolSize, blocks_for, gib_of
+from core.config import ServingConfig
+from core.recorder import Recorder
+from core.policies import PREFILL, PrefillPolicy
 
-from .block_pool import DEFAULT_BLOCK_SIZE, blocks_for_gib
 from .model_runner import EAGER_BUCKET, GRAPH_TOKENS, ModelRunner
 from .qwen2 import PagedQwen2
-from .recorder import Recorder
-from .scheduler import PrefillPolicy
 from .serve import WallClock, serve
 from .telemetry import record_run
 from .weights import load_model
-
-POLICIES_BUILT = ("padded", "packed", "chunked")  # the prefill policies this engine can run
 
 GRAPH_RESERVE_BYTES = 2 << 30  # CUDA graphs' private memory and allocator slack, kept out of the default pool
 POOL_FRACTION = 0.9
@@ -34,18 +33,16 @@ POOL_FRACTION = 0.9
 
 @dataclass
 class EngineConfig:
-    max_batch: int = 32
-    block_size: int = DEFAULT_BLOCK_SIZE
-    pool_gib: float | None = None
-    pool_blocks: int | None = None
+    """The serving configuration the engine is built for (its rows and pool are the most a run may use; an
+    unbounded pool is what the GPU's free memory holds), and what only a real engine has."""
+
+    serving: ServingConfig = field(default_factory=ServingConfig)
     max_prompt: int = 4096
     max_budget: int = 256
     backends: tuple[str, ...] = BACKENDS
     checkpoint: str | None = None
     seed: int = 0
-    dtype: str = "float16"
     device: str = "cuda"
-    spec: dict = field(default_factory=lambda: dict(QWEN25_1P5B))
     expect_gpu: str | None = None
 
     @property
@@ -79,20 +76,19 @@ class Engine:
     def __init__(self, cfg: EngineConfig, log=print):
         t0 = time.perf_counter()
         self.cfg = cfg
+        serving = cfg.serving
         dev = check_device(cfg)
-        if cfg.max_batch <= 0:
-            raise InputError(f"max batch must be positive, got {cfg.max_batch}")
-        dtype = getattr(torch, cfg.dtype)
-        log(f"loading {cfg.spec['name']} ({'checkpoint ' + cfg.checkpoint if cfg.checkpoint else 'random weights'}) "
-            f"in {cfg.dtype} on {device_info(dev)['name']}")
-        self.loaded = load_model(cfg.checkpoint, cfg.spec, cfg.seed, dtype, dev)
+        dtype = getattr(torch, serving.dtype)
+        log(f"loading {serving.spec['name']} ({'checkpoint ' + cfg.checkpoint if cfg.checkpoint else 'random weights'}) "
+            f"in {serving.dtype} on {device_info(dev)['name']}")
+        self.loaded = load_model(cfg.checkpoint, serving.spec, cfg.seed, dtype, dev)
         self.model = PagedQwen2(self.loaded, cfg.max_tokens)
         self.peak_prefill_bytes = self._largest_prefill() if dev.type == "cuda" else 0
         num_blocks = self._pool_blocks(dev)
-        log(f"KV pool: {num_blocks} blocks of {cfg.block_size} tokens "
-            f"({num_blocks * cfg.block_size * self.kv_bytes_per_token / 2**30:.2f} GiB); "
+        log(f"KV pool: {num_blocks} blocks of {serving.block_size} tokens "
+            f"({gib_of(num_blocks, serving.block_size, self.kv_bytes_per_token):.2f} GiB); "
             f"largest prefill transient {self.peak_prefill_bytes / 2**30:.2f} GiB; capturing prefill and decode graphs")
-        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, cfg.max_batch, cfg.max_tokens,
+        self.runner = ModelRunner(self.model, num_blocks, serving.block_size, serving.max_batch, cfg.max_tokens,
                                   cfg.max_prompt, cfg.backends)
         if dev.type == "cuda":
             self._largest_prefill()  # proves the largest group still fits beside the pool and the graphs
@@ -104,7 +100,7 @@ class Engine:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.loaded.spec, torch.finfo(getattr(torch, self.cfg.dtype)).bits // 8)
+        return kv_bytes_per_token(self.loaded.spec, self.cfg.serving.dtype)  # a checkpoint's own shapes
 
     def _largest_prefill(self) -> int:
         """Run the largest admission-group prefill the configuration allows; return its transient peak in bytes.
@@ -115,35 +111,35 @@ class Engine:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        self.model.dense_logits(torch.zeros((cfg.max_batch, cfg.max_prompt), dtype=torch.int64), cfg.block_size)
+        self.model.dense_logits(torch.zeros((cfg.serving.max_batch, cfg.max_prompt), dtype=torch.int64),
+                                cfg.serving.block_size)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
 
     def _pool_blocks(self, dev: torch.device) -> int:
-        cfg = self.cfg
-        block_bytes = cfg.block_size * self.kv_bytes_per_token
-        if cfg.pool_blocks:
-            n = cfg.pool_blocks
-        elif cfg.pool_gib:
-            n = blocks_for_gib(cfg.pool_gib, cfg.block_size, self.kv_bytes_per_token)
-        elif dev.type == "cuda":
+        cfg, serving = self.cfg, self.cfg.serving
+        if serving.pool.unbounded and dev.type == "cuda":  # the engine's own: what the GPU's free memory holds
             free, _ = torch.cuda.mem_get_info(dev)
-            n = int(POOL_FRACTION * (free - self.peak_prefill_bytes - GRAPH_RESERVE_BYTES) // block_bytes)
-        else:  # no memory to measure: enough that memory never binds
-            n = cfg.max_batch * -(-cfg.max_tokens // cfg.block_size)
-        need = -(-cfg.max_tokens // cfg.block_size)
+            budget = POOL_FRACTION * (free - self.peak_prefill_bytes - GRAPH_RESERVE_BYTES)
+            n = PoolSize(gib=max(budget, 1) / 2**30).num_blocks(
+                serving.block_size, self.kv_bytes_per_token, serving.max_batch, cfg.max_tokens)
+        else:  # given; or, with no memory to measure, enough that memory never binds
+            n = serving.pool.num_blocks(serving.block_size, self.kv_bytes_per_token, serving.max_batch, cfg.max_tokens)
+        need = blocks_for(cfg.max_tokens, serving.block_size)
         if n < need:
-            raise InputError(f"a KV pool of {n} blocks ({n * block_bytes / 2**30:.3f} GiB) cannot hold the largest request: "
-                             f"{cfg.max_prompt} + {cfg.max_budget} tokens need {need} blocks of {cfg.block_size}")
+            raise InputError(f"a KV pool of {n} blocks ({gib_of(n, serving.block_size, self.kv_bytes_per_token):.3f} "
+                             f"GiB) cannot hold the largest request: {cfg.max_prompt} + {cfg.max_budget} tokens need "
+                             f"{need} blocks of {serving.block_size}")
         return n
 
     def metadata(self) -> dict:
         cfg, m, r = self.cfg, self.loaded, self.runner
-        return {"kind": "engine", "max_batch": cfg.max_batch, "pool_blocks": r.num_blocks,
-                "block_size": cfg.block_size, "max_tokens": cfg.max_tokens,
-                "model": {"name": m.spec["name"], "config_hash": m.config_hash, "weights": m.weights, "dtype": cfg.dtype},
+        return {"kind": "engine", "max_batch": cfg.serving.max_batch, "pool_blocks": r.num_blocks,
+                "block_size": cfg.serving.block_size, "max_tokens": cfg.max_tokens,
+                "model": {"name": m.spec["name"], "config_hash": m.config_hash, "weights": m.weights,
+                          "dtype": cfg.serving.dtype},
                 "device": device_info(self.device), "prefill_peak_gib": round(self.peak_prefill_bytes / 2**30, 3),
-                "engine": {"start_s": round(self.start_s, 2), "policies": list(POLICIES_BUILT),
+                "engine": {"start_s": round(self.start_s, 2), "policies": list(PREFILL),
                            "prefill_attention": "triton varlen (engine/kernels/prefill_attention.py)",
                            "prefill_buckets": r.buckets, "prefill_block_m": r.block_m,
                            "prefill_graph_buckets": sorted(r.prefill_graphs), "graph_tokens": GRAPH_TOKENS,
@@ -170,14 +166,13 @@ class Engine:
         requests each step finished. With `telemetry` the GPU's clock, temperature and power are sampled into
         out_dir's telemetry.csv through the run (engine/telemetry.py).
         """
+        backend = backend_named(backend)
         if backend not in self.cfg.backends:
             raise InputError(f"backend {backend!r} was not compiled at engine start ({', '.join(self.cfg.backends)})")
         prefill = PrefillPolicy.parse(policy)
-        if prefill.name not in POLICIES_BUILT:
-            raise InputError(f"this engine does not run {prefill} prefill yet (it runs {', '.join(POLICIES_BUILT)})")
-        max_batch = max_batch or self.cfg.max_batch
-        if max_batch > self.cfg.max_batch:
-            raise InputError(f"max batch {max_batch} is above the engine's {self.cfg.max_batch}")
+        max_batch = max_batch or self.cfg.serving.max_batch
+        if max_batch > self.cfg.serving.max_batch:
+            raise InputError(f"max batch {max_batch} is above the engine's {self.cfg.serving.max_batch}")
         pool_blocks = pool_blocks or self.runner.num_blocks
         if pool_blocks > self.runner.num_blocks:
             raise InputError(f"pool of {pool_blocks} blocks is larger than the engine's {self.runner.num_blocks}")

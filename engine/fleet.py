@@ -3,12 +3,12 @@
 The router (this process) sleeps until each request's arrival, picks a replica by its rule, and puts the request
 on that replica's queue; each replica runs the engine's own step loop, taking what its queue holds at every step
 boundary (and blocking on it when idle), and tells the router as requests finish so the router's view of what
-each replica has outstanding (engine.routing.Load) stays current. All processes share one clock: perf_counter is
+each replica has outstanding (core.routing.Load) stays current. All processes share one clock: perf_counter is
 the machine's monotonic clock, and the router hands every replica the same start. Each replica writes its own run
 record (replica-<i>/); `merge` joins them into the fleet's record, the schema of any other run, with the replica
 column telling them apart.
 
-Routers: engine/routing.py's, the rules the simulator's fleet (sim/fleet.py) routes by: round-robin by arrival
+Routers: core/routing.py's, the rules the simulator's fleet (sim/fleet.py) routes by: round-robin by arrival
 index; least-outstanding (fewest requests routed there and not finished); least-tokens (fewest prompt + budget
 tokens of those requests). A request is outstanding from its routing until its replica reports it finished.
 """
@@ -25,7 +25,7 @@ from traces.errors import InputError
 from traces.records import TABLES, RunWriter, read_run
 from traces.workload import Request, Trace
 
-from .routing import Load, router as router_named
+from core.routing import Load, router as router_named
 
 START_AHEAD_S = 0.5  # the router announces the start this far ahead, so every replica is waiting when it comes
 
@@ -63,8 +63,8 @@ class QueueArrivals:
     def next_time(self) -> float | None:
         return min((r.arrival for r in self.pending), default=None)
 
-    def next_admission(self, sched) -> float:
-        return float("inf")  # the engine steps one decode at a time: it never looks ahead
+    def next_candidate(self, sched) -> tuple[float, None]:
+        return float("inf"), None  # the engine steps one decode at a time: it never looks ahead
 
     def wait(self) -> None:
         self._take(block=True)

@@ -22,12 +22,13 @@ import numpy as np
 import torch
 
 from costs.shapes import BACKENDS
+from core.block_pool import blocks_for
+from core.scheduler import PrefillWork, Seq
 from traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens
 
 from .kernels import default_num_splits, paged_attention, paged_attention_workspace
 from .kernels.prefill_attention import default_block_m, max_programs, plan
 from .qwen2 import PagedQwen2
-from .scheduler import PrefillWork, Seq
 
 GRAPH_TOKENS = 8192  # prefill steps up to this many tokens replay a graph
 EAGER_BUCKET = 1024  # above it, token counts round up to a multiple of this
@@ -84,7 +85,7 @@ class ModelRunner:
         self.model = model
         self.num_blocks, self.block_size = num_blocks, block_size
         self.max_batch, self.max_tokens = max_batch, max_tokens
-        self.max_blocks = -(-max_tokens // block_size)
+        self.max_blocks = blocks_for(max_tokens, block_size)
         self.scratch = num_blocks  # id of the pad block
         dev = model.device
         shape = (model.num_layers, num_blocks + 1, model.hkv, block_size, model.head_dim)
@@ -134,7 +135,7 @@ class ModelRunner:
 
         def attend(i, q, k, v):
             o = paged_attention(q, self.k_cache[i], self.v_cache[i], self.tables, self.lens, m.scale, num_splits=s,
-                                pad_to_span=backend == "padded", workspace=ws)
+                                pad_to_span=backend == "dense", workspace=ws)
             return o.view(rows, m.hq * m.head_dim)
 
         logits = m.forward(self.ids[:rows], self.pos[:rows], self.slots[:rows], self.k_cache, self.v_cache, attend,

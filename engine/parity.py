@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Collection, Sequence
 
 import torch
 
@@ -86,7 +87,7 @@ def reference(engine: Engine, prompt_len: int, budget: int) -> Reference:
     logits = [lg[0].float() for lg in out.logits]
     margins = [float(t[0] - t[1]) for t in (z.topk(2).values for z in logits)]
     scales = [float(z.pow(2).mean().sqrt()) for z in logits]
-    diff = float((engine.model.dense_logits(ids, engine.cfg.block_size)[0].float() - logits[0]).abs().max())
+    diff = float((engine.model.dense_logits(ids, engine.cfg.serving.block_size)[0].float() - logits[0]).abs().max())
     return Reference(tokens, margins, scales, diff)
 
 
@@ -112,23 +113,27 @@ def gate_policies(max_prompt: int) -> tuple[str, ...]:
     return ("packed", f"chunked:{max(16, max_prompt // 8)}")
 
 
-def run_gate(engine: Engine, budget: int = 12, log=print) -> tuple[list[Mismatch], int]:
-    """Every scenario on every compiled backend and prefill policy, against the reference and against each other.
+def run_gate(engine: Engine, budget: int = 12, log=print, only: Collection[str] | None = None,
+             prefill: Sequence[str] | None = None) -> tuple[list[Mismatch], int]:
+    """Every scenario (or those named in `only`) on every compiled backend and prefill policy, against the
+    reference and against each other. `prefill`: the policies compared with padded (default gate_policies).
 
     Returns the mismatches and the number of tokens compared.
     """
     ref: dict[tuple[int, int], Reference] = {}
     layers = engine.loaded.spec["num_hidden_layers"]
-    unit_roundoff = torch.finfo(getattr(torch, engine.cfg.dtype)).eps / 2
+    unit_roundoff = torch.finfo(getattr(torch, engine.cfg.serving.dtype)).eps / 2
     mismatches, compared = [], 0
     for name, (trace, rows) in scenarios(engine.cfg.max_prompt, budget).items():
+        if only is not None and name not in only:
+            continue
         got = {}
         for backend in engine.cfg.backends:
             rec = engine.run(trace, None, backend, max_batch=rows, progress=False)
             got[backend] = rec.tokens.sort_values(["request_id", "index"]).groupby("request_id").token_id.apply(list)
         base = engine.cfg.backends[0]
         policies = {}
-        for policy in gate_policies(engine.cfg.max_prompt):
+        for policy in prefill or gate_policies(engine.cfg.max_prompt):
             rec = engine.run(trace, None, base, max_batch=rows, progress=False, policy=policy)
             policies[policy] = rec.tokens.sort_values(["request_id", "index"]).groupby("request_id").token_id.apply(list)
         for r in trace.requests:
@@ -138,7 +143,7 @@ def run_gate(engine: Engine, budget: int = 12, log=print) -> tuple[list[Mismatch
             want = ref[key].tokens
             pairs = [(b, got[b][r.request_id], want) for b in got]
             if len(got) == 2:
-                pairs.append(("paged-vs-padded", got["paged"][r.request_id], got["padded"][r.request_id]))
+                pairs.append(("paged-vs-dense", got["paged"][r.request_id], got["dense"][r.request_id]))
             pairs += [(f"{policy}-vs-padded", tokens[r.request_id], got[base][r.request_id])
                       for policy, tokens in policies.items()]
             for label, have, other in pairs:

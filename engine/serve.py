@@ -12,10 +12,11 @@ from typing import Callable, Protocol
 from costs.shapes import DecodeShape
 from traces.workload import Trace
 
-from .block_pool import BlockPool
-from .recorder import Recorder
-from .scheduler import PADDED, PrefillPolicy, PrefillWork, Scheduler, Seq
-from .step_loop import StepLoop, TraceArrivals, drive
+from core.block_pool import BlockPool
+from core.recorder import Recorder
+from core.policies import PADDED, PrefillPolicy
+from core.scheduler import PrefillWork, Scheduler, Seq
+from core.step_loop import StepLoop, TraceArrivals, drive
 
 
 class Runner(Protocol):

@@ -34,10 +34,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from engine.scheduler import PrefillPolicy
+from core.block_pool import PoolSize
+from core.config import ServingConfig
+from core.policies import STUDIED, PrefillPolicy
 from sim.bands import Band, exceeds_seed_spread
 from sim.report import band_rows, by_config, capacity_bands, mean_result, mechanism
-from sim.sweep import Config, Workload, run_sweep
+from sim.sweep import Workload, run_sweep
 
 table, table_file = S.load_table()
 BACKENDS = sorted(table.backends, key=lambda b: (b != "paged", b))
@@ -54,7 +56,8 @@ FINE = 4  # extra rates inside each bracket
 # queued at t=0); then `FINE` more rates go inside each capacity bracket.
 
 # %%
-configs = [Config(b, mb, pool) for pool in POOLS for b in BACKENDS for mb in MAX_BATCH]
+configs = [ServingConfig(backend=b, max_batch=mb, pool=PoolSize(gib=pool)) for pool in POOLS for b in BACKENDS
+           for mb in MAX_BATCH]
 t0 = time.perf_counter()
 results, _ = S.capacity_sweep(table, configs, WORKLOAD, fine=FINE)
 print(f"{len(configs)} configurations, {sum(len(r.rows) for r in results)} simulated runs in "
@@ -62,7 +65,7 @@ print(f"{len(configs)} configurations, {sum(len(r.rows) for r in results)} simul
 
 rows = pd.DataFrame([{**r, "label": res.config.label} for res in results for r in res.rows]).sort_values(
     ["backend", "max_batch", "pool_gib", "rate"])
-cap = pd.DataFrame([{"backend": r.config.backend, "max_batch": r.config.max_batch, "pool_gib": r.config.pool_gib,
+cap = pd.DataFrame([{"backend": r.config.backend, "max_batch": r.config.max_batch, "pool_gib": r.config.pool.gib,
                      "pool_blocks": r.pool_blocks, "saturated_estimate": r.estimate, "capacity_lo": r.bracket[0],
                      "capacity_hi": r.bracket[1]} for r in results])
 cap["name"] = [f"{b}, {mb} rows, {p:g} GiB" for b, mb, p in zip(cap.backend, cap.max_batch, cap.pool_gib)]
@@ -105,7 +108,7 @@ def configurations(axes):
     """Each panel (pool x backend) with its configurations: (axes, result, its rows by rate, its colour)."""
     for i, pool in enumerate(POOLS):
         for j, b in enumerate(BACKENDS):
-            for res in (r for r in results if r.config.pool_gib == pool and r.config.backend == b):
+            for res in (r for r in results if r.config.pool.gib == pool and r.config.backend == b):
                 yield axes[i, j], res, pd.DataFrame(res.rows).sort_values("rate"), BATCH_COLORS[res.config.max_batch]
 
 
@@ -199,17 +202,18 @@ S.save(fig, "01_capacity_summary",
 # says so where it does.
 
 # %%
-POLICIES = ["padded", "packed", "chunked:512"]
+POLICIES = list(STUDIED)
 SEEDS = list(range(5))
 t0 = time.perf_counter()
 POLICY_RATES = [float(f"{r:.3g}") for r in np.geomspace(0.7, 1.6, 14) * best.capacity_lo]
-policy_results, warned = run_sweep(table, [Config(best.backend, int(best.max_batch), LARGE, p) for p in POLICIES],
+best_config = ServingConfig(backend=best.backend, max_batch=int(best.max_batch), pool=PoolSize(gib=LARGE))
+policy_results, warned = run_sweep(table, [best_config.but(prefill=p) for p in POLICIES],
                                    POLICY_RATES, WORKLOAD, seeds=SEEDS, jobs=S.jobs(), progress=False)
 print(f"{len(POLICIES)} policies x {len(SEEDS)} seeds, {sum(len(r.rows) for r in policy_results)} simulated runs in "
       f"{time.perf_counter() - t0:.1f} s")
 for w in warned:
     print("cost model:", w)
-seeds_of = {g[0].config.prefill: g for g in by_config(policy_results)}
+seeds_of = {str(g[0].config.prefill): g for g in by_config(policy_results)}
 for policy, group in seeds_of.items():
     print(f"\n{policy}: {capacity_bands(group)}")
     for line in mechanism(mean_result(group), group):

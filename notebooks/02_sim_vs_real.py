@@ -40,8 +40,6 @@ import numpy as np
 import pandas as pd
 
 from costs.model import CostModel
-from engine.block_pool import blocks_for_gib
-from engine.scheduler import PrefillPolicy
 from sim import SimConfig, simulate
 from sim.fleet import simulate_fleet
 from traces.errors import InputError
@@ -119,7 +117,7 @@ assert set(KEYS) <= set(METRICS), f"validate.report.KEYS has new metrics: {set(K
 
 
 def spread(c, key: str) -> float:
-    if c.spread is None or c.point.replicas > 1 or key not in c.spread:
+    if c.spread is None or c.point.serving.replicas > 1 or key not in c.spread:
         return math.nan
     return c.spread[key]
 
@@ -167,9 +165,9 @@ def series(c) -> tuple:
     p = c.point
     if p.trace["kind"] == "file":
         stem = p.trace["path"].rsplit("/", 1)[-1].removesuffix(".csv")
-        return (stem.rsplit("-", 1)[0] if stem.endswith(("-below", "-near", "-past")) else stem, p.prefill)
-    return (p.trace["kind"], p.trace.get("prompts"), p.trace.get("budgets"), p.pool_gib, p.max_batch, p.prefill,
-            p.replicas, p.router)
+        return (stem.rsplit("-", 1)[0] if stem.endswith(("-below", "-near", "-past")) else stem, str(p.serving.prefill))
+    return (p.trace["kind"], p.trace.get("prompts"), p.trace.get("budgets"), p.serving.pool.gib, p.serving.max_batch, str(p.serving.prefill),
+            p.serving.replicas, p.serving.router)
 
 
 def series_label(c) -> str:
@@ -178,19 +176,18 @@ def series_label(c) -> str:
         return p.id.rsplit("-rate-", 1)[0].removeprefix("sag-")
     if p.role == "fleet":
         mix = f", {p.trace['prompts']}/{p.trace['budgets']}" if p.trace["kind"] == "synthetic" else ""
-        return f"{p.router}{mix}"
+        return f"{p.serving.router}{mix}"
     if p.role == "policy":
-        return p.prefill
+        return str(p.serving.prefill)
     if p.trace["kind"] == "file":
         return series(c)[0]
-    return f"{p.max_batch} rows, " + (f"{p.pool_gib:g} GiB pool" if p.pool_gib else "engine's pool")
+    return f"{p.serving.max_batch} rows, " + (f"{p.serving.pool.gib:g} GiB pool" if p.serving.pool.gib else "engine's pool")
 
 
 def simulate_point(p, rate: float) -> dict:
     trace = build_trace({**p.trace, "rate": rate}, vdir)
-    pool = blocks_for_gib(p.pool_gib, table.block_size) if p.pool_gib else None
-    cfg = SimConfig(p.backend, p.max_batch, pool, policy=PrefillPolicy.parse(p.prefill))
-    rec = simulate_fleet(trace, cost, cfg, p.replicas, p.router).record if p.replicas > 1 else \
+    cfg = SimConfig(p.serving)
+    rec = simulate_fleet(trace, cost, cfg).record if p.serving.replicas > 1 else \
         simulate(trace, cost, cfg).record
     return summary(rec, rate)
 
@@ -205,7 +202,7 @@ with warnings.catch_warnings():
             if key in curves:
                 continue
             rates = [x.rate for x in results if x.rate is not None and series(x) == key]
-            grid = np.geomspace(min(rates) * 0.6, max(rates) * 1.1, 9 if c.point.replicas > 1 else 12)
+            grid = np.geomspace(min(rates) * 0.6, max(rates) * 1.1, 9 if c.point.serving.replicas > 1 else 12)
             curves[key] = pd.DataFrame([simulate_point(c.point, float(r)) for r in grid])
 print(f"{len(curves)} simulated curves, {sum(len(v) for v in curves.values())} runs in "
       f"{time.perf_counter() - t0:.0f} s")
@@ -217,9 +214,9 @@ COLOR_CYCLE = ["tab:blue", "tab:purple", "tab:orange", "tab:green", "tab:brown",
 def series_color(c, i: int) -> str:
     p = c.point
     if p.role == "policy":
-        return S.policy_color(p.prefill)
+        return S.policy_color(str(p.serving.prefill))
     if p.role == "fleet":
-        return S.ROUTER_COLORS.get(p.router, COLOR_CYCLE[i % len(COLOR_CYCLE)])
+        return S.ROUTER_COLORS.get(p.serving.router, COLOR_CYCLE[i % len(COLOR_CYCLE)])
     return COLOR_CYCLE[i % len(COLOR_CYCLE)]
 
 
@@ -235,9 +232,9 @@ def draw(key: str, closed_key: str, name: str, log: bool):
             for i, c in enumerate(group):
                 reps = [r[closed_key] for r in c.real]
                 med = c.measured[closed_key]
-                ax.errorbar(i, med, yerr=[[med - min(reps)], [max(reps) - med]], color=S.policy_color(c.point.prefill),
+                ax.errorbar(i, med, yerr=[[med - min(reps)], [max(reps) - med]], color=S.policy_color(str(c.point.serving.prefill)),
                             **S.REAL)
-                ax.plot(i, c.sim[closed_key], color=S.policy_color(c.point.prefill), **S.SIM_POINT)
+                ax.plot(i, c.sim[closed_key], color=S.policy_color(str(c.point.serving.prefill)), **S.SIM_POINT)
             ax.set_xticks(range(len(group)), [c.point.id for c in group], rotation=30, ha="right", fontsize=7)
             ax.set_ylabel(f"{METRICS[closed_key][0]} ({METRICS[closed_key][1]})")
             ax.set_ylim(bottom=0)
@@ -281,7 +278,7 @@ fig.suptitle(f"Served rate against arrival rate: engine (filled), plan's predict
 serr = long[long.metric == "served_rate"].set_index("point")
 worst = serr.error.abs().idxmax()
 rep_range = ((serr.real_hi - serr.real_lo) / serr.real)[serr.repeats > 1]
-beyond = [c.point.id for c in results if c.point.replicas == 1 and beyond_spread(c, "served_rate")]
+beyond = [c.point.id for c in results if c.point.serving.replicas == 1 and beyond_spread(c, "served_rate")]
 S.save(fig, "02_served_rate_curve",
        f"Served rate: median |error| {serr.error.abs().median():.1%} over {len(serr)} points, worst "
        f"{serr.error[worst]:+.1%} ({worst}); the engine's repeat range is up to "

@@ -43,8 +43,6 @@ import pandas as pd
 
 from costs.model import CostModel
 from costs.shapes import PrefillShape
-from engine.block_pool import blocks_for_gib
-from engine.scheduler import PrefillPolicy
 from sim import SimConfig, simulate
 from traces.explain import PARTS, explain
 from traces.explain_plot import COLORS as PART_COLORS
@@ -63,8 +61,7 @@ DISTURBANCE = "closed-mixed-64-through-8"
 
 def simulated(p, detail: str = "steps"):
     """The simulator's record of point p's own trace and configuration, on the plan's table."""
-    pool = blocks_for_gib(p.pool_gib, table.block_size) if p.pool_gib else None
-    cfg = SimConfig(p.backend, p.max_batch, pool, detail=detail, policy=PrefillPolicy.parse(p.prefill))
+    cfg = SimConfig(p.serving, detail=detail)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the plan's predictions said them already
         return simulate(build_trace(p.trace, vdir), cost, cfg).record
@@ -85,7 +82,7 @@ def sag_name(p) -> str:
 planned: dict[str, list] = {}
 for p in sorted(points, key=lambda p: p.trace.get("rate") or 0):
     if p.role in CURVE:
-        planned.setdefault(f"seeded trace, {p.max_batch} rows", []).append(p)
+        planned.setdefault(f"seeded trace, {p.serving.max_batch} rows", []).append(p)
     elif p.role == "sag":
         planned.setdefault(sag_name(p), []).append(p)
 t0 = time.perf_counter()
@@ -312,7 +309,7 @@ bx.set_ylabel("prefill step time (ms)")
 bx.set_xlabel("time since the run's start (s)")
 bx.set_title("The prefill steps: group size x padded length (colour: group size)")
 bx.set_ylim(0, (pre.end - pre.start).max() * 1e3 * 1.45)
-fig.suptitle(f"Admission disturbance: {len(druns[0].requests)} mixed requests through {dpoint.max_batch} rows, "
+fig.suptitle(f"Admission disturbance: {len(druns[0].requests)} mixed requests through {dpoint.serving.max_batch} rows, "
              f"real per-token times ({druns[0].meta['device']['name']})")
 S.save(fig, "03_disturbance_timeline",
        f"{tg['n_spikes']} spikes over a {tg['baseline_p50'] * 1e3:.1f} ms baseline gap, {(spikes.prefill >= 0).sum()} "

@@ -32,8 +32,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from engine.block_pool import BlockPool, blocks_for_gib
-from sim.sweep import Config, Workload
+from core.block_pool import PoolSize
+from core.config import ServingConfig
+from sim.sweep import Workload
 from traces.metrics import summary
 from traces.workload import poisson_trace
 
@@ -52,13 +53,15 @@ ROW_COLORS = dict(zip(ROWS, ["tab:purple", "tab:blue"][-len(ROWS):]))
 
 # %%
 trace = poisson_trace(1.0, WORKLOAD.n, WORKLOAD.seed)
-blocks = np.array([BlockPool(1, S.BLOCK_SIZE).blocks_for(r.prompt_tokens + r.budget) for r in trace.requests])
+SERVING = ServingConfig()
+blocks = np.array([SERVING.blocks_for(r.prompt_tokens + r.budget) for r in trace.requests])
 full_batch_gib = {r: S.gib_of_blocks(r * blocks.mean()) for r in ROWS}
 print(f"mean reservation {blocks.mean():.1f} blocks ({S.gib_of_blocks(blocks.mean()) * 1024:.0f} MiB), "
       f"largest {blocks.max()} blocks; a full batch of average requests holds "
       + ", ".join(f"{g:.2f} GiB at {r} rows" for r, g in full_batch_gib.items()))
 for p in POOLS:
-    print(f"  {p:5g} GiB = {blocks_for_gib(p):5d} blocks = {blocks_for_gib(p) / blocks.mean():5.1f} average requests")
+    n = SERVING.but(pool=PoolSize(gib=p)).pool_blocks(0)
+    print(f"  {p:5g} GiB = {n:5d} blocks = {n / blocks.mean():5.1f} average requests")
 
 # %% [markdown]
 # ## The sweep
@@ -70,11 +73,11 @@ for p in POOLS:
 
 # %%
 t0 = time.perf_counter()
-configs = [Config(BACKEND, r, p) for r in ROWS for p in POOLS]
+configs = [ServingConfig(backend=BACKEND, max_batch=r, pool=PoolSize(gib=p)) for r in ROWS for p in POOLS]
 results, _ = S.capacity_sweep(table, configs, WORKLOAD)
 print(f"{len(configs)} configurations, {sum(len(r.rows) for r in results)} simulated runs in "
       f"{time.perf_counter() - t0:.1f} s")
-cap = pd.DataFrame([{"rows": r.config.max_batch, "pool_gib": r.config.pool_gib, "pool_blocks": r.pool_blocks,
+cap = pd.DataFrame([{"rows": r.config.max_batch, "pool_gib": r.config.pool.gib, "pool_blocks": r.pool_blocks,
                      "estimate": r.estimate, "lo": r.bracket[0], "hi": r.bracket[1],
                      **{k: max(r.rows, key=lambda x: x["rate"])[k]
                         for k in ("head_blocked_frac", "mean_running_rows", "served_rate")}}
@@ -113,7 +116,7 @@ if S.has_validation():
         rate, pred = p.trace.get("rate"), plan["predictions"][p.id]
         meas = [summary(r, rate) for r in runs]
         keys = ("served_rate", "head_blocked_frac", "mean_running_rows")
-        rows.append({"point": p.id, "rate": rate, "rows": p.max_batch,
+        rows.append({"point": p.id, "rate": rate, "rows": p.serving.max_batch,
                      "pool_gib": S.gib_of_blocks(runs[0].meta["pool_blocks"]),
                      "repeats": len(runs), "served_rate_lo": min(m["served_rate"] for m in meas),
                      "served_rate_hi": max(m["served_rate"] for m in meas),

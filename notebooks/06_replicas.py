@@ -16,7 +16,7 @@
 #
 # The question after "how much does one engine carry?": how many engines does this traffic need, and how should
 # requests be routed? Each replica is one engine of the table's kind (its own rows, pool and scheduler) behind a
-# router (engine/routing.py: round-robin, least-outstanding, least-tokens); the simulator's fleet (sim/fleet.py)
+# router (core/routing.py: round-robin, least-outstanding, least-tokens); the simulator's fleet (sim/fleet.py)
 # runs them on one clock. A rate is held when the run meets the SLOs below (traces/metrics.py: at most 1% of
 # requests miss one, the served rate keeps up, the named tails are within their limits). Rates are multiples of
 # one engine's saturated estimate, so the notebook reads any table.
@@ -32,9 +32,11 @@ import time
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from engine.routing import ROUTERS
+from core.block_pool import PoolSize
+from core.config import ServingConfig
+from core.routing import ROUTERS
 from sim.fleet_report import fewest_replicas
-from sim.sweep import Config, Workload, run_sweep
+from sim.sweep import Workload, run_sweep
 from traces.slo import parse_slos
 
 table, table_file = S.load_table()
@@ -52,10 +54,11 @@ WORKLOAD = Workload(n=5 * S.requests(), seed=0)
 
 # %%
 t0 = time.perf_counter()
-one, _ = run_sweep(table, [Config(BACKEND, ROWS, POOL_GIB)], None, WORKLOAD, jobs=S.jobs(), progress=False)
+ONE = ServingConfig(backend=BACKEND, max_batch=ROWS, pool=PoolSize(gib=POOL_GIB))
+one, _ = run_sweep(table, [ONE], None, WORKLOAD, jobs=S.jobs(), progress=False)
 estimate = one[0].estimate
 RATES = [float(f"{f * estimate:.3g}") for f in (0.8, 1.6, 2.4, 3.2, 4.0)]
-configs = [Config(BACKEND, ROWS, POOL_GIB, replicas=n, router=r) for r in ROUTERS for n in REPLICAS]
+configs = [ONE.but(replicas=n, router=r) for r in ROUTERS for n in REPLICAS]
 results, warned = run_sweep(table, configs, RATES, WORKLOAD, jobs=S.jobs(), progress=False, slos=SLOS)
 for w in warned:
     print("cost model:", w)

@@ -49,7 +49,6 @@ DEFAULT_FIGURES = Path("notebooks/figures")
 DEFAULT_REQUESTS = 400
 CALIBRATIONS = Path("results/calibration")  # where a plan's table is looked for by its id
 MISSING_DATA = 3
-BLOCK_SIZE = 64
 
 MAKE_TABLE = ("it is written by the GPU calibration: `python -m calibrate --out costs/data/h200.json "
               "--expect-gpu 'NVIDIA H200'` (or set SERVECAP_TABLE to a cost table you have)")
@@ -60,7 +59,7 @@ MAKE_REAL = ("run the plan's points on the engine: `python -m validate real --ou
 MAKE_SAG = "make it with `python -m validate sag --out results/sag` (CPU); or set SERVECAP_SAG"
 
 # One look for every figure. Simulated: lines and open markers; measured on the engine: filled markers.
-COLORS = {"paged": "tab:blue", "padded": "tab:orange"}  # decode backends
+COLORS = {"paged": "tab:blue", "dense": "tab:orange", "padded": "tab:orange"}  # decode backends (padded: dense's old name)
 POLICY_COLORS = {"padded": "tab:orange", "packed": "tab:green", "chunked": "tab:purple"}  # prefill policies
 ROUTER_COLORS = {"round-robin": "tab:blue", "least-outstanding": "tab:green", "least-tokens": "tab:red"}
 ROLE_COLORS = {"below": "tab:green", "near": "tab:olive", "past": "tab:red", "small-pool": "tab:purple",
@@ -134,7 +133,7 @@ def _load(path: Path, allow_nonstationary: bool):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a missing stationarity check is said below, once
-            return _load_table(path, BLOCK_SIZE, allow_nonstationary)
+            return _load_table(path, allow_nonstationary=allow_nonstationary)
     except InputError as e:
         bad_input(e)
 
@@ -299,11 +298,13 @@ def legend_once(fig, axes, **kw) -> None:
     fig.legend(list(seen.values()), list(seen), loc="lower center", **{"ncol": 4, **kw})
 
 
-def gib_of_blocks(blocks: int, block_size: int = BLOCK_SIZE) -> float:
-    """A pool of `blocks` blocks in GiB of Qwen2.5-1.5B K/V."""
-    from engine.block_pool import gib_of
+def gib_of_blocks(blocks: int) -> float:
+    """A pool of `blocks` blocks in GiB of K/V, for the default serving configuration (Qwen2.5-1.5B, fp16)."""
+    from core.block_pool import gib_of
+    from core.config import ServingConfig
 
-    return gib_of(blocks, block_size)
+    serving = ServingConfig()
+    return gib_of(blocks, serving.block_size, serving.kv_bytes_per_token)
 
 
 def fmt_rate(x) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from core.config import ServingConfig
 from costs.model import CostModel
 from sim.inputs import load_table
 from sim.simulator import SimConfig, simulate
@@ -79,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")
     t0 = time.perf_counter()
-    rec = simulate(poisson_trace(args.rate, args.n, 0), CostModel(load_table(None, 64)),
-                   SimConfig("paged", 32, None, detail="steps")).record
+    rec = simulate(poisson_trace(args.rate, args.n, 0), CostModel(load_table(None)),
+                   SimConfig(ServingConfig(max_batch=32), detail="steps")).record
     rows = {t: len(getattr(rec, t)) for t in TABLES}
     print(f"simulated {args.n:,} requests in {time.perf_counter() - t0:.0f} s: "
           + ", ".join(f"{t} {n:,} rows" for t, n in rows.items()))

@@ -23,6 +23,9 @@ from tqdm import tqdm
 
 from costs.model import CostModel
 from costs.synthetic import linear_table
+from core.block_pool import PoolSize
+from costs.shapes import BACKENDS
+from core.config import ServingConfig
 from costs.table import as_cost_table
 from traces.cli import count_arg, requests_arg
 from traces.command import Parser, command
@@ -31,7 +34,7 @@ from traces.workload import poisson_trace
 
 from .inputs import SHIPPED_TABLE, closed, load_table
 from .simulator import SimConfig, simulate
-from .sweep import Config, Workload, run_sweep
+from .sweep import Workload, run_sweep
 
 TARGETS_S = {"point": 0.2, "sweep": 3.5, "large": 3.0, "million": 35.0, "help": 0.4, "command": 0.4}
 MILLION_PEAK_GB = 1.0  # 10**9 bytes
@@ -70,7 +73,7 @@ def large_run(table_path: str | None, n: int, rate: float) -> dict:
     """One n-request trace simulated and scored, as the large lines time it; run in a child process (--child-large)
     so that its peak memory is its own. Bytes per request: the peak resident memory less what the process held
     before the trace was made (interpreter, imports, cost table)."""
-    table = as_cost_table(linear_table()) if table_path == "synthetic" else load_table(table_path, 64)
+    table = as_cost_table(linear_table()) if table_path == "synthetic" else load_table(table_path)
     cost = CostModel(table)
     simulate(poisson_trace(rate, 400, 0), cost)  # the cost model's lookups filled, as in a long-lived worker
     before = _rss_bytes()
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.table is None and not SHIPPED_TABLE.exists():
         table, source = as_cost_table(linear_table()), "synthetic linear costs: the shipped H200 table is not there yet"
     else:
-        table, source = load_table(args.table, 64), str(args.table or SHIPPED_TABLE)
+        table, source = load_table(args.table), str(args.table or SHIPPED_TABLE)
     cost = CostModel(table)
     print(f"sim benchmark: cost table {table.table_id} ({source}); {os.cpu_count()} cores here")
     capacity = served_rate(simulate(closed(poisson_trace(1.0, 400, 0)), cost).record)
@@ -124,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         walls.append(time.perf_counter() - t0)
     print(_line("one 400-request point", sorted(walls[1:])[2], result.events, TARGETS_S["point"]))
 
-    configs = [Config(b, m, g) for b in ("paged", "padded") for m in (16, 32) for g in (0.5, 1, 2, 4)]
+    configs = [ServingConfig(backend=b, max_batch=m, pool=PoolSize(gib=g)) for b in BACKENDS for m in (16, 32)
+               for g in (0.5, 1, 2, 4)]
     t0 = time.perf_counter()
     results, _ = run_sweep(table, configs, None, Workload(), jobs=args.jobs)
     wall = time.perf_counter() - t0

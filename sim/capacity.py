@@ -28,11 +28,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from core.config import ServingConfig
 from traces.slo import SLO
 from traces.workload import Request, Trace
 
 from . import sweep
-from .sweep import Config
 
 REL_TOL = 0.01
 MAX_PROBES = 40  # a guard against a search that cannot close (a verdict that flips at every probe)
@@ -55,7 +55,7 @@ class Search:
     rows: list[dict] = field(default_factory=list)  # the probes' sweep rows
 
 
-def max_rate(config: Config, seed: int, slos: tuple[SLO, ...], rel_tol: float = REL_TOL,
+def max_rate(config: ServingConfig, seed: int, slos: tuple[SLO, ...], rel_tol: float = REL_TOL,
              max_probes: int = MAX_PROBES) -> Search:
     """The highest rate `config` holds on the seed's trace (the sweep's worker setup must be in place: sweep._init)."""
     estimate, _ = sweep._estimate(config, seed)
@@ -86,15 +86,17 @@ def max_rate(config: Config, seed: int, slos: tuple[SLO, ...], rel_tol: float = 
     return out
 
 
-def fewest_replicas(config: Config, rate: float, seed: int, slos: tuple[SLO, ...],
-                    max_replicas: int = MAX_REPLICAS) -> Search:
-    """The fewest replicas of `config` that hold `rate` on the seed's trace, up to max_replicas (None: none of them)."""
+def fewest_replicas(config: ServingConfig, rate: float, seed: int, slos: tuple[SLO, ...],
+                    max_replicas: int = MAX_REPLICAS, router: str | None = None) -> Search:
+    """The fewest replicas of `config` that hold `rate` on the seed's trace, up to max_replicas (None: none of them),
+    behind `router` (default config's: a single engine's configuration names none of its own)."""
+    router = router or config.router
     out = Search(seed, None, None)
     verdicts: dict[int, bool] = {}
 
     def probe(k: int) -> bool:
         if k not in verdicts:
-            row, _ = sweep._point(replace(config, replicas=k), rate, seed)
+            row, _ = sweep._point(replace(config, replicas=k, router=router), rate, seed)
             out.rows.append(row)
             verdicts[k] = holds(row, slos)
             out.probes.append((k, verdicts[k]))

@@ -9,7 +9,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from engine.routing import ROUTERS
+from core.block_pool import PoolSize
+from core.config import ServingConfig
+from core.routing import ROUTERS
 from traces.arrival_options import add_arrival_options, given
 from traces.cli import SLO_HELP, batch_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg, slo_arg
 from traces.errors import InputError
@@ -17,7 +19,7 @@ from traces.slo import describe
 from traces.workload import DEFAULT_N
 
 from . import capacity, inputs, sweep
-from .sweep import Config, Workload
+from .sweep import Workload
 
 _positive = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number")
 _tolerance = checked(float, lambda v: 0 < v < 1, "a fraction between 0 and 1 (e.g. 0.01)")
@@ -77,22 +79,23 @@ def _check(args: argparse.Namespace) -> None:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     _check(args)
-    table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
+    config = ServingConfig(block_size=args.block_size, max_batch=args.max_batch, pool=PoolSize(gib=args.pool_gib),
+                           backend=args.backend, prefill=args.prefill, replicas=args.replicas, router=args.router)
+    table = inputs.load_table(args.table, config, args.allow_nonstationary)
     inputs.check_backend(table, args.backend)
-    config = Config(args.backend, args.max_batch, args.pool_gib, args.prefill, args.replicas, args.router)
     seeds = args.seeds or [0 if args.seed is None else args.seed]
     base = inputs.load_trace(args.trace) if args.trace else None
     workload = Workload(DEFAULT_N if args.n is None else args.n, seeds[0], base, args.burstiness, args.ramp_up_s)
     samples = [base] if base is not None else [Workload(workload.n, s, None, args.burstiness, args.ramp_up_s).at(1.0)
                                                for s in seeds]
     for s in samples:
-        inputs.check_trace(s, table, config.max_batch, config.pool_blocks(table.block_size), table.block_size)
+        inputs.check_trace(s, table, config, inputs.pool_blocks(s, config))
     by = f"meets {describe(args.slo)} (for all but 1% of requests, every named tail within its limit)" if args.slo \
         else "stays stable (served rate within 3% of offered, queue wait not rising)"
     what = f"trace {args.trace} ({len(base)} requests)" if base is not None else \
         f"the seeded {'Poisson' if args.burstiness == 1 else f'gamma (burstiness {args.burstiness:g})'} trace, " \
         f"{workload.n} requests" + (f", ramp-up {args.ramp_up_s:g} s" if args.ramp_up_s else "")
-    print(f"capacity: {config.label} ({config.pool_blocks(table.block_size)} blocks) on {what}; a point holds when "
+    print(f"capacity: {config.label} ({inputs.pool_blocks(samples[0], config)} blocks) on {what}; a point holds when "
           f"it {by}; {table.summary()}")
     if args.window_s is not None:
         return _windows(args, table, config, base)
@@ -109,7 +112,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         _band("highest rate that holds", [f.answer for f in found], "req/s")
     else:
         found = _per_seed(init, capacity.fewest_replicas,
-                          [(config, args.rate, s, args.slo, args.max_replicas) for s in seeds], args.jobs)
+                          [(config, args.rate, s, args.slo, args.max_replicas, args.router) for s in seeds], args.jobs)
         for f in found:
             print(f"seed {f.seed}: rate {args.rate:g} req/s -> " +
                   (f"{f.answer} replicas" if f.answer is not None else f"none of 1-{args.max_replicas} replicas") +
@@ -148,7 +151,7 @@ def _per_seed(init: tuple, fn, calls: list[tuple], jobs: int | None) -> list[cap
     return out
 
 
-def _windows(args: argparse.Namespace, table, config: Config, trace) -> int:
+def _windows(args: argparse.Namespace, table, config: ServingConfig, trace) -> int:
     parts = capacity.windows(trace, args.window_s)
     counts = []
     for start, part in parts:
@@ -157,7 +160,7 @@ def _windows(args: argparse.Namespace, table, config: Config, trace) -> int:
             print(f"window {start:g}-{start + args.window_s:g} s: {len(part)} request, no rate: not searched")
             continue
         sweep._init(table, args.strict, Workload(len(part), 0, part), args.noise_seed, args.slo)
-        f = capacity.fewest_replicas(config, rate, 0, args.slo, args.max_replicas)
+        f = capacity.fewest_replicas(config, rate, 0, args.slo, args.max_replicas, args.router)
         counts.append(f.answer)
         print(f"window {start:g}-{start + args.window_s:g} s: {len(part)} requests at {rate:.4g} req/s -> " +
               (f"{f.answer} replicas" if f.answer is not None else f"none of 1-{args.max_replicas} replicas"))

@@ -13,14 +13,15 @@ import sys
 import time
 import warnings
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from costs.shapes import BACKENDS
-from engine.block_pool import DEFAULT_BLOCK_SIZE
-from engine.routing import ROUTERS
-from engine.scheduler import PrefillPolicy
+from core.block_pool import DEFAULT_BLOCK_SIZE, PoolSize
+from core.config import ServingConfig
+from core.policies import PrefillPolicy
+from core.routing import ROUTERS
+from costs.shapes import BACKENDS, backend_from_user
 from traces.arrival_options import add_arrival_options, given
 from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, level_arg, rate_arg,
                         requests_arg, seed_arg, slo_arg)
@@ -33,7 +34,7 @@ from traces.workload import DEFAULT_N
 
 from . import inputs
 from .store import FILE, PointStore
-from .sweep import AUTO_POINTS, AUTO_SPAN, Config, RemoteMap, Workload, run_sweep
+from .sweep import AUTO_POINTS, AUTO_SPAN, RemoteMap, Workload, run_sweep
 
 # pandas (records, metrics), SimPy, tqdm, matplotlib and provenance's probes are imported by the commands that use
 # them, so that --help and a refused argument answer without them (pandas alone takes longer to import than a
@@ -48,7 +49,7 @@ def _list(item: Callable[[str], object]) -> Callable[[str], list]:
     return lambda text: [item(t.strip()) for t in text.split(",") if t.strip()] or item("")
 
 
-_backend = checked(str, lambda v: v in BACKENDS, f"a backend ({', '.join(BACKENDS)})")
+_backend = checked(lambda v: backend_from_user(v, "sim"), lambda v: v in BACKENDS, f"a backend ({', '.join(BACKENDS)})")
 _router = checked(str, lambda v: v in ROUTERS, f"a router ({', '.join(ROUTERS)})")
 
 
@@ -107,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=seed_arg, help="seed of --rate's trace or --closed-mixed's draw (default 0)")
     add_arrival_options(run)
     run.add_argument("--backend", type=_backend, default="paged",
-                     help="decode backend: paged or padded (default paged)")
+                     help="decode backend: paged or dense (every row read at the widest; old name padded) (default paged)")
     run.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
     run.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY",
                      help="prefill policy: padded (each group padded to its widest prompt), packed (true lengths) or "
@@ -152,8 +153,8 @@ def parser() -> argparse.ArgumentParser:
                        help="KV pool sizes in GiB (default 0.5,1,2,4)")
     sweep.add_argument("--max-batch", type=_list(batch_arg), default=[16, 32], metavar="B1,B2,...",
                        help="batch rows (default 16,32)")
-    sweep.add_argument("--backend", type=_list(_backend), default=list(BACKENDS), metavar="paged,padded",
-                       help="backends (default paged,padded)")
+    sweep.add_argument("--backend", type=_list(_backend), default=list(BACKENDS), metavar="paged,dense",
+                       help="decode backends (default paged,dense; padded is the old name of dense)")
     sweep.add_argument("--prefill", type=_list(_policy), default=["padded"], metavar="P1,P2,...",
                        help="prefill policies: padded, packed, chunked:N (default padded)")
     sweep.add_argument("--replicas", type=_list(count_arg), default=[1], metavar="N1,N2,...",
@@ -254,7 +255,7 @@ def run_interval(args: argparse.Namespace, table, cfg, trace, rate) -> list[str]
                                                                  closed_mixed_n=args.closed_mixed), args.seed)
     else:
         traces = [trace]
-    bands = iv.band(traces, intervals.simulated(cfg, rate, args.replicas, args.router))
+    bands = iv.band(traces, intervals.simulated(cfg, rate))
     return intervals.lines(bands, iv, len(traces))
 
 
@@ -292,25 +293,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from .fleet_report import replica_table, slo_line
     from .simulator import SimConfig, simulate
-    table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
+    serving = ServingConfig(block_size=args.block_size, max_batch=args.max_batch,
+                            pool=PoolSize(args.pool_gib, args.pool_blocks), backend=args.backend,
+                            prefill=args.prefill, replicas=args.replicas, router=args.router)
+    table = inputs.load_table(args.table, serving, args.allow_nonstationary)
     inputs.check_backend(table, args.backend)
     trace = inputs.make_trace(rate=args.rate, n=args.n, seed=args.seed, trace_file=args.trace,
                               closed_mixed_n=args.closed_mixed, closed_uniform_prompt=args.closed_uniform,
                               burstiness=args.burstiness, ramp_up_s=args.ramp_up_s)
     if args.trace is not None:
         inputs.check_memory(len(trace), detail)
-    pool_blocks, how = inputs.pool_size(trace, args.max_batch, table.block_size, args.pool_gib, args.pool_blocks)
-    inputs.check_trace(trace, table, args.max_batch, pool_blocks, table.block_size)
-    cfg = SimConfig(args.backend, args.max_batch, pool_blocks, detail=detail,
-                    fast_forward=not args.no_fast_forward, noise_seed=args.noise_seed,
-                    policy=PrefillPolicy.parse(args.prefill))
+    pool_blocks, how = inputs.pool_blocks(trace, serving), serving.pool.describe(serving.max_batch)
+    inputs.check_trace(trace, table, serving, pool_blocks)
+    cfg = SimConfig(serving, detail=detail, fast_forward=not args.no_fast_forward, noise_seed=args.noise_seed)
     with tqdm(total=len(trace), unit="req", desc="simulating", disable=len(trace) < 20_000) as bar:
         cost = CostModel(table, args.strict)
         if args.replicas == 1:
             result = simulate(trace, cost, cfg, on_finish=bar.update)
         else:
             from .fleet import simulate_fleet  # SimPy: only a fleet needs it
-            result = simulate_fleet(trace, cost, cfg, args.replicas, args.router, on_finish=bar.update)
+            result = simulate_fleet(trace, cost, cfg, on_finish=bar.update)
     rate = trace.meta.get("rate") or trace.offered_rate  # None for a closed run: no stability verdict
     s = summary(result.record, rate, args.slo)
     if args.out:
@@ -397,7 +399,7 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
 
     from .fleet_report import fewest_lines, fewest_replicas
     from .report import report, write_files
-    table = inputs.load_table(args.table, args.block_size, args.allow_nonstationary)
+    table = inputs.load_table(args.table, ServingConfig(block_size=args.block_size), args.allow_nonstationary)
     for b in args.backend:
         inputs.check_backend(table, b)
     workload = Workload(n, seeds[0], inputs.load_trace(args.trace) if args.trace else None, args.burstiness,
@@ -405,9 +407,10 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
     if workload.base is not None and workload.base.offered_rate is None:
         raise InputError("every request of this trace arrives at once, so it cannot be scaled to arrival rates; "
                          "simulate it with `sim run --trace`", path=args.trace)
-    configs = list(dict.fromkeys(Config(b, m, g, p, k, r) for b in args.backend for p in args.prefill
-                                 for m in args.max_batch for g in args.pool_gib for r in args.router
-                                 for k in args.replicas))
+    configs = list(dict.fromkeys(ServingConfig(block_size=args.block_size, max_batch=m, pool=PoolSize(gib=g),
+                                               backend=b, prefill=p, replicas=k, router=r)
+                                 for b in args.backend for p in args.prefill for m in args.max_batch
+                                 for g in args.pool_gib for r in args.router for k in args.replicas))
     rates = None if args.rates is None else sorted(set(args.rates))
     points = len(configs) * len(seeds) * (AUTO_POINTS if rates is None else len(rates))
     workers = min(args.jobs or os.cpu_count() or 1, points) if args.on == "local" else 1  # Modal's are its own
@@ -415,17 +418,17 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
     # The same requests at every rate: one trace per seed
     samples = [workload.base] if workload.base else [replace(workload, seed=s).at(1.0) for s in seeds]
     for c in configs:
-        pool_blocks = c.pool_blocks(table.block_size)
         for requests, seed in zip(samples, seeds):
+            pool_blocks = inputs.pool_blocks(requests, c)
             try:
-                inputs.check_trace(requests, table, c.max_batch, pool_blocks, table.block_size)
+                inputs.check_trace(requests, table, c, pool_blocks)
             except InputError as e:
                 on = f", seed {seed}" if len(samples) > 1 else ""
                 raise InputError(f"{c.label} ({pool_blocks} blocks{on}): {e}") from None
     wl = {"trace_file": str(args.trace), "trace_id": samples[0].trace_id, "n": len(samples[0])} if args.trace else \
         {"kind": "poisson" if args.burstiness == 1.0 else "gamma", "n": n, **given(args),
          **({"seeds": seeds} if len(seeds) > 1 else {"seed": seeds[0]})}
-    setup = {"table_id": table.table_id, "workload": wl, "configs": [asdict(c) for c in configs],
+    setup = {"table_id": table.table_id, "workload": wl, "configs": [c.axes() for c in configs],
              "rates": "auto" if rates is None else rates, "block_size": table.block_size,
              "noise_seed": args.noise_seed, "strict": args.strict, "slos": [str(slo) for slo in args.slo],
              # only when not the default, so that a sweep interrupted before the option existed still resumes

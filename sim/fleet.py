@@ -2,7 +2,7 @@
 
 Each replica is one engine as sim.simulator runs it: its own scheduler, block pool, batch rows, recorder
 (replica=i) and the engine's step loop on a SimTimer. The router is a SimPy process that receives the trace's
-arrivals at their times and pushes each into one replica's inbox (engine/routing.py picks which, from what each
+arrivals at their times and pushes each into one replica's inbox (core/routing.py picks which, from what each
 replica has outstanding at that moment). A replica's loop reads its inbox as its arrivals; idle with an empty
 inbox, it cannot know when work will come, so the loop yields None and the replica's process waits for the router
 to wake it.
@@ -31,12 +31,11 @@ import simpy
 from simpy.events import NORMAL, URGENT
 
 from costs.model import CostModel
-from engine.block_pool import BlockPool
-from engine.recorder import Recorder
-from engine.routing import Load, Router, router as router_named
-from engine.scheduler import Scheduler, Seq
-from engine.step_loop import StepLoop
-from traces.errors import InputError
+from core.block_pool import BlockPool
+from core.recorder import Recorder
+from core.routing import Load, Router, router as router_named
+from core.scheduler import Scheduler, Seq
+from core.step_loop import StepLoop
 from traces.records import RunWriter
 from traces.workload import Request, Trace
 
@@ -156,13 +155,10 @@ class Inbox:
         """The next pushed arrival's time; None when nothing is queued (when the next one comes is not known)."""
         return self.queue[0].arrival if self.queue else None
 
-    def next_admission(self, sched: Scheduler) -> float:
-        """A time no admission can come before (TraceArrivals.next_admission's bound, for a replica): never while
-        the queue head waits for blocks or no row is free; else the next pushed arrival, or, with none, the
-        router's next arrival, which may or may not come here."""
-        if sched.queue or len(sched.running) >= sched.max_batch:
-            return math.inf
-        return self.queue[0].arrival if self.queue else self.dispatcher.next_arrival
+    def next_candidate(self, sched: Scheduler) -> tuple[float, None]:
+        """The next pushed arrival, or, with none, the router's next arrival, which may or may not come here: a
+        time no admission can come before, for a request not known yet (so no fit is checked)."""
+        return (self.queue[0].arrival if self.queue else self.dispatcher.next_arrival), None
 
 
 def _replica(env: FleetEnv, loop: StepLoop, timer: ReplicaTimer, inbox: Inbox):
@@ -180,25 +176,25 @@ def _replica(env: FleetEnv, loop: StepLoop, timer: ReplicaTimer, inbox: Inbox):
         timer.wait_until(t)
 
 
-def simulate_fleet(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(), replicas: int = 1,
-                   router: str = "round-robin", on_finish: Callable[[int], None] | None = None) -> SimResult:
-    """Run `trace` through `replicas` engines of configuration `cfg` behind `router`, on simulated time; one
-    record of the engine's schema, each row with its replica (steps and passes in the result are the fleet's).
-    `on_finish(n)` is called as rows retire, as simulate() calls it."""
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise InputError(f"a fleet needs a whole number of replicas >= 1, got {replicas!r}")
+def simulate_fleet(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
+                   on_finish: Callable[[int], None] | None = None) -> SimResult:
+    """Run `trace` through cfg.serving.replicas engines behind its router, on simulated time; one record of the
+    engine's schema, each row with its replica (steps and passes in the result are the fleet's). `on_finish(n)` is
+    called as rows retire, as simulate() calls it."""
+    serving = cfg.serving
+    replicas, router = serving.replicas, serving.router
     pick = router_named(router)
     t0 = time.perf_counter()
     pool_blocks, writer = start_run(trace, cost, cfg, replicas=replicas, router=router)
-    table = cost.table
     env = FleetEnv()
     dispatcher = Dispatcher(env, trace.requests, pick, replicas)
     env.process(dispatcher.run())  # first: arrivals at t=0 are in the inboxes before any replica's first pass
     loops, timers = [], []
     for i, inbox in enumerate(dispatcher.inboxes):
-        sched = Scheduler(cfg.max_batch, BlockPool(pool_blocks, table.block_size), table.max_tokens, cfg.policy)
-        timer = ReplicaTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed, i, str(cfg.policy))
-        recorder = ReplicaRecorder(writer, cfg.backend, dispatcher.loads[i], i, cfg.detail)
+        sched = Scheduler(serving.max_batch, BlockPool(pool_blocks, serving.block_size), cost.table.max_tokens,
+                          serving.prefill, serving.admission)
+        timer = ReplicaTimer(cost, serving.backend, cfg.fast_forward, cfg.noise_seed, i, str(serving.prefill))
+        recorder = ReplicaRecorder(writer, serving.backend, dispatcher.loads[i], i, cfg.detail)
         loop = StepLoop(sched, recorder, timer, inbox, (lambda done: on_finish(len(done))) if on_finish else None)
         env.process(_replica(env, loop, timer, inbox))
         loops.append(loop)

@@ -10,7 +10,9 @@ import pandas as pd
 from traces.latency import fmt_ms
 from traces.slo import SLO, describe, limit_ms
 
-from .sweep import SINGLE_ROUTER, ConfigResult
+from core.config import SINGLE_ROUTER
+
+from .sweep import ConfigResult
 
 
 def _fmt(v, spec: str) -> str:

@@ -9,8 +9,9 @@ from operator import attrgetter
 from pathlib import Path
 
 from costs.table import CostTable, check_compatible, load_cost_table
-from engine.block_pool import BlockPool, blocks_for_gib, largest_request_blocks, unbounded_pool
-from engine.scheduler import Scheduler
+from core.block_pool import BlockPool, largest_request_tokens
+from core.config import ServingConfig
+from core.scheduler import Scheduler
 from traces.errors import InputError
 from traces.memory import check_fits
 from traces.model_spec import QWEN25_1P5B, config_hash
@@ -25,15 +26,17 @@ MODEL = QWEN25_1P5B
 BYTES_PER_REQUEST = {"summary": 1_500, "steps": 4_000, "tokens": 25_000}
 
 
-def load_table(path: str | Path | None, block_size: int, allow_nonstationary: bool = False) -> CostTable:
-    """The cost table at `path` (default: the shipped H200 table), refused if it is for another model or block size."""
+def load_table(path: str | Path | None, serving: ServingConfig = ServingConfig(),
+               allow_nonstationary: bool = False) -> CostTable:
+    """The cost table at `path` (default: the shipped H200 table), refused if it is for another model or block size
+    than `serving`'s."""
     if path is None:
         if not SHIPPED_TABLE.exists():
             raise InputError(f"the shipped H200 cost table ({SHIPPED_TABLE}) is not there yet: it is written by the "
                              f"GPU calibration (calibrate/). Pass --table FILE to simulate with a cost table you have")
         path = SHIPPED_TABLE
     table = load_cost_table(path, allow_nonstationary=allow_nonstationary)
-    check_compatible(table, config_hash(MODEL), block_size)
+    check_compatible(table, config_hash(serving.spec), serving.block_size)
     return table
 
 
@@ -113,22 +116,18 @@ def make_trace(*, rate: float | None = None, n: int = 400, seed: int = 0, trace_
     return poisson_trace(check_rate(rate), n, seed, burstiness, ramp_up_s)
 
 
-def pool_size(trace: Trace, max_batch: int, block_size: int, gib: float | None = None,
-              blocks: int | None = None) -> tuple[int, str]:
-    """The pool's blocks and how they were chosen: from GiB, given, or (default) so many it never binds."""
-    if gib is not None:
-        return blocks_for_gib(gib, block_size), f"{gib:g} GiB"
-    if blocks is not None:
-        return blocks, "as given"
-    return unbounded_pool(trace.requests, max_batch, block_size), f"never binds: {max_batch} x the largest request"
+def pool_blocks(trace: Trace, serving: ServingConfig) -> int:
+    """The blocks of `serving`'s pool for this trace (an unbounded pool holds max_batch of its largest request)."""
+    return serving.pool_blocks(largest_request_tokens(trace.requests))
 
 
-def check_trace(trace: Trace, table: CostTable, max_batch: int, pool_blocks: int, block_size: int) -> None:
+def check_trace(trace: Trace, table: CostTable, serving: ServingConfig, pool_blocks: int) -> None:
     """Refuse a trace the engine would refuse any request of (too large for the pool or the model, empty,
     a repeated id), naming the first such request; the engine's own scheduler does the checking."""
     trace.check_arrivals()  # a --rate far below a trace's own can scale its times past what float64 resolves
     largest = max(trace.requests, key=lambda r: r.prompt_tokens + r.budget)
-    need = largest_request_blocks(trace.requests, block_size)
+    block_size = serving.block_size
+    need = serving.blocks_for(largest.prompt_tokens + largest.budget)
     if need > pool_blocks:
         raise InputError(f"the pool is smaller than the largest request: request {largest.request_id} needs {need} "
                          f"blocks of {block_size} tokens ({largest.prompt_tokens} prompt + {largest.budget} budget) "
@@ -140,6 +139,6 @@ def check_trace(trace: Trace, table: CostTable, max_batch: int, pool_blocks: int
             and (table.max_tokens is None or largest.prompt_tokens + largest.budget <= table.max_tokens)
             and len(set(map(attrgetter("request_id"), reqs))) == len(reqs)):
         return
-    sched = Scheduler(max_batch, BlockPool(pool_blocks, block_size), table.max_tokens)
+    sched = Scheduler(serving.max_batch, BlockPool(pool_blocks, block_size), table.max_tokens)
     for req in reqs:
         sched.submit(req)

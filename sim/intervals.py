@@ -120,8 +120,9 @@ def seeded(trace_of, seed: int, n: int = SEEDS) -> list:
     return [trace_of(seed + i) for i in range(n)]
 
 
-def simulated(cfg, rate: float | None, replicas: int = 1, router: str = "round-robin"):
-    """run(trace, cost) for Intervals.band: one simulated run of the configuration, scored as a prediction is."""
+def simulated(cfg, rate: float | None):
+    """run(trace, cost) for Intervals.band: one simulated run of the configuration (a fleet where it has more than
+    one replica), scored as a prediction is."""
     from dataclasses import replace
 
     from traces.metrics import closed_run, summary
@@ -130,9 +131,9 @@ def simulated(cfg, rate: float | None, replicas: int = 1, router: str = "round-r
     cfg = replace(cfg, detail="steps")
 
     def run(trace, cost) -> dict:
-        if replicas > 1:
+        if cfg.serving.replicas > 1:
             from .fleet import simulate_fleet
-            rec = simulate_fleet(trace, cost, cfg, replicas, router).record
+            rec = simulate_fleet(trace, cost, cfg).record
         else:
             rec = simulate(trace, cost, cfg).record
         s = summary(rec, rate)
@@ -171,8 +172,6 @@ def sweep_bands(table: CostTable, results: list, workload, seeds: list[int], lev
     the trace samples are the sweep's seeds (a single seed: SEEDS seeds from it; a trace file: one sample)."""
     from dataclasses import replace
 
-    from engine.scheduler import PrefillPolicy
-
     from .simulator import SimConfig
     iv = Intervals(table, level)
     samples = seeds if len(seeds) > 1 else list(range(seeds[0], seeds[0] + SEEDS))
@@ -181,11 +180,11 @@ def sweep_bands(table: CostTable, results: list, workload, seeds: list[int], lev
         if res.seed not in (None, seeds[0]):
             continue
         c = res.config
-        cfg = SimConfig(c.backend, c.max_batch, c.pool_blocks(table.block_size), policy=PrefillPolicy.parse(c.prefill))
+        cfg = SimConfig(c)
         for rate in res.rates:
             traces = [workload.at(rate)] if workload.base is not None else \
                 [replace(workload, seed=s).at(rate) for s in samples]
-            bands = iv.band(traces, simulated(cfg, rate, c.replicas, c.router))
+            bands = iv.band(traces, simulated(cfg, rate))
             rows.append({"config": c.label, "rate": rate, "level": level,
                          **{f"{k}_{side}": b[side] for k, b in bands.items() for side in ("lo", "hi")}})
     return rows

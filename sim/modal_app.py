@@ -23,7 +23,7 @@ from .remote import map_with, run_call
 from .sweep import RemoteMap
 
 PACKAGES = ("simpy==4.1.2", "numpy==2.4.6", "pandas==3.1.1", "scipy==1.17.1", "matplotlib==3.11.2", "tqdm==4.70.1")
-SOURCES = ("sim", "engine", "costs", "traces")  # engine: its scheduler, pool, recorder and step loop, no torch
+SOURCES = ("sim", "core", "costs", "traces")  # core: the scheduler, pool, recorder and step loop, no torch
 CPU = 1.0  # a point is one single-threaded simulation
 
 image = (modal.Image.debian_slim(python_version="3.11")

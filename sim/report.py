@@ -209,7 +209,7 @@ def mechanism(res: ConfigResult, seeds: list[ConfigResult] | None = None) -> lis
     if last["head_blocked_frac"] >= MEMORY_BOUND:
         lines.append(f"memory-bound: at {last['rate']:.3g} req/s only {last['rows_while_queued']:.1f} of {batch} rows "
                      f"run while requests wait, and the queue head waits for KV blocks with rows free "
-                     f"{last['head_blocked_frac']:.0%} of step time: the {res.config.pool_gib:g} GiB pool "
+                     f"{last['head_blocked_frac']:.0%} of step time: the {res.config.pool} pool "
                      f"({res.pool_blocks} blocks), not compute, sets capacity")
     else:
         lines.append(f"compute-bound: at {last['rate']:.3g} req/s {last['rows_while_queued']:.1f} of {batch} rows run "
@@ -225,8 +225,7 @@ def band_rows(group: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> list[dic
     out = []
     for rate in sorted({r["rate"] for res in group for r in res.rows}):
         at = [r for res in group for r in res.rows if r["rate"] == rate]
-        row = {"backend": cfg.backend, "prefill": cfg.prefill, "max_batch": cfg.max_batch, "pool_gib": cfg.pool_gib,
-               "replicas": cfg.replicas, "router": cfg.router, "pool_blocks": group[0].pool_blocks, "rate": rate,
+        row = {**cfg.axes(), "pool_blocks": group[0].pool_blocks, "rate": rate,
                "seeds": len(at), "stable_seeds": sum(bool(r["stable"]) for r in at)}
         if slos:
             row["slo_ok_seeds"] = sum(bool(r["slo_ok"]) for r in at)
@@ -293,9 +292,7 @@ def _csv(rows: list[dict], columns: tuple[str, ...]) -> str:
 
 def _config_doc(group: list[ConfigResult], slos: tuple[SLO, ...]) -> dict:
     res = group[0]
-    doc = {"label": res.config.label, "backend": res.config.backend, "prefill": res.config.prefill,
-           "max_batch": res.config.max_batch, "pool_gib": res.config.pool_gib, "replicas": res.config.replicas,
-           "router": res.config.router, "pool_blocks": res.pool_blocks, "rates": res.rates,
+    doc = {"label": res.config.label, **res.config.axes(), "pool_blocks": res.pool_blocks, "rates": res.rates,
            "capacity_estimate": res.estimate, "capacity_by": "slos" if slos else "stability"}
     if len(group) == 1:
         return {**doc, "capacity_lo": res.bracket[0], "capacity_hi": res.bracket[1],

@@ -1,4 +1,4 @@
-"""The simulator: the engine's own step loop (engine/step_loop.py) on a virtual clock, with step durations from
+"""The simulator: the engine's own step loop (core/step_loop.py) on a virtual clock, with step durations from
 a cost model instead of a GPU.
 
 The scheduler, block pool, recorder and loop are the engine's own, so admission, grouping, the prefill policy
@@ -13,7 +13,7 @@ arithmetic done in order (the times are a cumulative sum that starts from the st
 fast-forwarded run is identical, bit for bit, to one stepped one step at a time.
 
 One engine is one process with nothing to interleave, so simulate() drives its loop as the engine's driver does
-(engine/step_loop.drive), on SimTimer's clock: waiting is setting that clock. SimPy schedules the fleet
+(core/step_loop.drive), on SimTimer's clock: waiting is setting that clock. SimPy schedules the fleet
 (sim/fleet.py), where replicas and the router take turns; for one engine it would only add an event per pass.
 """
 from __future__ import annotations
@@ -31,11 +31,15 @@ import numpy as np
 
 from costs.model import CostModel
 from costs.shapes import DecodeShape
-from engine.block_pool import BlockPool, unbounded_pool
-from engine.recorder import Recorder
-from engine.scheduler import PADDED, PrefillPolicy, PrefillWork, Scheduler, Seq
-from engine.step_loop import StepLoop, TraceArrivals, drive
+from costs.table import check_compatible
+from core.block_pool import BlockPool, largest_request_tokens
+from core.config import ServingConfig
+from core.recorder import Recorder
+from core.policies import PrefillPolicy
+from core.scheduler import PrefillWork, Scheduler, Seq
+from core.step_loop import StepLoop, TraceArrivals, drive
 from traces.errors import InputError
+from traces.model_spec import config_hash
 from traces.records import RunRecord, RunWriter
 from traces.workload import Trace
 
@@ -50,13 +54,12 @@ class DerivedCostWarning(UserWarning):
 
 @dataclass(frozen=True)
 class SimConfig:
-    backend: str = "paged"
-    max_batch: int = 32
-    pool_blocks: int | None = None  # None: enough that the pool never binds (engine.block_pool.unbounded_pool)
+    """What is served (the serving configuration, replicas and router included) and how the simulator runs it."""
+
+    serving: ServingConfig = field(default_factory=ServingConfig)
     detail: str = "summary"
     fast_forward: bool = True
     noise_seed: int | None = None  # None: deterministic step times; else seeded log-normal noise
-    policy: PrefillPolicy = field(default=PADDED)
 
     def __post_init__(self):
         if self.detail not in DETAILS:
@@ -129,7 +132,7 @@ class SimTimer:
         return None, self.t
 
     def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int, stop: float):
-        k = limit if self.fast_forward else 1
+        k = limit  # the plan's bound: 1 unless this timer fast-forwards
         d = self.cost.decode_stretch_in_context(self.backend, shape.rows, shape.kv_tokens, shape.kv_max, k,
                                                 self.policy, self.last_kind, start - self.last_end)
         if self.noise:
@@ -177,16 +180,19 @@ def start_run(trace: Trace, cost: CostModel, cfg: SimConfig, **fleet) -> tuple[i
     """What simulate() and a fleet (sim/fleet.py, which passes its shape as `fleet`) do before a run: refuse what
     cannot run, size the pool, and open the record with the engine's run metadata, the cost table standing in for
     the device it was measured on. Returns the pool's blocks and the record's writer."""
-    table = cost.table
-    if cfg.backend not in table.backends:
-        raise InputError(f"{table.summary()} has no decode costs for backend {cfg.backend!r} "
+    table, serving = cost.table, cfg.serving
+    check_compatible(table, config_hash(serving.spec), serving.block_size)
+    if table.model["dtype"] != serving.dtype:
+        raise InputError(f"cost table {table.table_id} was measured in {table.model['dtype']}, not {serving.dtype}")
+    if serving.backend not in table.backends:
+        raise InputError(f"{table.summary()} has no decode costs for backend {serving.backend!r} "
                          f"(it has {', '.join(table.backends)})")
-    check_policy(cost, cfg.policy, cost.strict)
+    check_policy(cost, serving.prefill, cost.strict)
     if not trace.requests:
         raise InputError("the trace has no requests")
-    pool_blocks = cfg.pool_blocks or unbounded_pool(trace.requests, cfg.max_batch, table.block_size)
-    run_meta = {"kind": "sim", "backend": cfg.backend, "prefill": str(cfg.policy), "trace_id": trace.trace_id,
-                "trace": trace.meta, "max_batch": cfg.max_batch, "pool_blocks": pool_blocks,
+    pool_blocks = serving.pool_blocks(largest_request_tokens(trace.requests))
+    run_meta = {"kind": "sim", "backend": serving.backend, "prefill": str(serving.prefill), "trace_id": trace.trace_id,
+                "trace": trace.meta, "max_batch": serving.max_batch, "pool_blocks": pool_blocks,
                 "block_size": table.block_size, "max_tokens": table.max_tokens, "model": table.model,
                 "device": table.device, "table_id": table.table_id,
                 "sim": {"detail": cfg.detail, "fast_forward": cfg.fast_forward, "noise_seed": cfg.noise_seed,
@@ -205,10 +211,11 @@ def simulate(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
     """
     t0 = time.perf_counter()
     pool_blocks, writer = start_run(trace, cost, cfg)
-    table = cost.table
-    recorder = Recorder(writer, cfg.backend, tokens=cfg.detail == "tokens", decode_steps=cfg.detail != "summary")
-    sched = Scheduler(cfg.max_batch, BlockPool(pool_blocks, table.block_size), table.max_tokens, cfg.policy)
-    timer = SimTimer(cost, cfg.backend, cfg.fast_forward, cfg.noise_seed, str(cfg.policy))
+    serving = cfg.serving
+    recorder = Recorder(writer, serving.backend, tokens=cfg.detail == "tokens", decode_steps=cfg.detail != "summary")
+    sched = Scheduler(serving.max_batch, BlockPool(pool_blocks, serving.block_size), cost.table.max_tokens,
+                      serving.prefill, serving.admission)
+    timer = SimTimer(cost, serving.backend, cfg.fast_forward, cfg.noise_seed, str(serving.prefill))
     loop = StepLoop(sched, recorder, timer, TraceArrivals(trace.requests),
                     (lambda done: on_finish(len(done))) if on_finish else None)
     with _collector_paused():

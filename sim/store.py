@@ -8,11 +8,11 @@ one result under its key. A last line cut off by a kill is dropped on reading.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from traces.csvio import read_text
 from traces.errors import InputError
+from traces.jsonl_store import JsonLines, complete_lines, drop_cut_off, entries, header
 
 SCHEMA = "sim-sweep-points"
 VERSION = 1
@@ -37,44 +37,28 @@ class PointStore:
             return
         if resume:
             self._read()
-            self._f = open(self.path, "a", encoding="utf-8")
+            self._f = JsonLines(self.path, sort_keys=True, allow_nan=True)
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.path, "w", encoding="utf-8")
-            self._line({"schema": SCHEMA, "version": VERSION, "setup": setup})
+            self._f = JsonLines.create(self.path, {"schema": SCHEMA, "version": VERSION, "setup": setup},
+                                       sort_keys=True, allow_nan=True)
 
     def _read(self) -> None:
         if not self.path.exists():
             raise InputError("no interrupted sweep to resume here (no points file); run without --resume",
                              path=self.path)
         text = read_text(self.path)
-        lines = text.split("\n")
-        complete = lines[:-1]  # what follows the last newline was cut off mid-write (or is empty)
-        try:
-            head = json.loads(complete[0]) if complete else None
-        except json.JSONDecodeError:
-            head = None
-        if not isinstance(head, dict) or head.get("schema") != SCHEMA or head.get("version") != VERSION:
+        complete, cut_off = complete_lines(text)
+        head = header(complete)
+        if head is None or head.get("schema") != SCHEMA or head.get("version") != VERSION:
             raise InputError(f"is not a {SCHEMA} v{VERSION} file", path=self.path, row=1)
         if head.get("setup") != json.loads(json.dumps(self.setup)):
             differs = sorted(k for k in set(head["setup"]) | set(self.setup)
                              if head["setup"].get(k) != json.loads(json.dumps(self.setup.get(k))))
             raise InputError(f"was written by another sweep (its {', '.join(differs)} differ from this command's); "
                              f"resume with the same options, or pass --force to start over", path=self.path, row=1)
-        for n, line in enumerate(complete[1:], start=2):
-            try:
-                entry = json.loads(line)
-                self.done[entry["key"]] = entry["value"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise InputError("is not a sweep point (the file was edited?)", path=self.path, row=n) from None
-        if lines[-1]:  # the cut-off line goes, so that the points this resume appends start on a line of their own
-            os.truncate(self.path, len(text.encode("utf-8")) - len(lines[-1].encode("utf-8")))
-
-    def _line(self, obj: dict) -> None:
-        if self._f is None:
-            return
-        self._f.write(json.dumps(obj, sort_keys=True, allow_nan=True) + "\n")
-        self._f.flush()  # a kill of this process loses no finished point
+        self.done = entries(complete, "key", "value", path=self.path,
+                            refusal="is not a sweep point (the file was edited?)")
+        drop_cut_off(self.path, text, cut_off)  # so that the points this resume appends start on a line of their own
 
     def __contains__(self, key: tuple) -> bool:
         return key_text(key) in self.done
@@ -85,7 +69,8 @@ class PointStore:
     def add(self, key: tuple, value) -> None:
         text = key_text(key)
         self.done[text] = json.loads(json.dumps(value))
-        self._line({"key": text, "value": value})
+        if self._f is not None:
+            self._f.write({"key": text, "value": value})
 
     def close(self) -> None:
         if self._f is not None:

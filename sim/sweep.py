@@ -20,7 +20,7 @@ import signal
 import sys
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -28,8 +28,8 @@ from tqdm import tqdm
 
 from costs.model import CostModel
 from costs.table import CostTable
-from engine.block_pool import blocks_for_gib
-from engine.scheduler import PrefillPolicy
+from core.block_pool import largest_request_tokens
+from core.config import ServingConfig
 from traces.latency import DEFAULT_PERCENTILES
 from traces.slo import SLO
 from traces.workload import Trace, poisson_trace
@@ -42,31 +42,6 @@ from .store import PointStore
 
 AUTO_SPAN = (0.3, 2.0)
 AUTO_POINTS = 12
-SINGLE_ROUTER = "round-robin"  # the router a single engine's configuration names (any router sends it everything)
-
-
-@dataclass(frozen=True)
-class Config:
-    backend: str
-    max_batch: int
-    pool_gib: float
-    prefill: str = "padded"  # a PrefillPolicy as text: padded, packed, chunked:N
-    replicas: int = 1  # engines of this configuration behind a router (sim/fleet.py)
-    router: str = SINGLE_ROUTER
-
-    def __post_init__(self):
-        # One engine gets every request whatever the router: one configuration, run and reported once.
-        if self.replicas == 1:
-            object.__setattr__(self, "router", SINGLE_ROUTER)
-
-    @property
-    def label(self) -> str:
-        policy = "" if self.prefill == "padded" else f", {self.prefill} prefill"
-        fleet = "" if self.replicas == 1 else f", {self.replicas} replicas behind {self.router}"
-        return f"{self.backend}{policy}, max batch {self.max_batch}, pool {self.pool_gib:g} GiB{fleet}"
-
-    def pool_blocks(self, block_size: int) -> int:
-        return blocks_for_gib(self.pool_gib, block_size)
 
 
 @dataclass(frozen=True)
@@ -90,7 +65,7 @@ class Workload:
 
 @dataclass
 class ConfigResult:
-    config: Config
+    config: ServingConfig
     pool_blocks: int
     rates: list[float]
     estimate: float | None  # req/s from the saturated run, when the rates were chosen automatically
@@ -141,15 +116,13 @@ def _tie_to_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _simulate(config: Config, trace: Trace):
+def _simulate(config: ServingConfig, trace: Trace):
     from .fleet import simulate_fleet
     from .simulator import SimConfig, simulate
-    cfg = SimConfig(config.backend, config.max_batch, config.pool_blocks(_cost.table.block_size),
-                    noise_seed=_noise_seed, policy=PrefillPolicy.parse(config.prefill))
+    cfg = SimConfig(config, noise_seed=_noise_seed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = simulate(trace, _cost, cfg) if config.replicas == 1 else \
-            simulate_fleet(trace, _cost, cfg, config.replicas, config.router)
+        result = simulate(trace, _cost, cfg) if config.replicas == 1 else simulate_fleet(trace, _cost, cfg)
     return result, [str(w.message) for w in caught]
 
 
@@ -157,17 +130,17 @@ def _workload_for(seed: int) -> Workload:
     return replace(_workload, seed=seed)
 
 
-def _estimate(config: Config, seed: int) -> tuple[float, list[str]]:
+def _estimate(config: ServingConfig, seed: int) -> tuple[float, list[str]]:
     from traces.metrics import served_rate
     result, caught = _simulate(config, _workload_for(seed).saturated())
     return served_rate(result.record), caught
 
 
-def _point(config: Config, rate: float, seed: int) -> tuple[dict, list[str]]:
+def _point(config: ServingConfig, rate: float, seed: int) -> tuple[dict, list[str]]:
     from traces.latency import latency_ms
     from traces.metrics import summary
     result, caught = _simulate(config, _workload_for(seed).at(rate))
-    row = {**asdict(config), "rate": rate, "seed": seed, "pool_blocks": result.pool_blocks,
+    row = {**config.axes(), "rate": rate, "seed": seed, "pool_blocks": result.pool_blocks,
            "trace_id": result.record.meta["trace_id"], **summary(result.record, rate, _slos),
            **latency_ms(result.record, _percentiles), "sim_events": result.events, "sim_wall_s": result.wall_s}
     return row, caught
@@ -218,7 +191,7 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         w.join()
 
 
-def run_sweep(table: CostTable, configs: list[Config], rates: list[float] | None, workload: Workload, *,
+def run_sweep(table: CostTable, configs: list[ServingConfig], rates: list[float] | None, workload: Workload, *,
               seeds: list[int] | None = None, strict: bool = False, noise_seed: int | None = None,
               jobs: int | None = None, progress: bool = True, slos: tuple[SLO, ...] = (),
               remote: RemoteMap | None = None, store: PointStore | None = None,
@@ -250,15 +223,16 @@ def run_sweep(table: CostTable, configs: list[Config], rates: list[float] | None
         estimates: list[float | None] = [None] * len(configs)
         if rates is None:
             found = _run_all(pool, remote, init, _estimate, [(c, seeds[0]) for c in configs],
-                             [("estimate", asdict(c), seeds[0]) for c in configs], store, "capacity estimates",
+                             [("estimate", c.axes(), seeds[0]) for c in configs], store, "capacity estimates",
                              progress)
             estimates = [e for e, _ in found]
             seen.update((w, None) for _, caught in found for w in caught)
-        results = [ConfigResult(c, c.pool_blocks(table.block_size), rates or auto_rates(e), e, seed=s)
+        largest = largest_request_tokens(workload.saturated().requests)  # sizes an unbounded pool only
+        results = [ConfigResult(c, c.pool_blocks(largest), rates or auto_rates(e), e, seed=s)
                    for c, e in zip(configs, estimates) for s in seeds]
         args = [(res.config, rate, res.seed) for res in results for rate in res.rates]
         owners = [res for res in results for _ in res.rates]
-        points = _run_all(pool, remote, init, _point, args, [("point", asdict(c), s, r) for c, r, s in args], store,
+        points = _run_all(pool, remote, init, _point, args, [("point", c.axes(), s, r) for c, r, s in args], store,
                           "sweep", progress)
     except BaseException:
         if pool is not None:

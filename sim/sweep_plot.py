@@ -11,11 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .sweep import Config, ConfigResult
+from core.config import ServingConfig
+
+from .sweep import ConfigResult
 
 # (axis, its value for a configuration)
-AXES: tuple[tuple[str, Callable[[Config], object]], ...] = (
-    ("pool", lambda c: c.pool_gib), ("max batch", lambda c: c.max_batch), ("backend", lambda c: c.backend),
+AXES: tuple[tuple[str, Callable[[ServingConfig], object]], ...] = (
+    ("pool", lambda c: c.pool.gib), ("max batch", lambda c: c.max_batch), ("backend", lambda c: c.backend),
     ("prefill", lambda c: c.prefill), ("fleet", lambda c: (c.replicas, c.router)))
 MARKERS = "osD^vP*Xp"
 LINESTYLES = ("-", "--", ":", "-.")
@@ -24,14 +26,14 @@ WIDTHS = (1.2, 2.4, 3.6, 0.6)
 CHANNELS = ("colour", "marker", "line", "fill", "width")
 
 
-def channels(configs: list[Config]) -> dict[str, str]:
+def channels(configs: list[ServingConfig]) -> dict[str, str]:
     """Axis -> channel for every axis with more than one value among `configs`, most values first."""
     count = {name: len(set(map(get, configs))) for name, get in AXES}
     varied = sorted((name for name, _ in AXES if count[name] > 1), key=lambda n: -count[n])  # stable on ties
     return dict(zip(varied, CHANNELS))
 
 
-def _styles(configs: list[Config]) -> tuple[list[dict], dict[str, str]]:
+def _styles(configs: list[ServingConfig]) -> tuple[list[dict], dict[str, str]]:
     import matplotlib.pyplot as plt
     chosen = channels(configs)
     getters = dict(AXES)

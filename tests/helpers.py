@@ -6,13 +6,27 @@ from pathlib import Path
 from costs.model import CostModel
 from costs.synthetic import constant_table, linear_table
 from costs.table import save_cost_table
-from engine.recorder import Recorder
-from engine.scheduler import PADDED, PrefillPolicy, decode_shape
+from core.block_pool import PoolSize
+from core.config import ServingConfig
+from core.recorder import Recorder
+from core.policies import PADDED, PrefillPolicy
+from core.scheduler import decode_shape
 from engine.serve import serve
+from sim.simulator import SimConfig
 from traces.records import RunRecord, RunWriter
 from traces.workload import Trace
 
-__all__ = ["constant_table", "linear_table", "write_table", "serve_virtual"]
+__all__ = ["constant_table", "linear_table", "write_table", "serve_virtual", "sim_config"]
+
+SIM_KNOBS = ("detail", "fast_forward", "noise_seed")  # SimConfig's own; the rest are the serving configuration's
+
+
+def sim_config(**knobs) -> SimConfig:
+    """A SimConfig from flat keywords: the simulator's own, a pool in blocks (pool_blocks) or GiB (pool_gib), and
+    any other ServingConfig knob."""
+    own = {k: knobs.pop(k) for k in SIM_KNOBS if k in knobs}
+    pool = PoolSize(knobs.pop("pool_gib", None), knobs.pop("pool_blocks", None))
+    return SimConfig(ServingConfig(pool=pool, **knobs), **own)
 
 
 def write_table(table: dict, path: str | Path) -> Path:

@@ -67,7 +67,7 @@ def fake_measure(run: Run, check_scale: float = 1.0) -> dict:
 
 
 def synthetic_table(check_scale: float = 1.0) -> dict:
-    runs = make_plan(TEST_PLAN, 8, ("paged", "padded"))
+    runs = make_plan(TEST_PLAN, 8, ("paged", "dense"))
     samples = {r.key: fake_measure(r, check_scale) for r in runs}
     return build_table(TEST_PLAN, runs, samples, META, {"wall_s": 1.0})
 
@@ -87,7 +87,7 @@ def test_fit_reproduces_the_grid_exactly_and_known_costs_between_its_points(tabl
     w, n = rng.integers(1, 9, 200), rng.integers(16, 257, 200)
     predicted = np.array([cost.prefill(PrefillShape.padded(int(a), int(b))) for a, b in zip(w, n)])
     assert np.abs(predicted / prefill_cost(w, n) - 1).max() < 2e-3
-    for backend in ("paged", "padded"):
+    for backend in ("paged", "dense"):
         for rows in (1, 3, 8):
             longest = rng.integers(20, 290, 50)
             total = longest + (rows - 1) * rng.integers(16, 20, 50)
@@ -127,7 +127,7 @@ def test_accuracy_check_holds_out_shapes_and_reports_misses(table):
     held = [r for r in check_runs(TEST_PLAN, 8, ("paged",)) if r.kind == "check-prefill"]
     assert held and all((r.width, r.padded_len) not in {(w, n) for w in widths for n in lengths} for r in held)
     summary = table["accuracy"]["summary"]
-    assert set(summary) == {"prefill", "decode paged", "decode padded"}
+    assert set(summary) == {"prefill", "decode paged", "decode dense"}
     assert all(s["meets_targets"] and s["median_abs_err"] < 2e-3 for s in summary.values())
     off = synthetic_table(check_scale=1.25)["accuracy"]  # the engine got 25% slower after the grid was measured
     assert off["summary"]["prefill"]["median_abs_err"] == pytest.approx(0.2, abs=2e-3)
@@ -154,7 +154,7 @@ def _edit(path: str, value):
     (_edit("model.config_hash", KeyError), "missing model.'config_hash'"),
     (_edit("prefill.points.0.p10_s", 1.0), r"prefill.points\[0\]. needs p10_s <= median_s"),
     (_edit("decode.paged.points.0.rows", 9), "decode.paged has points with rows .9. above max_batch 8"),
-    (_edit("decode.padded.points.2.kv_read", 0), r"decode.padded.points\[2\].kv_read must be a positive integer"),
+    (_edit("decode.dense.points.2.kv_read", 0), r"decode.dense.points\[2\].kv_read must be a positive integer"),
     (_edit("version", 4), "cost-table version 4 is not one this reader knows"),  # 3 adds the serving correction
 ])
 def test_table_validation_refuses_bad_tables_naming_the_field(table, tmp_path, edit, message):
@@ -179,11 +179,11 @@ def test_check_compatible_refuses_another_model_or_block_size(table):
 # ---- the plan and resuming -----------------------------------------------------------------------------------
 
 def test_full_plan_covers_the_grid_and_fits_in_ten_minutes_on_an_h200():
-    runs = make_plan(FULL, 32, ("paged", "padded"))
+    runs = make_plan(FULL, 32, ("paged", "dense"))
     assert len({r.key for r in runs}) == len(runs)
     assert {(r.width, r.padded_len) for r in runs if r.kind == "prefill"} == {
         (w, n) for w in (1, 2, 4, 8, 16, 32) for n in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)}
-    for b in ("paged", "padded"):
+    for b in ("paged", "dense"):
         assert {r.width for r in runs if r.kind == "decode" and r.backend == b} == set(FULL.decode_rows)
         longest = [r for r in runs if r.kind == "decode" and r.backend == b and r.label.endswith(" x 4096")]
         # The longest prompts run the whole budget: decode points reach the largest K/V a request holds.
@@ -293,9 +293,15 @@ def test_modal_results_from_another_card_are_not_written(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_calibration_end_to_end(tmp_path, capsys):
+def test_tiny_calibration_end_to_end(tmp_path, capsys, monkeypatch):
     torch = pytest.importorskip("torch")
+    import calibrate.cli
     from calibrate.cli import main
+
+    # The quick plan's shapes and policies with one recorded repeat where it has two, and one held-out and one
+    # never-run padded shape where it has two: the same path end to end, a third fewer interpreted prefill steps.
+    monkeypatch.setattr(calibrate.cli, "QUICK", dataclasses.replace(QUICK, prefill_reps=1, check_reps=1,
+                                                                    check_prefill=1, stationary_prefill=1))
 
     # Where a GPU is visible Triton compiles for it and cannot run the engine's kernels on the CPU.
     device = "cuda" if torch.cuda.is_available() else "cpu"

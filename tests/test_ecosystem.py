@@ -10,15 +10,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from core.block_pool import PoolSize
+from core.config import ServingConfig
 from costs.model import CostModel
 from sim import capacity, sweep
 from sim.cli import main
 from sim.inputs import load_table
 from sim.simulator import SimConfig, simulate
-from sim.sweep import Config, Workload, run_sweep
+from sim.sweep import Workload, run_sweep
 from traces import cli as traces_cli
 from traces.latency import itl_gaps, latency_ms, parse_percentiles
-from traces.metrics import capacity_bracket, summary
+from traces.metrics import summary
 from traces.slo import parse_slo, parse_slos
 from traces.trace_io import read_trace
 from traces.workload import ARRIVAL_DECIMALS, _raw, poisson_arrivals, poisson_trace, ramped
@@ -34,7 +36,7 @@ def _exit(argv: list[str]) -> int:
 
 @pytest.fixture(scope="module")
 def table():
-    return load_table(None, 64)
+    return load_table(None)
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +171,7 @@ def test_arrival_options_reach_sweep_points_and_are_refused_for_trace_files(tmp_
 
 # 3. sim capacity
 
-CONFIG = Config("paged", 16, 4.0)
+CONFIG = ServingConfig(max_batch=16, pool=PoolSize(gib=4.0))
 N = 200
 
 

@@ -6,24 +6,58 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from core.block_pool import PoolSize  # noqa: E402
+from core.config import ServingConfig  # noqa: E402
 from engine.engine import Engine, EngineConfig  # noqa: E402
 from engine.parity import reference, run_gate, scenarios  # noqa: E402
 from traces.errors import InputError  # noqa: E402
-from traces.model_spec import TINY_QWEN2  # noqa: E402
 from traces.records import read_run  # noqa: E402
 from traces.workload import Request, Trace, length_trace  # noqa: E402
 
-CPU = dict(device="cpu", dtype="float32", spec=dict(TINY_QWEN2), block_size=16)
+TINY = ServingConfig(model="tiny", dtype="float32", block_size=16)
+
+
+def cpu(max_batch: int = 32, **serving) -> dict:
+    """EngineConfig arguments for the tiny model on the CPU."""
+    return dict(serving=TINY.but(max_batch=max_batch, **serving), device="cpu")
+
+
+ENGINE = dict(max_prompt=80, max_budget=16, **cpu(8))
+GATE_BUDGET = 6
+GATE = scenarios(ENGINE["max_prompt"], GATE_BUDGET)
+# Chunks of two and a half blocks: prefixes that end inside a block, and under half the interpreted steps of the
+# default 16-token chunks (each chunk runs in a 64-token bucket).
+GATE_PREFILL = ("packed", "chunked:40")
 
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine(EngineConfig(max_batch=8, max_prompt=80, max_budget=16, **CPU), log=lambda *a: None)
+    return Engine(EngineConfig(**ENGINE), log=lambda *a: None)
 
 
-def test_paged_engine_matches_hf_generate_token_for_token(engine):
-    mismatches, compared = run_gate(engine, budget=6, log=lambda *a: None)
-    assert compared > 200
+@pytest.fixture(scope="module")
+def paged_engine():
+    """The same model (seeded weights) with the paged decode backend only."""
+    return Engine(EngineConfig(**ENGINE, backends=("paged",)), log=lambda *a: None)
+
+
+def _same_lengths_throughout(trace, rows: int) -> bool:
+    """Every row as long as every other at every decode step (one group of equal requests): the padded backend's
+    span is each row's own length, so it runs the paged backend's arithmetic exactly, which the interpreter need
+    not run twice (the kernel tests compare the two on ragged rows)."""
+    return len(trace) <= rows and len({(r.prompt_tokens, r.budget) for r in trace.requests}) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", list(GATE))
+def test_paged_engine_matches_hf_generate_token_for_token(engine, paged_engine, scenario, progress):
+    trace, rows = GATE[scenario]
+    on = paged_engine if _same_lengths_throughout(trace, rows) else engine
+    mismatches, compared = run_gate(on, budget=GATE_BUDGET, log=progress, only={scenario}, prefill=GATE_PREFILL)
+    # Each request's tokens against the reference on each backend, paged against padded (where both run), and
+    # packed and chunked prefill against padded.
+    pairs = len(on.cfg.backends) + (len(on.cfg.backends) == 2) + 2
+    assert compared == pairs * sum(r.budget for r in trace.requests)
     assert mismatches == []
 
 
@@ -65,22 +99,22 @@ def test_a_request_larger_than_the_run_pool_is_refused_at_submit(engine):
 
 
 def test_records_are_written_as_rows_complete(engine, tmp_path):
-    rec = engine.run(length_trace([(0.0, 17, 5), (0.0, 33, 3)]), tmp_path / "r", "padded", progress=False)
+    rec = engine.run(length_trace([(0.0, 17, 5), (0.0, 33, 3)]), tmp_path / "r", "dense", progress=False)
     again = read_run(tmp_path / "r")
     assert len(again.tokens) == 8 and set(again.steps.kind) == {"prefill", "decode"}
     assert (again.requests.finished >= again.requests.first_token).all()
     assert again.tokens.token_id.ge(0).all()
-    assert rec.meta["backend"] == "padded"
+    assert rec.meta["backend"] == "dense"
 
 
 def test_a_pool_that_cannot_hold_the_largest_request_is_refused_at_start():
     with pytest.raises(InputError, match="cannot hold the largest request"):
-        Engine(EngineConfig(max_batch=2, max_prompt=80, max_budget=16, pool_blocks=3, **CPU), log=lambda *a: None)
+        Engine(EngineConfig(max_prompt=80, max_budget=16, **cpu(2, pool=PoolSize(blocks=3))), log=lambda *a: None)
 
 
 def test_another_gpu_than_the_named_one_is_refused_before_any_work():
     with pytest.raises(InputError, match="not the expected 'NVIDIA H200'"):
-        Engine(EngineConfig(expect_gpu="NVIDIA H200", **CPU), log=lambda *a: None)
+        Engine(EngineConfig(expect_gpu="NVIDIA H200", **cpu()), log=lambda *a: None)
 
 
 def test_a_prefill_bucket_longer_than_the_models_positions_stays_inside_them(monkeypatch):
@@ -96,7 +130,7 @@ def test_a_prefill_bucket_longer_than_the_models_positions_stays_inside_them(mon
         return real(qkv, positions, *args, **kwargs)
 
     monkeypatch.setattr(qwen2, "rope_kv", rope_kv)
-    small = Engine(EngineConfig(max_batch=2, max_prompt=32, max_budget=5, **{**CPU, "block_size": 64}),
+    small = Engine(EngineConfig(max_prompt=32, max_budget=5, **cpu(2, block_size=64)),
                    log=lambda *a: None)
     assert small.runner.bucket(21) == 64
     small.run(length_trace([(0.0, 21, 2)]), None, "paged", progress=False)

@@ -14,6 +14,7 @@ from helpers import constant_table, write_table
 
 import sim.cli
 from costs.model import CostModel
+from core.config import ServingConfig
 from sim import SimConfig, simulate
 from traces import metrics
 from traces.cli import main
@@ -134,7 +135,7 @@ def test_retire_reference_is_the_median_of_the_nearest_same_row_steps():
 def test_simulated_retirement_is_recovered():
     # Constant costs: every decode step 0.01 s, retirement 0.002 s a row; the estimate gets the table's back.
     table = constant_table(decode_s=0.01, retire_s=0.002)
-    rec = simulate(poisson_trace(20.0, 40, 0), CostModel(table), SimConfig(max_batch=8, detail="steps")).record
+    rec = simulate(poisson_trace(20.0, 40, 0), CostModel(table), SimConfig(ServingConfig(max_batch=8), detail="steps")).record
     e = explain(rec)
     assert e.figures["retire_ms_per_row"] == pytest.approx(2.0, rel=1e-9)
     assert sum(e.split.values()) == pytest.approx(e.wall, rel=1e-12)

@@ -20,11 +20,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costs.model import CostModel, ExtrapolationWarning
+from costs.model import CostModel, ExtrapolationWarning, _interp
 from costs.shapes import DecodeShape
 from costs.synthetic import linear_table
 from costs.table import load_cost_table
-from engine.block_pool import BlockPool
+from core.block_pool import BlockPool
 from sim.simulator import SimTimer, _Noise
 from traces.records import TABLES, RunWriter, _frame
 
@@ -49,13 +49,31 @@ def _shapes(cost: CostModel, n: int, seed: int):
         yield rows, kv_tokens, kv_max, rng.choice([1, 2, rng.randint(1, 16), rng.randint(1, 300)])
 
 
-def test_decode_stretch_equals_decode_on_arrays_to_the_bit(cost):
+def _numpy_decode(cost: CostModel, backend: str, rows: int, kv_tokens, kv_max):
+    """The decode cost as costs/model.py first wrote it, on numpy arrays: the reference the one implementation
+    (CostModel.decode_stretch) is held to, bit for bit."""
+    d = cost._decode[backend]
+    r = d.rows
+    kv_tokens, kv_max = np.asarray(kv_tokens, float), np.asarray(kv_max, float)
+    short = rows * kv_max - kv_tokens
+
+    def at(i: int):
+        return _interp(d.knots[i].x, d.knots[i].y, kv_max) - d.per_token[i] * short
+    if len(r) == 1:
+        return at(0)
+    i = int(np.clip(np.searchsorted(r, rows), 1, len(r) - 1))
+    w = (rows - r[i - 1]) / (r[i] - r[i - 1])
+    c = at(i - 1) * (1 - w) + at(i) * w
+    return np.maximum(c, at(len(r) - 1)) if rows > r[-1] else c
+
+
+def test_decode_stretch_equals_the_numpy_decode_to_the_bit(cost):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExtrapolationWarning)
         for backend in cost.backends:
             for rows, kv_tokens, kv_max, k in _shapes(cost, 3000, seed=cost.backends.index(backend)):
                 j = np.arange(k)
-                want = np.asarray(cost.decode(backend, rows, kv_tokens + rows * j, kv_max + j), float)
+                want = np.asarray(_numpy_decode(cost, backend, rows, kv_tokens + rows * j, kv_max + j), float)
                 got = np.array(cost.decode_stretch(backend, rows, kv_tokens, kv_max, k), float)
                 assert got.tobytes() == want.tobytes(), (backend, rows, kv_tokens, kv_max, k)
 
@@ -65,7 +83,7 @@ def _numpy_stretch(cost: CostModel, backend: str, noise: _Noise | None, decodes:
     """SimTimer.decode as it was written with numpy: the step ends of a stretch."""
     j = np.arange(k)
     n = shape.rows
-    d = cost.decode(backend, n, shape.kv_tokens + n * j, shape.kv_max + j)
+    d = _numpy_decode(cost, backend, n, shape.kv_tokens + n * j, shape.kv_max + j)
     if noise is not None:
         d = d * noise.factors(decodes, k)
     ends = np.cumsum(np.concatenate(([start], np.broadcast_to(d, (k,)))))[1:]

@@ -10,11 +10,11 @@ import warnings
 
 import pandas as pd
 import pytest
-from helpers import constant_table, linear_table
+from helpers import constant_table, linear_table, sim_config
 
 from costs.model import CostModel
-from engine.routing import ROUTERS
-from sim import SimConfig, simulate
+from core.routing import ROUTERS
+from sim import simulate
 from sim.fleet import simulate_fleet
 from sim.inputs import load_table
 from traces import metrics
@@ -35,7 +35,7 @@ DECODE = 0.01
 def fleet(triples, router="round-robin", replicas=2, table=None, **cfg):
     """Simulate (arrival, prompt tokens, budget) triples on a fleet; the requests frame indexed by request id."""
     result = simulate_fleet(length_trace(triples), CostModel(table or constant_table()),
-                            SimConfig(detail="tokens", **cfg), replicas, router)
+                            sim_config(detail="tokens", replicas=replicas, router=router, **cfg))
     return result.record.requests.set_index("request_id").sort_index(), result
 
 
@@ -139,10 +139,10 @@ FLEETS_OF_ONE = {
     "linear, retire cost, blocks bind, a refusal": (lambda: CostModel(linear_table()), _bad_and_good,
                                                     dict(backend="paged", max_batch=8, pool_blocks=150)),
     "padded, noise": (lambda: CostModel(linear_table(sigma=0.1)), lambda: poisson_trace(3.0, 120, 5),
-                      dict(backend="padded", max_batch=16, pool_blocks=300, noise_seed=3)),
-    "shipped H200 table": (lambda: CostModel(load_table(None, 64)), lambda: poisson_trace(40.0, 400, 0),
+                      dict(backend="dense", max_batch=16, pool_blocks=300, noise_seed=3)),
+    "shipped H200 table": (lambda: CostModel(load_table(None)), lambda: poisson_trace(40.0, 400, 0),
                            dict(backend="paged", max_batch=32)),
-    "closed, stepped": (lambda: CostModel(load_table(None, 64)), lambda: closed_mixed(64, 0),
+    "closed, stepped": (lambda: CostModel(load_table(None)), lambda: closed_mixed(64, 0),
                         dict(backend="paged", max_batch=8, fast_forward=False)),
     # r1 arrives exactly when r0's first decode step ends (0.1 + 0.01 == 0.11): in that pass on one engine.
     "an arrival at a step's end": (lambda: CostModel(constant_table()),
@@ -156,8 +156,8 @@ def test_a_fleet_of_one_writes_what_simulate_writes(name):
     cost, trace = make_cost(), make_trace()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # extrapolation notices
-        one = simulate(trace, cost, SimConfig(detail="tokens", **cfg))
-        fleet_ = simulate_fleet(trace, cost, SimConfig(detail="tokens", **cfg), 1, "round-robin")
+        one = simulate(trace, cost, sim_config(detail="tokens", **cfg))
+        fleet_ = simulate_fleet(trace, cost, sim_config(detail="tokens", **cfg))
     for table in ("requests", "steps", "tokens", "rejected"):
         pd.testing.assert_frame_equal(getattr(one.record, table), getattr(fleet_.record, table), check_exact=True)
     assert fleet_.steps == one.steps
@@ -173,12 +173,12 @@ def test_a_fleet_of_one_writes_what_simulate_writes(name):
 def test_replicas_draw_their_own_noise():
     trace = closed_uniform("p256", 64, budget=64)
     cost = CostModel(linear_table(sigma=0.1))
-    rec = simulate_fleet(trace, cost, SimConfig(max_batch=8, noise_seed=1, detail="steps"), 2).record
+    rec = simulate_fleet(trace, cost, sim_config(max_batch=8, noise_seed=1, detail="steps", replicas=2)).record
     prefill = rec.steps[rec.steps["kind"] == "prefill"]
     # The same work on both replicas (round-robin halves a uniform trace) takes different times.
     first = prefill.groupby("replica")["end"].first()
     assert first[0] != first[1]
-    one = simulate(trace, cost, SimConfig(max_batch=8, noise_seed=1, detail="steps")).record
+    one = simulate(trace, cost, sim_config(max_batch=8, noise_seed=1, detail="steps")).record
     assert one.steps["end"].iloc[0] == first[0]  # replica 0 draws what one engine draws
 
 
@@ -188,4 +188,5 @@ def test_replicas_draw_their_own_noise():
 ])
 def test_a_fleet_refuses_bad_shapes(replicas, router, message):
     with pytest.raises(InputError, match=message):
-        simulate_fleet(poisson_trace(1.0, 5, 0), CostModel(constant_table()), SimConfig(), replicas, router)
+        simulate_fleet(poisson_trace(1.0, 5, 0), CostModel(constant_table()),
+                       sim_config(replicas=replicas, router=router))

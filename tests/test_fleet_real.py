@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from engine.fleet import serve_fleet
-from engine.routing import ROUTERS, Load, router
+from core.routing import ROUTERS, Load, router
 from traces.errors import InputError
 from traces.workload import length_trace
 

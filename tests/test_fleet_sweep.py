@@ -16,7 +16,9 @@ from helpers import linear_table, run_cli, write_table
 from sim import remote
 from sim.cli import main
 from sim.fleet_report import fewest_lines, fewest_replicas
-from sim.sweep import Config, ConfigResult, Workload, run_sweep
+from core.block_pool import PoolSize
+from core.config import ServingConfig
+from sim.sweep import ConfigResult, Workload, run_sweep
 from traces import metrics
 from traces.latency import latency_keys
 from traces.records import read_run
@@ -88,7 +90,8 @@ def test_fewest_replicas_by_hand():
     # Replica counts 1, 2, 4 of one configuration, stable everywhere, against SLOs: rate 10 met by 1; rate 20 by 4
     # alone; rate 30 by none. Rate 40 was tried with 4 replicas only, so no count answers it.
     slos = parse_slos("ttft=1")
-    results = [ConfigResult(Config("paged", 32, 4.0, replicas=n, router="least-tokens"), 100, rates, None,
+    results = [ConfigResult(ServingConfig(max_batch=32, pool=PoolSize(gib=4.0), replicas=n, router="least-tokens"),
+                            100, rates, None,
                             [_row(r, ok) for r, ok in zip(rates, oks)])
                for n, rates, oks in [(4, [10, 20, 30, 40], [True, True, False, True]),
                                      (1, [10, 20, 30], [True, False, False]), (2, [10, 20, 30], [True, False, False])]]
@@ -187,7 +190,9 @@ def test_a_sweep_on_modal_gives_the_rows_a_local_sweep_gives(monkeypatch):
     monkeypatch.setattr(remote, "_ready", None)
     from costs.table import as_cost_table
     table = as_cost_table(linear_table())
-    configs = [Config("paged", 8, 1.0), Config("padded", 8, 1.0, "packed", 2, "least-tokens")]
+    configs = [ServingConfig(max_batch=8, pool=PoolSize(gib=1.0)),
+               ServingConfig(backend="padded", max_batch=8, pool=PoolSize(gib=1.0), prefill="packed", replicas=2,
+                             router="least-tokens")]
     kw = dict(strict=False, noise_seed=3, jobs=1, progress=False, slos=parse_slos("ttft_p99=2,tpot=0.05"))
     local, local_warned = run_sweep(table, configs, None, Workload(30, 1), **kw)  # automatic rates: estimates too
     away, away_warned = run_sweep(table, configs, None, Workload(30, 1), remote=remote.map_with(PickledMap(
@@ -303,7 +308,8 @@ def test_a_sweep_on_modal_keeps_its_points_as_they_come_back_and_resumes(monkeyp
     from sim.store import FILE, PointStore
     monkeypatch.setattr(remote, "_ready", None)
     table = as_cost_table(linear_table())
-    configs = [Config("paged", 8, 1.0, replicas=2, router="least-outstanding"), Config("paged", 8, 1.0)]
+    configs = [ServingConfig(max_batch=8, pool=PoolSize(gib=1.0), replicas=2, router="least-outstanding"),
+               ServingConfig(max_batch=8, pool=PoolSize(gib=1.0))]
     kw = dict(strict=False, noise_seed=None, jobs=1, progress=False, slos=parse_slos("ttft_p99=2"), seeds=[0, 3])
     local, _ = run_sweep(table, configs, [1.0, 3.0], Workload(30, 0), **kw)
     setup = {"sweep": "on modal"}

@@ -21,10 +21,9 @@ import pytest
 
 from costs.model import CostModel
 from costs.table import StationarityWarning, load_cost_table
-from engine.block_pool import blocks_for_gib
-from engine.scheduler import PrefillPolicy
+from helpers import sim_config
 from sim.fleet import simulate_fleet
-from sim.simulator import SimConfig, simulate
+from sim.simulator import simulate
 from traces.metrics import summary
 from traces.workload import closed_mixed, length_trace, poisson_trace
 
@@ -32,7 +31,7 @@ DATA = Path(__file__).resolve().parent / "data"
 REQUESTS = ("request_id", "arrival", "admitted", "admit_step", "group_id", "group_size", "first_token", "finished",
             "prompt_tokens", "output_tokens", "blocks")
 STEPS = ("step", "kind", "rows", "padded_len", "prompt_tokens", "kv_tokens", "kv_max", "kv_read", "start", "end",
-         "group_id", "admitted", "retired")
+         "group_id", "n_admitted", "retired")  # n_admitted: `admitted` when the digests were made
 
 
 def _arbitrary() -> list[tuple[float, int, int]]:
@@ -44,9 +43,9 @@ def _arbitrary() -> list[tuple[float, int, int]]:
 CASES = {
     "paged32-rate30": (lambda: poisson_trace(30, 400, 0), dict(backend="paged", max_batch=32)),
     "padded16-0.5gib-rate20-seed1": (lambda: poisson_trace(20, 400, 1),
-                                     dict(backend="padded", max_batch=16, pool_blocks=blocks_for_gib(0.5))),
+                                     dict(backend="dense", max_batch=16, pool_gib=0.5)),
     "paged32-1gib-rate60-noise3": (lambda: poisson_trace(60, 400, 2),
-                                   dict(backend="paged", max_batch=32, pool_blocks=blocks_for_gib(1), noise_seed=3)),
+                                   dict(backend="paged", max_batch=32, pool_gib=1, noise_seed=3)),
     "closed-mixed-64-through-8": (lambda: closed_mixed(64, 0), dict(backend="paged", max_batch=8)),
     "arbitrary-lengths-rate25": (lambda: length_trace(_arbitrary()), dict(backend="paged", max_batch=32)),
 }
@@ -77,16 +76,15 @@ def test_records_are_bit_identical_to_the_first_simulator(cost, name):
     make, cfg = CASES[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # extrapolation notices of the old table
-        rec = simulate(make(), cost, SimConfig(detail="tokens", **cfg)).record
+        rec = simulate(make(), cost, sim_config(detail="tokens", **cfg)).record
     got = {**_digests(rec), "finished_last": float(rec.requests.finished.max())}
     assert got == want
 
 
 CASES_V2 = {
-    "packed-paged32-rate30": (1, "round-robin", dict(backend="paged", max_batch=32, policy=PrefillPolicy("packed"))),
-    "chunked256-padded16-0.5gib-rate30": (1, "round-robin", dict(backend="padded", max_batch=16,
-                                                                pool_blocks=blocks_for_gib(0.5),
-                                                                policy=PrefillPolicy("chunked", 256))),
+    "packed-paged32-rate30": (1, "round-robin", dict(backend="paged", max_batch=32, prefill="packed")),
+    "chunked256-padded16-0.5gib-rate30": (1, "round-robin", dict(backend="dense", max_batch=16,
+                                                                pool_gib=0.5, prefill="chunked:256")),
     "fleet3-least-tokens-rate60-noise3": (3, "least-tokens", dict(backend="paged", max_batch=16, noise_seed=3)),
 }
 
@@ -96,10 +94,10 @@ def test_policies_and_fleets_write_the_records_they_wrote_before(cost, name):
     want = json.loads((DATA / "sim_golden_v2.json").read_text())[name]
     replicas, router, cfg = CASES_V2[name]
     rate = 60 if replicas > 1 else 30
-    trace, cfg = poisson_trace(rate, 400, 3), SimConfig(detail="tokens", **cfg)
+    trace, cfg = poisson_trace(rate, 400, 3), sim_config(detail="tokens", replicas=replicas, router=router, **cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # extrapolation and derived-cost notices of the old table
-        result = simulate(trace, cost, cfg) if replicas == 1 else simulate_fleet(trace, cost, cfg, replicas, router)
+        result = simulate(trace, cost, cfg) if replicas == 1 else simulate_fleet(trace, cost, cfg)
     rec = result.record
     got = {**_digests(rec, ("replica",)), "summary": repr(summary(rec, rate))}
     assert got == want

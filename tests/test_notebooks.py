@@ -135,8 +135,6 @@ def build_standin(out: Path, n: int = STANDIN_N) -> tuple[Path, Path, Path]:
     simulator with step-time noise) and out/sag (the candidates, no search)."""
     from costs.model import CostModel
     from costs.table import load_cost_table, save_cost_table
-    from engine.block_pool import blocks_for_gib
-    from engine.scheduler import PrefillPolicy
     from sim import SimConfig, simulate
     from sim.fleet import simulate_fleet
     from validate.plan import make_plan
@@ -152,11 +150,9 @@ def build_standin(out: Path, n: int = STANDIN_N) -> tuple[Path, Path, Path]:
     cost = CostModel(load_cost_table(out / "table.json"))
     for p in points:
         trace = build_trace(p.trace, vdir)
-        pool = blocks_for_gib(p.pool_gib, 64) if p.pool_gib else None
         for k in range(1, p.repeats + 1):
-            cfg = SimConfig(p.backend, p.max_batch, pool, detail="tokens" if p.tokens else "steps", noise_seed=k,
-                            policy=PrefillPolicy.parse(p.prefill))
-            rec = (simulate_fleet(trace, cost, cfg, p.replicas, p.router) if p.replicas > 1 else
+            cfg = SimConfig(p.serving, detail="tokens" if p.tokens else "steps", noise_seed=k)
+            rec = (simulate_fleet(trace, cost, cfg) if p.serving.replicas > 1 else
                    simulate(trace, cost, cfg)).record
             _write_run(rec, run_dir(vdir, p, k), {"kind": "engine", "device": {"name": "stand-in (simulated runs)"},
                                                   "validation_point": p.id, "repeat": k,

@@ -15,14 +15,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core.block_pool import PoolSize
+from core.config import ServingConfig
 from costs.model import CostModel
 from costs.table import load_cost_table
-from helpers import linear_table, run_cli, write_table
+from helpers import linear_table, run_cli, sim_config, write_table
 from sim.cli import main as sim_main
 from sim.fleet import simulate_fleet
 from sim.fleet_report import fewest_replicas
-from sim.simulator import SimConfig, simulate
-from sim.sweep import Config, ConfigResult
+from sim.simulator import simulate
+from sim.sweep import ConfigResult
 from sim.sweep_plot import _styles, channels, title
 from traces import records
 from traces.cli import main as traces_main
@@ -84,7 +86,7 @@ def test_a_sweep_of_policies_and_fleets_keys_every_row_and_runs_one_engine_once(
 
 def test_fewest_replicas_counts_the_single_engine_under_every_router():
     rows = [{"rate": 5, "stable": True, "slo_ok": True}]
-    results = [ConfigResult(Config("paged", 8, 1.0, replicas=n, router=r), 100, [5], None, list(rows))
+    results = [ConfigResult(ServingConfig(max_batch=8, pool=PoolSize(gib=1.0), replicas=n, router=r), 100, [5], None, list(rows))
                for n, r in ((1, "least-tokens"), (2, "least-tokens"), (2, "least-outstanding"))]
     assert results[0].config.router == "round-robin"  # whatever it was named under: one engine has no router
     found = fewest_replicas(results, ())
@@ -93,13 +95,14 @@ def test_fewest_replicas_counts_the_single_engine_under_every_router():
 
 
 def test_sweep_figure_gives_every_varied_axis_a_channel_and_names_its_inputs():
-    configs = [Config("paged", 8, 1.0, p, n, r) for p in ("padded", "packed", "chunked:256")
+    configs = [ServingConfig(max_batch=8, pool=PoolSize(gib=1.0), prefill=p, replicas=n, router=r) for p in ("padded", "packed", "chunked:256")
                for n, r in ((1, "round-robin"), (2, "round-robin"), (2, "least-tokens"))]
     assert channels(configs) == {"prefill": "colour", "fleet": "marker"}
     styles, _ = _styles(configs)
     looks = {tuple(sorted((k, str(v)) for k, v in s.items())) for s in styles}
     assert len(looks) == len(configs)  # no two configurations look alike
-    six = [Config(b, m, g, p, n, "least-tokens") for b in ("paged", "padded") for m in (8, 16) for g in (1.0, 2.0)
+    six = [ServingConfig(backend=b, max_batch=m, pool=PoolSize(gib=g), prefill=p, replicas=n, router="least-tokens")
+           for b in ("paged", "dense") for m in (8, 16) for g in (1.0, 2.0)
            for p in ("padded", "packed") for n in (1, 2)]
     assert set(channels(six).values()) == {"colour", "marker", "line", "fill", "width"}
     assert len({tuple(sorted((k, str(v)) for k, v in s.items())) for s in _styles(six)[0]}) == len(six)
@@ -153,7 +156,7 @@ def _check_no_overlap(events: list[dict]) -> int:
 def test_no_two_consecutive_step_events_overlap(cost, every_step):
     # 40 req/s on the linear table: thousands of steps back to back, whose float microsecond times of the old
     # writer overlapped their successors by a nanosecond after truncation
-    rec = simulate(poisson_trace(40, 400, 0), cost, SimConfig("paged", 32, 4000, detail="steps")).record
+    rec = simulate(poisson_trace(40, 400, 0), cost, sim_config(max_batch=32, pool_blocks=4000, detail="steps")).record
     events = timeline([rec], every_step=every_step)["traceEvents"]
     steps = [e for e in events if e["ph"] == "X" and e["tid"] == 0]
     assert len(steps) > 200
@@ -161,8 +164,8 @@ def test_no_two_consecutive_step_events_overlap(cost, every_step):
 
 
 def test_a_fleet_gets_one_process_per_replica(cost):
-    rec = simulate_fleet(poisson_trace(20, 200, 1), cost, SimConfig("paged", 8, 1000, detail="steps"), 3,
-                         "least-tokens").record
+    cfg = sim_config(max_batch=8, pool_blocks=1000, detail="steps", replicas=3, router="least-tokens")
+    rec = simulate_fleet(poisson_trace(20, 200, 1), cost, cfg).record
     events = timeline([rec], ["sim"])["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert names == {1: "sim replica 0", 2: "sim replica 1", 3: "sim replica 2"}
@@ -186,7 +189,7 @@ def test_sim_run_of_a_fleet_writes_its_timeline(capsys, table, tmp_path):
 # --- run records -----------------------------------------------------------------------------------------------
 
 def test_run_record_tables_read_as_they_are_with_pandas(cost, tmp_path):
-    rec = simulate(poisson_trace(10, 100, 0), cost, SimConfig("paged", 8, 1000, detail="tokens")).record
+    rec = simulate(poisson_trace(10, 100, 0), cost, sim_config(max_batch=8, pool_blocks=1000, detail="tokens")).record
     w = RunWriter(tmp_path / "run", rec.meta)
     for t in ("requests", "steps", "tokens", "rejected"):
         w.add_many(t, getattr(rec, t).itertuples(index=False, name=None))
@@ -201,7 +204,7 @@ def test_run_record_tables_read_as_they_are_with_pandas(cost, tmp_path):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "run" / f"{t}.csv"), getattr(rec, t),
                                       check_exact=False, rtol=1e-15)
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
-    assert (meta["schema"], meta["version"]) == ("run-record", 3)
+    assert (meta["schema"], meta["version"]) == ("run-record", 4)
     assert meta["tables"]["steps"] == list(records.STEP_COLUMNS)
 
 
@@ -249,7 +252,7 @@ def test_a_raw_azure_csv_given_as_a_trace_names_the_importer(capsys, tmp_path):
 
 
 def test_explain_names_requests_over_wall_time_the_served_rate(capsys, cost, tmp_path):
-    rec = simulate(poisson_trace(10, 60, 0), cost, SimConfig("paged", 8, 1000, detail="steps")).record
+    rec = simulate(poisson_trace(10, 60, 0), cost, sim_config(max_batch=8, pool_blocks=1000, detail="steps")).record
     w = RunWriter(tmp_path / "run", rec.meta, ("requests", "steps", "rejected"))
     for t in ("requests", "steps", "rejected"):
         w.add_many(t, getattr(rec, t).itertuples(index=False, name=None))

@@ -30,7 +30,9 @@ from costs.table import table_id
 from sim.bands import Band, exceeds_seed_spread
 from sim.report import mechanism, mean_result
 from sim.store import FILE
-from sim.sweep import Config, ConfigResult
+from core.block_pool import PoolSize
+from core.config import ServingConfig
+from sim.sweep import ConfigResult
 from traces.errors import InputError
 from traces.outpath import check_out_dir, check_out_file
 from traces.records import read_run
@@ -310,7 +312,7 @@ def _point(rate, served, stable):
 def test_a_drop_within_the_seed_spread_is_not_called_a_sag():
     # Seed by seed the served rate at the last rate is 10% below the peak on one seed and 10% above on another:
     # the mean falls 5% but the seeds disagree about its sign.
-    seeds = [ConfigResult(Config("paged", 8, 1.0), 100, [1, 2, 3], None,
+    seeds = [ConfigResult(ServingConfig(max_batch=8, pool=PoolSize(gib=1.0)), 100, [1, 2, 3], None,
                           [_point(1, 1.0, True), _point(2, peak, False), _point(3, last, False)], seed=s)
              for s, (peak, last) in enumerate([(2.0, 1.6), (1.8, 1.95), (2.0, 1.7)])]
     lines = mechanism(mean_result(seeds), seeds)
@@ -344,7 +346,7 @@ TINY = ["run", "--model", "tiny", "--device", "cpu", "--closed-mixed", "2"]
     (["--max-budget", "-3"], "'-3' is not a whole number >= 1"),
     (["--max-batch", "0"], "'0' is not a whole number of batch rows"),
     (["--max-prompt", "2048"], "--max-prompt 2048 + --max-budget 32 is beyond --model tiny's 512 positions"),
-    (["--backends", "paged,foo"], "--backends 'paged,foo': choose from paged, padded"),
+    (["--backends", "paged,foo"], "--backends 'paged,foo': choose from paged, dense"),
     (["--prefill", "sideways"], "sideways"),
 ])
 def test_engine_options_are_refused_before_the_model_loads(capsys, no_engine, args, message):

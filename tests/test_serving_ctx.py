@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from core.config import ServingConfig
+
 
 
 def _parity():
@@ -162,7 +164,7 @@ def test_the_simulator_prices_a_decode_step_after_a_prefill_with_its_own_factor(
     base, corrected = CostModel(linear_table()), CostModel(_corrected(linear_table(), {
         "decode paged padded|prefill": 1.5, "decode paged padded|decode": 1.1, "prefill padded|idle": 2.0}))
     trace = poisson_trace(20.0, 60, 0)
-    rec = simulate(trace, corrected, SimConfig("paged", 8, detail="steps")).record
+    rec = simulate(trace, corrected, SimConfig(ServingConfig(max_batch=8), detail="steps")).record
     steps = rec.steps.sort_values("start", kind="stable").reset_index(drop=True)
     prev = steps.kind.shift()
     idle = steps.start - steps.end.shift()
@@ -289,7 +291,7 @@ def test_bands_hold_the_seed_and_cost_spread_and_widen_by_the_measured_noise():
     raw["accuracy"] = {"points": [{"error": 0.05}, {"error": -0.05}]}
     table = as_cost_table({**raw, "table_id": table_id(raw)})
     traces = seeded(lambda s: poisson_trace(8.0, 80, s), 0, 3)
-    run = simulated(SimConfig("paged", 8), 8.0)
+    run = simulated(SimConfig(ServingConfig(max_batch=8)), 8.0)
     quiet = Intervals(table, 90, NO_NOISE).band(traces, run)
     noise = {"schema": "run-to-run-noise", "groups": [],
              "pooled": {"arrival": {"ttft_p50": {"sigma": 0.2}}}}
@@ -382,7 +384,7 @@ def test_a_plan_point_gets_its_band_over_the_points_seeds(tmp_path):
     from validate.points import Point
     raw = linear_table()
     table = as_cost_table({**raw, "table_id": table_id(raw)})
-    p = Point("rate-8", "near", {"kind": "poisson", "rate": 8.0, "n": 60, "seed": 0}, max_batch=8)
+    p = Point("rate-8", "near", {"kind": "poisson", "rate": 8.0, "n": 60, "seed": 0}, serving=ServingConfig(max_batch=8))
     band = point_band(Intervals(table, 90, NO_NOISE), table, p, tmp_path)
     pred = predict(table, p, tmp_path)
     assert band["served_rate"]["lo"] <= pred["served_rate"] <= band["served_rate"]["hi"]

@@ -12,16 +12,18 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import constant_table, linear_table, run_cli, serve_virtual, write_table
+from helpers import constant_table, linear_table, run_cli, serve_virtual, sim_config, write_table
 
 import sim.inputs
+from core.block_pool import PoolSize
+from core.config import ServingConfig
 from costs.model import CostModel
 from costs.shapes import BACKENDS
-from sim import SimConfig, simulate
+from sim import simulate
 from traces.metrics import occupancy
 from sim.cli import main
 from sim.report import mechanism
-from sim.sweep import Config, ConfigResult, auto_rates
+from sim.sweep import ConfigResult, auto_rates
 from traces import metrics
 from traces.errors import InputError
 from traces.model_spec import QWEN25_1P5B
@@ -35,7 +37,7 @@ near = pytest.approx  # sums of decimal step costs agree to ~1e-15, not bit for 
 
 def run(requests, table=None, detail="tokens", **cfg):
     """Simulate (arrival, prompt tokens, budget) triples; the requests frame indexed by request id."""
-    result = simulate(length_trace(requests), CostModel(table or constant_table()), SimConfig(detail=detail, **cfg))
+    result = simulate(length_trace(requests), CostModel(table or constant_table()), sim_config(detail=detail, **cfg))
     return result.record.requests.set_index("request_id").sort_index(), result
 
 
@@ -97,7 +99,7 @@ def test_arrivals_during_a_step_form_one_padded_group():
 
 def test_a_group_never_takes_more_rows_than_the_batch_has():
     trace = closed_uniform("p16", 40, budget=4)
-    result = simulate(trace, CostModel(constant_table()), SimConfig(max_batch=32))
+    result = simulate(trace, CostModel(constant_table()), sim_config(max_batch=32))
     sizes = result.record.requests.groupby("group_id").size()
     assert sizes.iloc[0] == 32 and sizes.max() == 32
 
@@ -116,7 +118,7 @@ def test_a_request_too_large_for_the_pool_is_rejected_and_the_run_goes_on():
     assert list(rejected["request_id"]) == [1] and "needs 5 blocks" in rejected["reason"].iloc[0]
     # Up-front validation (what the CLI does) refuses the trace instead, naming the request.
     with pytest.raises(InputError, match=r"request 1 needs 5 blocks of 64 tokens .* pool has 3"):
-        sim.inputs.check_trace(length_trace(triples), constant_table(), 2, 3, 64)
+        sim.inputs.check_trace(length_trace(triples), constant_table(), ServingConfig(max_batch=2), 3)
 
 
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
@@ -130,7 +132,7 @@ def test_the_simulator_replays_the_engine_loop(backend):
     cost = CostModel(linear_table())  # costs depend on the shapes, and retiring costs 2 ms
     trace = poisson_trace(3.0, 100, 1)
     engine = serve_virtual(trace, cost, backend, max_batch=8, pool_blocks=150)
-    result = simulate(trace, cost, SimConfig(backend, max_batch=8, pool_blocks=150, detail="tokens"))
+    result = simulate(trace, cost, sim_config(backend=backend, max_batch=8, pool_blocks=150, detail="tokens"))
     for table in ("requests", "steps", "tokens"):
         a, b = _sorted(getattr(engine, table)), _sorted(getattr(result.record, table))
         assert len(a) == len(b)
@@ -146,7 +148,8 @@ def test_the_simulator_replays_the_engine_loop(backend):
 def test_fast_forward_gives_the_same_record_as_stepping(backend, noise_seed):
     cost = CostModel(linear_table(sigma=0.1))
     trace = poisson_trace(2.0, 120, 5)
-    runs = [simulate(trace, cost, SimConfig(backend, 16, 300, detail="tokens", fast_forward=ff, noise_seed=noise_seed))
+    runs = [simulate(trace, cost, sim_config(backend=backend, max_batch=16, pool_blocks=300, detail="tokens", fast_forward=ff,
+                                               noise_seed=noise_seed))
             for ff in (True, False)]
     for table in ("requests", "steps", "tokens", "rejected"):
         pd.testing.assert_frame_equal(getattr(runs[0].record, table), getattr(runs[1].record, table), check_exact=True)
@@ -159,7 +162,7 @@ def test_deterministic_by_default_and_noise_is_seeded():
     trace = poisson_trace(2.0, 80, 0)
 
     def finished(**cfg):
-        return simulate(trace, cost, SimConfig(**cfg)).record.requests["finished"].tolist()
+        return simulate(trace, cost, sim_config(**cfg)).record.requests["finished"].tolist()
 
     assert finished() == finished()
     assert finished(noise_seed=1) == finished(noise_seed=1)
@@ -273,14 +276,14 @@ def _point(rate, served, stable, group_p95=1, waste_p95=0.0, blocked=0.0, rows=1
 
 
 def test_mechanism_names_the_sag_and_the_memory_bound():
-    sag = ConfigResult(Config("paged", 32, 0.5), 292, [1, 3, 5, 7], None,
+    sag = ConfigResult(ServingConfig(max_batch=32, pool=PoolSize(gib=0.5)), 292, [1, 3, 5, 7], None,
                        [_point(1, 1.0, True), _point(3, 2.9, False, 2, 0.1, 0.4, 14.0),
                         _point(5, 3.9, False, 4, 0.8, 0.4, 14.0), _point(7, 2.9, False, 6, 2.8, 0.5, 13.5)])
     lines = mechanism(sag)
     assert lines[0].startswith("past capacity the served rate sags from 3.90 req/s (at rate 5) to 2.90 (at rate 7)")
     assert "p95 2 -> 6 (max 12)" in lines[0] and "0.10 -> 2.80" in lines[0]
     assert lines[1].startswith("memory-bound: at 7 req/s only 13.5 of 32 rows run") and "50% of step time" in lines[1]
-    flat = ConfigResult(Config("paged", 16, 4), 2340, [1, 3], None, [_point(1, 1.0, True), _point(3, 2.2, False)])
+    flat = ConfigResult(ServingConfig(max_batch=16, pool=PoolSize(gib=4)), 2340, [1, 3], None, [_point(1, 1.0, True), _point(3, 2.2, False)])
     lines = mechanism(flat)
     assert lines[0].startswith("past capacity the served rate holds near 2.20") and lines[1].startswith("compute-bound")
 

@@ -10,8 +10,6 @@ import pytest
 from costs.model import CostModel
 from costs.synthetic import linear_table
 from costs.table import save_cost_table
-from engine.block_pool import blocks_for_gib
-from engine.scheduler import PrefillPolicy
 from sim.fleet import simulate_fleet
 from sim.simulator import SimConfig, simulate
 from traces.errors import InputError
@@ -42,10 +40,8 @@ def fill_real(out, table, created_at=None, plan_table=None):
     for p in points:
         trace = build_trace(p.trace, out)
         for k in range(1, p.repeats + 1):
-            pool = blocks_for_gib(p.pool_gib) if p.pool_gib else None
-            cfg = SimConfig(p.backend, p.max_batch, pool, noise_seed=k, detail="tokens" if p.tokens else "steps",
-                            policy=PrefillPolicy.parse(p.prefill))
-            rec = (simulate_fleet(trace, cost, cfg, p.replicas, p.router) if p.replicas > 1 else
+            cfg = SimConfig(p.serving, noise_seed=k, detail="tokens" if p.tokens else "steps")
+            rec = (simulate_fleet(trace, cost, cfg) if p.serving.replicas > 1 else
                    simulate(trace, cost, cfg)).record
             meta = {**rec.meta, "kind": "engine", "device": {"name": "stand-in", "uuid": "GPU-x"},
                     "plan_table_id": plan_table or plan["table"]["id"], "created_at": created_at or now_iso()}
@@ -73,7 +69,7 @@ def test_predict_plan_real_report_end_to_end(inputs, tmp_path, capsys):
     plan, points = load_plan(out)
     assert plan["table"]["id"] and set(plan["predictions"]) == {p.id for p in points}
     assert {p.role for p in points} >= {"below", "near", "past", "closed", "public", "policy", "fleet"}
-    assert {p.router for p in points if p.role == "fleet"} >= {"round-robin", "least-outstanding"}
+    assert {p.serving.router for p in points if p.role == "fleet"} >= {"round-robin", "least-outstanding"}
     assert all(p.fresh for p in points if p.role == "public")
     assert plan["blind"]["predictions"] == doc["predictions"]  # graded as they were made
     assert main(argv) == 2 and "already holds a validation plan" in capsys.readouterr().err

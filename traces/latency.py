@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import math
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from .metrics import request_metrics
-from .records import RunRecord
+if TYPE_CHECKING:  # pandas: the CLIs take their defaults from here, and `--help` should not wait for it
+    from .records import RunRecord
 
 # p50 for planners (the typical request), p90/p95 for dashboards, p99 vLLM's own default
 DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
@@ -97,6 +99,7 @@ def itl_gaps(rec: RunRecord) -> np.ndarray:
 def latency_ms(rec: RunRecord, percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> dict:
     """mean_/median_/std_/pNN_ of queue_wait, ttft, tpot, itl and e2el in ms, and itl_source ('tokens' or
     'requests': the mean alone, see the module docstring)."""
+    from .metrics import request_metrics
     m = request_metrics(rec)
     out: dict = {}
     for metric in METRICS:

@@ -28,8 +28,14 @@ def config_hash(spec: dict) -> str:
     return hashlib.sha256(json.dumps({k: spec[k] for k in SHAPE_KEYS}, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def kv_bytes_per_token(spec: dict, dtype_bytes: int = 2) -> int:
-    return spec["num_hidden_layers"] * 2 * spec["num_key_value_heads"] * spec["head_dim"] * dtype_bytes
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def kv_bytes_per_token(spec: dict, dtype: str) -> int:
+    """Bytes of K and V one token holds in the pool, over every layer."""
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose {', '.join(DTYPE_BYTES)}")
+    return spec["num_hidden_layers"] * 2 * spec["num_key_value_heads"] * spec["head_dim"] * DTYPE_BYTES[dtype]
 
 
 def parameter_count(spec: dict) -> int:

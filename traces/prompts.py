@@ -22,9 +22,3 @@ def prompt_tokens(length: int, vocab: int = QWEN_TEXT_VOCAB, seed: int = PROMPT_
     raw = np.random.PCG64(np.random.SeedSequence([seed, length])).random_raw(length)
     return (raw % np.uint64(vocab)).astype(np.int64).tolist()
 
-
-def prompt_length(name: str) -> int:
-    try:
-        return PROMPT_LENGTHS[name]
-    except KeyError:
-        raise ValueError(f"unknown prompt {name!r}; the workload's prompts are {', '.join(PROMPT_NAMES)}") from None

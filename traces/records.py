@@ -12,6 +12,8 @@ gives a frame of one garbage column unless told comment='#'). Versions 1 and 2, 
 Version 2 adds to each prefill step the positions it computed (`tokens`: padding included) and its causal
 attention work (`attn`, costs/shapes.py), and the replica that ran each request and step. Version-1 records
 are still read: their prefill steps were padded groups, whose tokens and work follow from rows x padded_len.
+Version 4 names a step's count of admitted requests n_admitted (it was `admitted`, the name of a time in
+requests.csv); older records read with the new name.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from array import array
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -29,13 +32,38 @@ from .errors import InputError
 from .provenance import now_iso
 
 SCHEMA = "run-record"
-VERSION = 3
-READS = (1, 2, 3)
+VERSION = 4
+READS = (1, 2, 3, 4)
 HEADED = (1, 2)  # versions whose tables start with a '# {"schema": ...}' line
 REQUEST_COLUMNS = ("request_id", "arrival", "admitted", "admit_step", "group_id", "group_size", "first_token",
                    "finished", "prompt_tokens", "output_tokens", "blocks", "replica")
-STEP_COLUMNS = ("step", "kind", "rows", "padded_len", "prompt_tokens", "tokens", "attn", "kv_tokens", "kv_max",
-                "kv_read", "start", "end", "group_id", "admitted", "retired", "replica")
+
+
+class StepRow(NamedTuple):
+    """One row of steps.csv: a prefill step (its rows, padded length, prompt positions, positions computed and
+    attention work; its admission group and how many requests the pass admitted) or a decode step (its rows' K/V
+    tokens, the longest row's, what its attention read, and how many rows retired after it)."""
+
+    step: int
+    kind: str  # "prefill" or "decode"
+    rows: int
+    padded_len: int
+    prompt_tokens: int
+    tokens: int
+    attn: int
+    kv_tokens: int
+    kv_max: int
+    kv_read: int
+    start: float
+    end: float
+    group_id: int  # -1 for a decode step
+    n_admitted: int
+    retired: int
+    replica: int
+
+
+STEP_COLUMNS = StepRow._fields
+_RENAMED = {("steps", "n_admitted"): ("admitted", 4)}  # (table, column): (its name before, the version renaming it)
 _ADDED = {"requests": ("replica",), "steps": ("tokens", "attn", "replica")}  # columns version 2 added
 TOKEN_COLUMNS = ("request_id", "index", "time", "token_id")  # token_id -1 where not known (simulated)
 REJECTED_COLUMNS = ("request_id", "arrival", "reason")
@@ -213,13 +241,17 @@ def read_run(run_dir: str | Path) -> RunRecord:
             p = p.with_name(f"{t}.csv.gz")
         old = version == 1 and t in _ADDED
         want = tuple(c for c in cols if c not in _ADDED[t]) if old else cols
+        # A renamed column is read under the name its version wrote, and goes on under its current name.
+        named = tuple(_RENAMED[t, c][0] if (t, c) in _RENAMED and version < _RENAMED[t, c][1] else c for c in want)
         schema = f"{SCHEMA}/{t}" if version in HEADED else None
         rows = None
         if p.exists() and t in _FAST:
-            rows = read_frame(p, schema, (version,), want, numeric=[c for c in want if c in _NUMERIC[t]],
-                              appended=True)
+            rows = read_frame(p, schema, (version,), named,
+                              numeric=[n for c, n in zip(want, named) if c in _NUMERIC[t]], appended=True)
+            if rows is not None:
+                rows = rows.set_axis(list(want), axis=1)
         if rows is None:
-            rows = read_table(p, schema, (version,), want, appended=True)[1] if p.exists() else []
+            rows = read_table(p, schema, (version,), named, appended=True)[1] if p.exists() else []
         try:
             frames[t] = _upgrade(t, _frame(t, rows, want)) if old else _frame(t, rows, want)
         except ValueError:  # pandas' message names neither the file nor the line

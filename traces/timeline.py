@@ -60,7 +60,7 @@ def step_events(steps: pd.DataFrame, pid: int, every_step: bool = False) -> list
     mean, lo, hi = np.add.reduceat(ms, first) / count, np.minimum.reduceat(ms, first), np.maximum.reduceat(ms, first)
     retired = np.add.reduceat(s["retired"].to_numpy(), first)
     col = {c: s[c].to_numpy() for c in ("step", "rows", "padded_len", "prompt_tokens", "tokens", "attn", "group_id",
-                                        "admitted", "kv_tokens", "kv_max")}
+                                        "n_admitted", "kv_tokens", "kv_max")}
     start, end = s["start"].to_numpy(float), s["end"].to_numpy(float)
     events = []
     for k, (i, j) in enumerate(zip(first, last)):
@@ -72,7 +72,7 @@ def step_events(steps: pd.DataFrame, pid: int, every_step: bool = False) -> list
                     "kv_max_last": int(col["kv_max"][j]), "retired": int(retired[k])}
         else:
             args = {c: int(col[c][i]) for c in ("step", "rows", "padded_len", "prompt_tokens", "tokens", "attn",
-                                                "group_id", "admitted")}
+                                                "group_id", "n_admitted")}
         ts = _us(start[i])
         events.append({"name": "decode" if decode[i] else "prefill", "ph": "X", "ts": ts,
                        "dur": _us(end[j]) - ts, "pid": pid, "tid": STEPS_TID, "args": args})

@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                                    public_policies=args.public_policies, public_repeats=args.public_repeats)
                 print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
                 for p in points:
-                    print(f"  {p.id:40s} {p.role:10s} {p.backend} {p.prefill} rows {p.max_batch} "
-                          f"pool {p.pool_gib or 'engine'} x{p.repeats}" + (f" after {p.warmup} warm-up" if p.warmup else "")
+                    print(f"  {p.id:40s} {p.role:10s} {p.serving.backend} {str(p.serving.prefill)} rows {p.serving.max_batch} "
+                          f"pool {p.serving.pool.gib or 'engine'} x{p.repeats}" + (f" after {p.warmup} warm-up" if p.warmup else "")
                           + (" (fresh engine)" if p.fresh else ""))
             elif args.step == "policies":
                 from .policies import write

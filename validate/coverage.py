@@ -85,7 +85,7 @@ def write(out: Path, table_path: Path | None, level: float | None, allow_nonstat
     plan, results = compare(out, table_path, allow_nonstationary)
     if not results:
         raise InputError("no real records to grade", path=out / "real")
-    table = inputs.load_table(table_path, 64, allow_nonstationary)
+    table = inputs.load_table(table_path, allow_nonstationary=allow_nonstationary)
     bands, what = bands_for(plan, results, table, level, out)
     cov = coverage(results, bands)
     atomic_write_text(out / "coverage.json", json.dumps({**what, **cov, "table_id": table.table_id, "bands": bands,

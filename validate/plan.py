@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from costs.model import CostModel
-from engine.scheduler import PrefillPolicy
+from core.block_pool import PoolSize
+from core.config import ServingConfig
 from sim import inputs
 from sim.fleet import simulate_fleet
 from sim.simulator import SimConfig, simulate
-from sim.sweep import Config, Workload, run_sweep
+from sim.sweep import Workload, run_sweep
 from traces.csvio import atomic_write_text
 from traces.errors import InputError
 from traces.importers import ImportOptions, import_azure, import_lengths
@@ -37,13 +37,15 @@ from traces.workload import Trace, poisson_trace
 from .points import Point, build_trace
 
 ENGINE_START_S = 40.0  # for the time estimate only
+# The configuration whose capacity places the points: 64 GiB stands for the engine's own (large) pool.
+LARGE_POOL = ServingConfig(pool=PoolSize(gib=64.0))
 
 
 def _round(x: float) -> float:
     return float(f"{x:.2g}")
 
 
-def capacity(table, config: Config, workload: Workload) -> float:
+def capacity(table, config: ServingConfig, workload: Workload) -> float:
     """The simulator's highest stable rate for `config`, from a fine sweep around its saturated estimate."""
     res, _ = run_sweep(table, [config], None, workload, progress=False, jobs=1)
     rough = res[0].bracket[0] or res[0].estimate
@@ -53,12 +55,9 @@ def capacity(table, config: Config, workload: Workload) -> float:
     return lo or fine[0].rates[0]
 
 
-def point_config(table, p: Point) -> SimConfig:
+def point_config(p: Point) -> SimConfig:
     """The simulator's configuration of point p (a pool that never binds stands for the engine's own large pool)."""
-    from engine.block_pool import blocks_for_gib
-    pool = blocks_for_gib(p.pool_gib, table.block_size) if p.pool_gib else None
-    return SimConfig(p.backend, p.max_batch, pool, detail="tokens" if p.tokens else "steps",
-                     policy=PrefillPolicy.parse(p.prefill))
+    return SimConfig(p.serving, detail="tokens" if p.tokens else "steps")
 
 
 def point_band(iv, table, p: Point, root: Path) -> dict:
@@ -68,16 +67,16 @@ def point_band(iv, table, p: Point, root: Path) -> dict:
     traces = seeded(lambda s: build_trace({**p.trace, "seed": s}, root), p.trace["seed"]) \
         if "seed" in p.trace else [trace]
     rate = trace.meta.get("rate") or trace.offered_rate
-    return iv.band(traces, simulated(point_config(table, p), rate, p.replicas, p.router))
+    return iv.band(traces, simulated(point_config(p), rate))
 
 
 def predict(table, p: Point, root: Path) -> dict:
     """The simulator's summary of point p, with the closed-run figures and, where every token's time is kept, the
     largest gap between an incumbent's tokens."""
     trace = build_trace(p.trace, root)
-    cfg = point_config(table, p)
-    if p.replicas > 1:
-        rec = simulate_fleet(trace, CostModel(table), cfg, p.replicas, p.router).record
+    cfg = point_config(p)
+    if p.serving.replicas > 1:
+        rec = simulate_fleet(trace, CostModel(table), cfg).record
     else:
         rec = simulate(trace, CostModel(table), cfg).record
     rate = trace.meta.get("rate") or trace.offered_rate
@@ -111,10 +110,10 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     if "policies" not in skip and predictions is None:
         raise InputError("the prefill-policy points are the blind predictions' (python -m validate predict): give "
                          "their directory with --predictions DIR, or pass --skip policies, which the plan records")
-    table = inputs.load_table(table_path, 64, allow_nonstationary)
+    table = inputs.load_table(table_path, allow_nonstationary=allow_nonstationary)
     workload = Workload(n, seed)
-    cap = capacity(table, Config("paged", 32, 64.0), workload)
-    small_cap = capacity(table, Config("paged", 32, 0.5), workload)
+    cap = capacity(table, LARGE_POOL, workload)
+    small_cap = capacity(table, LARGE_POOL.but(pool=PoolSize(gib=0.5)), workload)
 
     def poisson(rate: float) -> dict:
         return {"kind": "poisson", "rate": rate, "n": n, "seed": seed}
@@ -122,11 +121,12 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     points = [Point(f"rate-{_round(f * cap):g}", role, poisson(_round(f * cap)), repeats=2 if role == "near" else 1)
               for f, role in ((0.5, "below"), (0.8, "below"), (1.0, "near"), (1.3, "past"), (2.0, "past"))]
     points.append(Point(f"small-pool-rate-{_round(1.5 * small_cap):g}", "small-pool", poisson(_round(1.5 * small_cap)),
-                        pool_gib=0.5))
+                        ServingConfig(pool=PoolSize(gib=0.5))))
     closed = {"closed-p256-32": ({"kind": "closed-uniform", "prompt": "p256", "n": 32, "budget": 256}, 32),
               "closed-mixed-32": ({"kind": "closed-mixed", "n": 32, "seed": seed}, 32),
               "closed-mixed-64-through-8": ({"kind": "closed-mixed", "n": 64, "seed": seed}, 8)}
-    points += [Point(i, "closed", t, max_batch=b, warmup=2, repeats=3, tokens=True) for i, (t, b) in closed.items()]
+    points += [Point(i, "closed", t, ServingConfig(max_batch=b), warmup=2, repeats=3, tokens=True)
+               for i, (t, b) in closed.items()]
     traces_dir = out / "traces"
     window = None
     if "public" not in skip:
@@ -134,11 +134,11 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
         lengths, _ = import_lengths(sharegpt, "num_prefill_tokens", "num_decode_tokens", rate=1.0, n=n, seed=seed)
         for policy in public_policies:
             tag = "" if policy == "padded" else policy.replace(":", "") + "-"
-            wcap = capacity(table, Config("paged", 32, 64.0, policy), Workload(base=window))
+            wcap = capacity(table, LARGE_POOL.but(prefill=policy), Workload(base=window))
             for f, role in ((0.6, "below"), (1.0, "near"), (1.5, "past")):
                 points.append(_scaled(window, f * wcap, f"{tag}azure-conv-{role}", traces_dir, "public", policy,
                                       1 if role == "below" else public_repeats))
-            scap = capacity(table, Config("paged", 32, 64.0, policy), Workload(base=lengths))
+            scap = capacity(table, LARGE_POOL.but(prefill=policy), Workload(base=lengths))
             for f, role in ((0.7, "below"), (1.3, "past")):
                 points.append(_scaled(lengths, f * scap, f"{tag}sharegpt-{role}", traces_dir, "public", policy,
                                       1 if role == "below" else public_repeats))
@@ -162,7 +162,7 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
                       {k: table.stationarity[k] for k in ("passed", "limit", "prefill", "decode")}},
             "planned_at": time.time(), "capacity_sim": cap, "small_pool_capacity_sim": small_cap, "n": n, "seed": seed,
             "skipped": list(skip), "estimated_gpu_s": estimate,
-            "points": [asdict(p) for p in points], "predictions": predicted, "blind": blind,
+            "points": [p.to_json() for p in points], "predictions": predicted, "blind": blind,
             **({"intervals": intervals} if intervals else {}), **provenance()}
     atomic_write_text(out / "plan.json", json.dumps(plan, indent=1, default=float) + "\n")
     return points
@@ -190,21 +190,21 @@ def _scaled(base: Trace, rate: float, name: str, traces_dir: Path, role: str, pr
     path = traces_dir / f"{name}.csv"
     write_trace(trace, path)
     return Point(f"{name}-{rate:g}", role, {"kind": "file", "path": str(path.relative_to(traces_dir.parent))},
-                 fresh=role == "public", prefill=prefill, repeats=repeats)
+                 ServingConfig(prefill=prefill), fresh=role == "public", repeats=repeats)
 
 
 FLEET = dict(replicas=2, n_factor=2, routers=("round-robin", "least-outstanding", "least-tokens"),
              differ=(("bimodal", "lattice"), ("loguniform", "uniform"), ("five", "lattice")))
 
 
-def _fleet_rates(table, cfg: SimConfig, trace_of, replicas: int, router: str) -> float:
+def _fleet_rates(table, cfg: SimConfig, trace_of) -> float:
     """The fleet's highest stable rate in the simulator, from its saturated estimate and a scan around it."""
     from sim.inputs import closed
     from traces.metrics import served_rate
     cost = CostModel(table)
-    est = served_rate(simulate_fleet(closed(trace_of(1.0)), cost, cfg, replicas, router).record)
+    est = served_rate(simulate_fleet(closed(trace_of(1.0)), cost, cfg).record)
     stable = [r for r in np.round(np.geomspace(0.5 * est, 1.5 * est, 16), 2)
-              if summary(simulate_fleet(trace_of(r), cost, cfg, replicas, router).record, r)["stable"]]
+              if summary(simulate_fleet(trace_of(r), cost, cfg).record, r)["stable"]]
     return float(max(stable, default=0.5 * est))
 
 
@@ -214,26 +214,29 @@ def fleet_points(table, n: int, seed: int) -> list[Point]:
     best and the worst router there."""
     from traces.workload import synthetic_trace
 
-    cfg, k, nf = SimConfig(), FLEET["replicas"], n * FLEET["n_factor"]
-    cap = _fleet_rates(table, cfg, lambda r: poisson_trace(r, nf, seed), k, "round-robin")
+    k, nf = FLEET["replicas"], n * FLEET["n_factor"]
+    fleet = ServingConfig(replicas=k)
+    cfg = SimConfig(fleet)
+    cap = _fleet_rates(table, cfg, lambda r: poisson_trace(r, nf, seed))
     points = [Point(f"fleet-{router}-rate-{_round(f * cap):g}", "fleet",
-                    {"kind": "poisson", "rate": _round(f * cap), "n": nf, "seed": seed}, replicas=k, router=router)
+                    {"kind": "poisson", "rate": _round(f * cap), "n": nf, "seed": seed}, fleet.but(router=router))
               for router in FLEET["routers"][:2] for f in (0.6, 1.0, 1.5)]
     best = None
     cost = CostModel(table)
     for prompts, budgets in FLEET["differ"]:
-        wcap = _fleet_rates(table, cfg, lambda r: synthetic_trace(r, nf, seed, prompts, budgets), k, "round-robin")
+        wcap = _fleet_rates(table, cfg, lambda r: synthetic_trace(r, nf, seed, prompts, budgets))
         for f in (0.8, 1.0, 1.2):
             rate = _round(f * wcap)
             trace = synthetic_trace(rate, nf, seed, prompts, budgets)
-            p95 = {r: summary(simulate_fleet(trace, cost, cfg, k, r).record, rate)["ttft_p95"] for r in FLEET["routers"]}
+            p95 = {r: summary(simulate_fleet(trace, cost, SimConfig(fleet.but(router=r))).record, rate)["ttft_p95"]
+                   for r in FLEET["routers"]}
             spread = max(p95.values()) / max(min(p95.values()), 1e-3)
             if best is None or spread > best[0]:
                 best = (spread, prompts, budgets, rate, min(p95, key=p95.get), max(p95, key=p95.get))
     _, prompts, budgets, rate, good, bad = best
     points += [Point(f"fleet-differ-{router}-{prompts}-{budgets}-rate-{rate:g}", "fleet",
                      {"kind": "synthetic", "rate": rate, "n": nf, "seed": seed, "prompts": prompts, "budgets": budgets},
-                     replicas=k, router=router) for router in (good, bad)]
+                     fleet.but(router=router)) for router in (good, bad)]
     return points
 
 
@@ -246,7 +249,7 @@ def _blind_points(root: Path, traces_dir: Path) -> tuple[list[Point], dict]:
         raise InputError(f"cannot read the blind predictions ({e})", path=root / "predictions.json") from None
     points = []
     for d in doc["points"]:
-        p = Point(**d)
+        p = Point.from_json(d)
         if p.trace["kind"] == "file":
             src = root / p.trace["path"]
             dst = traces_dir / Path(p.trace["path"]).name
@@ -269,5 +272,6 @@ def _sag_points(path: Path) -> list[Point]:
     for c in cands:
         for rate in c["rates"]:
             points.append(Point(f"sag-{c['name']}-rate-{rate:g}", "sag", {**c["trace"], "rate": rate},
-                                max_batch=c["max_batch"], pool_gib=c.get("pool_gib"), prefill=c.get("prefill", "padded")))
+                                ServingConfig(max_batch=c["max_batch"], pool=PoolSize(gib=c.get("pool_gib")),
+                                              prefill=c.get("prefill", "padded"))))
     return points

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
+from core.block_pool import PoolSize
+from core.config import ServingConfig
 from traces.csvio import read_text
 from traces.errors import InputError
 from traces.records import RunRecord, read_run
@@ -18,19 +20,32 @@ ABS_FLOOR = {"queue_wait_p50": 0.02}  # seconds: below this a relative error of 
 
 @dataclass
 class Point:
+    """A planned point: what it serves (`serving`: an unbounded pool stands for the engine's own large one; more
+    than one replica is a fleet, engine/fleet.py, that sim/fleet.py predicts) and how the real runs go."""
+
     id: str
     role: str  # below / near / past (the capacity curve), small-pool, backend, closed, public, policy, sag
     trace: dict  # how to rebuild the trace: poisson / closed-mixed / closed-uniform / file
-    backend: str = "paged"
-    max_batch: int = 32
-    pool_gib: float | None = None  # None: the engine's own (large) pool
+    serving: ServingConfig = ServingConfig()
     warmup: int = 0
     repeats: int = 1
     tokens: bool = False  # record every token's time (the closed controls, for the inter-token gaps)
-    prefill: str = "padded"
     fresh: bool = False  # run on a freshly started engine (the first pass of its trace)
-    replicas: int = 1  # more than one: a fleet behind `router` (engine/fleet.py; sim/fleet.py predicts it)
-    router: str = "round-robin"
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Point":
+        """A point as plan.json holds it: the serving knobs flat beside the others."""
+        d = dict(d)
+        serving = {k: d.pop(k) for k in SERVING_KEYS if k in d}
+        serving["pool"] = PoolSize(gib=serving.pop("pool_gib", None))
+        return cls(**d, serving=ServingConfig(**serving))
+
+    def to_json(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "serving"}
+        return {**d, **{k: v for k, v in self.serving.axes().items() if k in SERVING_KEYS}}
+
+
+SERVING_KEYS = ("backend", "max_batch", "pool_gib", "prefill", "replicas", "router")  # plan.json's names
 
 
 def build_trace(spec: dict, root: Path) -> Trace:
@@ -65,9 +80,11 @@ def load_plan(out: Path) -> tuple[dict, list[Point]]:
     points = []
     for i, entry in enumerate(plan["points"], start=1):
         try:
-            points.append(Point(**entry))
-        except TypeError as e:  # not an object, or not a point's fields
+            points.append(Point.from_json(entry))
+        except (TypeError, ValueError) as e:  # not an object, or not a point's fields
             raise InputError(f"point {i} is not a validation point ({e})", path=path) from None
+        except InputError as e:  # a serving knob out of range
+            raise InputError(f"point {i}: {e}", path=path) from None
     unpredicted = [p.id for p in points if p.id not in plan["predictions"]]
     if unpredicted:
         raise InputError(f"has no prediction for point(s) {', '.join(unpredicted)}", path=path)

@@ -33,9 +33,9 @@ def step_ratios(results: list[Compared], out: Path, tables: dict) -> dict:
             for name, cost in models.items():
                 if row.kind == "decode":
                     pred = float(cost.decode("paged", int(row.rows), int(row.kv_tokens), int(row.kv_max)))
-                    got.setdefault((c.point.prefill, "decode", name), []).append((row.end - row.start) / pred)
+                    got.setdefault((str(c.point.serving.prefill), "decode", name), []).append((row.end - row.start) / pred)
                 elif (shape := step_shape(row)) is not None:
-                    got.setdefault((c.point.prefill, "prefill", name), []).append((row.end - row.start) /
+                    got.setdefault((str(c.point.serving.prefill), "prefill", name), []).append((row.end - row.start) /
                                                                                  cost.prefill(shape))
     return {k: float(np.median(v)) for k, v in got.items()}
 
@@ -49,12 +49,12 @@ def write(validation: Path, predictions: Path, table_path: Path, allow_nonstatio
     policy = [c for c in results if c.point.role == "policy"]
     if not policy:
         raise InputError("the validation has no graded policy points", path=validation)
-    blind_table = inputs.load_table(predictions / "table.json", 64) if (predictions / "table.json").exists() else \
-        inputs.load_table(None, 64)
+    blind_table = inputs.load_table(predictions / "table.json") if (predictions / "table.json").exists() else \
+        inputs.load_table(None)
     if blind_table.table_id != plan["blind"]["table"]["id"]:
         raise InputError(f"the blind predictions came from table {plan['blind']['table']['id']}; give it as "
                          f"{predictions / 'table.json'} or ship it", path=predictions)
-    recal = inputs.load_table(table_path, 64, allow_nonstationary)
+    recal = inputs.load_table(table_path, allow_nonstationary=allow_nonstationary)
     ratios = step_ratios(policy, Path(validation), {"blind": blind_table, "re-calibrated": recal})
     lines = ["# Prefill policies: blind prediction, re-calibrated prediction, measurement", "",
              f"Blind: `python -m validate predict` from table {plan['blind']['table']['id']} (padded steps only), at "
@@ -77,7 +77,7 @@ def write(validation: Path, predictions: Path, table_path: Path, allow_nonstatio
         lines.append(f"| {c.point.id} | " + " | ".join(cells) + " |")
     lines += ["", "## Steps in the real policy runs, measured over each table's model (median)", "",
               "| policy | step | blind table | re-calibrated table |", "|---|---|---|---|"]
-    for policy_name in dict.fromkeys(c.point.prefill for c in policy):
+    for policy_name in dict.fromkeys(str(c.point.serving.prefill) for c in policy):
         for kind in ("prefill", "decode"):
             b, r = ratios.get((policy_name, kind, "blind")), ratios.get((policy_name, kind, "re-calibrated"))
             if b is not None or r is not None:
@@ -94,10 +94,10 @@ def _plot(policy: list[Compared], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     device = policy[0].meta[0]["device"]["name"]
-    names = list(dict.fromkeys(c.point.prefill for c in policy))
+    names = list(dict.fromkeys(str(c.point.serving.prefill) for c in policy))
     fig, ax = plt.subplots(1, 3, figsize=(17, 4.8))
     for name in names:
-        cs = sorted((c for c in policy if c.point.prefill == name and c.rate and c.point.trace["kind"] == "poisson"),
+        cs = sorted((c for c in policy if str(c.point.serving.prefill) == name and c.rate and c.point.trace["kind"] == "poisson"),
                     key=lambda c: c.rate)
         line, = ax[0].plot([c.rate for c in cs], [c.measured["served_rate"] for c in cs], "o-", label=f"{name}: {device}")
         ax[0].plot([c.rate for c in cs], [_num(c.sim["served_rate"]) for c in cs], "s--", mfc="none",
@@ -113,7 +113,7 @@ def _plot(policy: list[Compared], path: Path) -> None:
                                                      ("re-calibrated", lambda c: _num(c.sim.get("wall_time_s"))),
                                                      (device, lambda c: c.measured["wall_time_s"]))):
         ax[1].bar(x + off, [get(c) for c in closed], 0.25, label=label)
-    ax[1].set_xticks(x, [c.point.prefill for c in closed])
+    ax[1].set_xticks(x, [str(c.point.serving.prefill) for c in closed])
     ax[1].set(ylabel="wall time (s)", title="Closed mixed 32-row run per policy")
     ax[1].legend(fontsize=7)
     gaps = [c for c in policy if "gap_max" in c.measured]

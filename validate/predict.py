@@ -13,31 +13,32 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
+from core.config import ServingConfig
+from core.policies import STUDIED
 from sim import inputs
-from sim.sweep import Config, Workload
+from sim.sweep import Workload
 from traces.csvio import atomic_write_text
 from traces.errors import InputError
 from traces.provenance import provenance
 
-from .plan import _azure_window, _round, _scaled, capacity, predict
+from .plan import LARGE_POOL, _azure_window, _round, _scaled, capacity, predict
 from .points import Point
 
-POLICIES = ("padded", "packed", "chunked:512")
 KEYS = ("served_rate", "queue_wait_p50", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s", "gap_max")
 
 
 def make_predictions(table_path: Path | None, out: Path, *, azure: Path | None, n: int = 400, seed: int = 0,
-                     policies: tuple[str, ...] = POLICIES, force: bool = False) -> dict:
+                     policies: tuple[str, ...] = STUDIED, force: bool = False) -> dict:
     out = Path(out)
     if (out / "predictions.json").exists() and not force:
         raise InputError("already holds predictions; they are a record of what was predicted when. Choose another "
                          "--out, or pass --force", path=out / "predictions.json")
     if azure is None or not Path(azure).is_file():
         raise InputError("the predictions include the Azure conversation window: give its CSV with --azure PATH")
-    table = inputs.load_table(table_path, 64)
+    table = inputs.load_table(table_path)
     workload = Workload(n, seed)
     window = _azure_window(azure, n)
     points, capacities = [], {}
@@ -45,24 +46,24 @@ def make_predictions(table_path: Path | None, out: Path, *, azure: Path | None, 
         warnings.simplefilter("always")
         for policy in policies:
             tag = policy.replace(":", "")
-            cap = capacity(table, Config("paged", 32, 64.0, policy), workload)
-            wcap = capacity(table, Config("paged", 32, 64.0, policy), Workload(base=window))
+            serving = LARGE_POOL.but(prefill=policy)
+            cap = capacity(table, serving, workload)
+            wcap = capacity(table, serving, Workload(base=window))
             capacities[policy] = {"seeded": cap, "azure_window": wcap}
             points.append(Point(f"{tag}-closed-mixed-32", "policy", {"kind": "closed-mixed", "n": 32, "seed": seed},
-                                warmup=2, repeats=3, tokens=True, prefill=policy))
+                                ServingConfig(prefill=policy), warmup=2, repeats=3, tokens=True))
             points += [Point(f"{tag}-rate-{_round(f * cap):g}", "policy",
-                             {"kind": "poisson", "rate": _round(f * cap), "n": n, "seed": seed}, tokens=True,
-                             prefill=policy) for f in (0.6, 1.0, 1.6)]
+                             {"kind": "poisson", "rate": _round(f * cap), "n": n, "seed": seed},
+                             ServingConfig(prefill=policy), tokens=True) for f in (0.6, 1.0, 1.6)]
             p = _scaled(window, wcap, f"{tag}-azure-conv", out / "traces", "policy")
-            p.prefill, p.tokens = policy, True
-            points.append(p)
+            points.append(replace(p, serving=p.serving.but(prefill=policy), tokens=True))
         predictions = {p.id: {k: v for k, v in predict(table, p, out).items() if k in KEYS + ("stable",)}
                        for p in points}
     derived = sorted({str(w.message) for w in caught if "no measured" in str(w.message)})
     doc = {"table": {"id": table.table_id, "created_at": table.created_at, "device": table.device_name,
                      "gpu_uuid": table.gpu_uuid, "policies_measured": list(table.policies)},
            "predicted_at": time.time(), "derived_cost_notes": derived, "capacity_sim": capacities, "n": n, "seed": seed,
-           "points": [asdict(p) for p in points], "predictions": predictions, **provenance()}
+           "points": [p.to_json() for p in points], "predictions": predictions, **provenance()}
     atomic_write_text(out / "predictions.json", json.dumps(doc, indent=1, default=float) + "\n")
     atomic_write_text(out / "predictions.md", markdown(doc))
     return doc

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.block_pool import PoolSize
+from core.config import ServingConfig
 from traces.errors import InputError
 
 from .points import Point, build_trace, is_complete, load_plan, run_dir
@@ -57,12 +59,11 @@ def shares(batches: list[list[Point]], n: int, predictions: dict) -> list[list[l
 def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = None,
              shard: tuple[int, int] = (0, 1)) -> None:
     """Every point (and repeat) of this shard on the engine."""
-    from engine.block_pool import blocks_for_gib
     from engine.engine import Engine, EngineConfig  # the GPU side only
     from tqdm import tqdm
 
     plan, points = load_plan(out)
-    points = [p for p in points if p.replicas == 1]
+    points = [p for p in points if p.serving.replicas == 1]
     if only:
         unknown = sorted(set(only) - {p.id for p in points})
         if unknown:
@@ -77,20 +78,22 @@ def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = 
         return
     bar = tqdm(total=sum(map(len, todo)), desc=f"real runs (shard {i + 1}/{n})", unit="run")
     for runs in todo:
-        engine = Engine(EngineConfig(expect_gpu=expect_gpu, max_batch=max(p.max_batch for p, _ in runs)))
+        engine = Engine(EngineConfig(ServingConfig(max_batch=max(p.serving.max_batch for p, _ in runs)),
+                                     expect_gpu=expect_gpu))
         for p, k in runs:
             trace = build_trace(p.trace, out)
-            pool = blocks_for_gib(p.pool_gib, engine.cfg.block_size, engine.kv_bytes_per_token) if p.pool_gib else None
+            pool = None if p.serving.pool.unbounded else p.serving.pool.num_blocks(
+                engine.cfg.serving.block_size, engine.kv_bytes_per_token, p.serving.max_batch, engine.cfg.max_tokens)
             if k == 1:
                 for _ in range(p.warmup):
-                    engine.run(trace, None, p.backend, tokens=False, pool_blocks=pool, max_batch=p.max_batch,
-                               policy=p.prefill, progress=False)
+                    engine.run(trace, None, p.serving.backend, tokens=False, pool_blocks=pool, max_batch=p.serving.max_batch,
+                               policy=str(p.serving.prefill), progress=False)
             d = run_dir(out, p, k)
             if d.exists():  # an interrupted run: start the point again
                 for f in d.iterdir():
                     f.unlink()
-            engine.run(trace, d, p.backend, tokens=p.tokens, pool_blocks=pool, max_batch=p.max_batch,
-                       policy=p.prefill, progress=False,
+            engine.run(trace, d, p.serving.backend, tokens=p.tokens, pool_blocks=pool, max_batch=p.serving.max_batch,
+                       policy=str(p.serving.prefill), progress=False,
                        extra_meta={"validation_point": p.id, "repeat": k, "warmup_runs": p.warmup,
                                    "plan_table_id": plan["table"]["id"], "fresh_engine": p.fresh and (p, k) == runs[0]})
             bar.update()
@@ -104,19 +107,20 @@ def run_fleet(out: Path, devices: list[str], expect_gpu: str | None = None, only
     from engine.fleet import serve_fleet
 
     plan, points = load_plan(out)
-    points = [p for p in points if p.replicas > 1 and (not only or p.id in only)]
+    points = [p for p in points if p.serving.replicas > 1 and (not only or p.id in only)]
     shared = len(set(devices)) < len(devices)
     for p in points:
-        if len(devices) != p.replicas:
-            raise InputError(f"point {p.id} has {p.replicas} replicas; --fleet names {len(devices)} devices")
+        if len(devices) != p.serving.replicas:
+            raise InputError(f"point {p.id} has {p.serving.replicas} replicas; --fleet names {len(devices)} devices")
         d = run_dir(out, p, 1)
         if is_complete(d):
             continue
         if d.exists():  # an interrupted fleet run: start it again
             import shutil
             shutil.rmtree(d)
-        cfg = {"expect_gpu": expect_gpu, "max_batch": p.max_batch, **({"pool_gib": 24.0} if shared else {})}
-        serve_fleet(build_trace(p.trace, out), d, p.router, devices, cfg,
-                    {"backend": p.backend, "tokens": p.tokens, "policy": p.prefill,
+        cfg = {"expect_gpu": expect_gpu,
+               "serving": p.serving.but(pool=PoolSize(gib=24.0) if shared else PoolSize(), replicas=1)}
+        serve_fleet(build_trace(p.trace, out), d, p.serving.router, devices, cfg,
+                    {"backend": p.serving.backend, "tokens": p.tokens, "policy": str(p.serving.prefill),
                      "extra_meta": {"validation_point": p.id, "repeat": 1, "plan_table_id": plan["table"]["id"],
                                     "shared_gpu": shared}})

@@ -21,8 +21,6 @@ import numpy as np
 
 from costs.model import CostModel
 from costs.recorded import prefill_shape as step_shape  # validate.policies reads it here too
-from engine.block_pool import blocks_for_gib
-from engine.scheduler import PrefillPolicy
 from sim import inputs
 from sim.simulator import SimConfig, simulate
 from traces.csvio import atomic_write_text
@@ -82,7 +80,7 @@ def _when(iso: str | None) -> float:
 def compare(out: Path, table_path: Path | None, allow_nonstationary: bool = False) -> tuple[dict, list[Compared]]:
     """Every point with real records, after the protocol checks."""
     plan, points = load_plan(out)
-    table = inputs.load_table(table_path, 64, allow_nonstationary)
+    table = inputs.load_table(table_path, allow_nonstationary=allow_nonstationary)
     if table.table_id != plan["table"]["id"]:
         raise InputError(f"the plan was made from cost table {plan['table']['id']}, not {table.table_id}; grade it "
                          f"against its own table (--table)", path=Path(out) / "plan.json")
@@ -128,8 +126,7 @@ def _spread(table, p: Point, rate: float | None) -> dict | None:
     if rate is None or p.trace["kind"] not in ("poisson", "synthetic"):
         return None
     cost = CostModel(table)
-    pool = blocks_for_gib(p.pool_gib, table.block_size) if p.pool_gib else None
-    cfg = SimConfig(p.backend, p.max_batch, pool, policy=PrefillPolicy.parse(p.prefill))
+    cfg = SimConfig(p.serving)
     got = []
     for seed in range(SPREAD_SEEDS):
         s = summary(simulate(build_trace({**p.trace, "seed": seed}, Path(".")), cost, cfg).record, rate)
@@ -197,7 +194,7 @@ def targets(results: list[Compared]) -> list[dict]:
     rows.append(queue_wait_target("queue wait p50 at stable points", stable))
     rows.append(queue_wait_target("fleet: queue wait p50 at stable points",
                                   [c for c in by("fleet") if all(r["stable"] for r in c.real)]))
-    policy = [c for c in by("policy") if c.point.prefill != "padded"]
+    policy = [c for c in by("policy") if str(c.point.serving.prefill) != "padded"]
     add("policies: blind prediction, served rate", [c for c in policy if c.rate], "served_rate", TARGETS["blind"],
         lambda c: c.blind)
     add("policies: blind prediction, closed wall time", [c for c in policy if not c.rate], "wall_time_s",
@@ -267,12 +264,12 @@ def write_report(out: Path, table_path: Path | None, force: bool = False, allow_
     plan, results = compare(out, table_path, allow_nonstationary)
     if not results:
         raise InputError("no real records to compare yet; run `python -m validate real` on a GPU", path=out / "real")
-    table = inputs.load_table(table_path, 64, allow_nonstationary)
+    table = inputs.load_table(table_path, allow_nonstationary=allow_nonstationary)
     rows = []
     for c in results:
         m = c.measured
-        row = {"point": c.point.id, "role": c.point.role, "prefill": c.point.prefill, "backend": c.point.backend,
-               "max_batch": c.point.max_batch, "pool_gib": c.point.pool_gib, "rate": c.rate, "repeats": len(c.real),
+        row = {"point": c.point.id, "role": c.point.role, "prefill": str(c.point.serving.prefill), "backend": c.point.serving.backend,
+               "max_batch": c.point.serving.max_batch, "pool_gib": c.point.serving.pool.gib, "rate": c.rate, "repeats": len(c.real),
                "gpu": ",".join(sorted({r["device"].get("uuid") or "?" for r in c.meta})),
                "same_gpu_as_table": all(r["device"].get("uuid") == table.gpu_uuid for r in c.meta),
                "fresh_engine": c.point.fresh}
@@ -358,8 +355,8 @@ def _plot(results: list[Compared], path: Path) -> None:
     curve = sorted((c for c in results if c.point.role in ("below", "near", "past")), key=lambda c: c.rate)
     fig, ax = plt.subplots(1, 3, figsize=(17, 4.8))
     for name, cs in [("seeded trace", curve)] + [(f"{p} prefill", sorted(
-            (c for c in results if c.point.role == "policy" and c.point.prefill == p and c.rate),
-            key=lambda c: c.rate)) for p in dict.fromkeys(c.point.prefill for c in results if c.point.role == "policy")]:
+            (c for c in results if c.point.role == "policy" and str(c.point.serving.prefill) == p and c.rate),
+            key=lambda c: c.rate)) for p in dict.fromkeys(str(c.point.serving.prefill) for c in results if c.point.role == "policy")]:
         if not cs:
             continue
         line, = ax[0].plot([c.rate for c in cs], [c.measured["served_rate"] for c in cs], "o-",

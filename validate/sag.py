@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from costs.model import CostModel
-from engine.block_pool import blocks_for_gib
-from engine.scheduler import PrefillPolicy
+from core.block_pool import PoolSize
+from core.config import ServingConfig
+from core.policies import STUDIED
 from sim import inputs
 from sim.simulator import SimConfig, simulate
 from traces.csvio import atomic_write_text
@@ -36,7 +37,6 @@ PROMPTS = ("five", "loguniform", "bimodal")
 BUDGETS = ("lattice", "uniform", "short", "fixed:32", "fixed:128")
 MAX_BATCH = (8, 16, 32, 64)
 POOLS = (None, 1.0)  # None: a pool that never binds
-POLICIES = ("padded", "packed", "chunked:512")
 SCREEN = dict(seeds=2, n=200, factors=(0.6, 0.8, 1.0, 1.25, 1.6, 2.2, 3.0))
 REFINE = dict(seeds=12, n=400, factors=(0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.6, 2.0, 2.6, 3.4))
 SAG = 0.10
@@ -49,6 +49,10 @@ class Case:
     max_batch: int
     pool_gib: float | None
     prefill: str
+
+    @property
+    def serving(self) -> ServingConfig:
+        return ServingConfig(max_batch=self.max_batch, pool=PoolSize(gib=self.pool_gib), prefill=self.prefill)
 
     @property
     def name(self) -> str:
@@ -71,8 +75,7 @@ def _run(case: Case, rate: float | None, seed: int, n: int) -> dict:
     if rate is None:
         from sim.inputs import closed
         trace = closed(trace)
-    pool = blocks_for_gib(case.pool_gib, _cost.table.block_size) if case.pool_gib else None
-    rec = simulate(trace, _cost, SimConfig("paged", case.max_batch, pool, policy=PrefillPolicy.parse(case.prefill))).record
+    rec = simulate(trace, _cost, SimConfig(case.serving)).record
     if rate is None:
         return {"served_rate": served_rate(rec)}
     s = summary(rec, rate)
@@ -107,8 +110,8 @@ def search(table_path: Path | None, out: Path, *, jobs: int | None = None, force
     out = Path(out)
     if (out / "search.json").exists() and not force:
         raise InputError("already holds a sag search; choose another --out or pass --force", path=out / "search.json")
-    table = inputs.load_table(table_path, 64)
-    cases = [Case(*c) for c in itertools.product(PROMPTS, BUDGETS, MAX_BATCH, POOLS, POLICIES)]
+    table = inputs.load_table(table_path)
+    cases = [Case(*c) for c in itertools.product(PROMPTS, BUDGETS, MAX_BATCH, POOLS, STUDIED)]
     jobs = jobs or os.cpu_count() or 1
     with ProcessPoolExecutor(jobs, initializer=_init, initargs=(table,)) as pool:
         screen = []
@@ -123,7 +126,7 @@ def search(table_path: Path | None, out: Path, *, jobs: int | None = None, force
     runnable = [r for r in refined if r["case"]["max_batch"] <= table.max_batch]
     doc = {"table": {"id": table.table_id, "device": table.device_name}, "screen": SCREEN,
            "refine": REFINE, "threshold": SAG, "space": {"prompts": PROMPTS, "budgets": BUDGETS, "max_batch": MAX_BATCH,
-                                                          "pool_gib": POOLS, "policies": POLICIES},
+                                                          "pool_gib": POOLS, "policies": STUDIED},
            "screened": screen, "refined": refined, **provenance()}
     atomic_write_text(out / "search.json", json.dumps(doc, indent=1, default=float) + "\n")
     atomic_write_text(out / "candidates.json", json.dumps(candidates(runnable[:2], REFINE["n"]), indent=1) + "\n")

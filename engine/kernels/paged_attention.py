@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .online_softmax import online_softmax_step
+
 NUM_WARPS = 4
 NUM_STAGES = 3  # K and V tiles of the next blocks load while the current one is reduced: decode is bandwidth-bound
 MAX_SPLITS = 64  # the combine kernel holds all of a head's partials in one tile
@@ -66,12 +68,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_ptr, lse_
         v = tl.load(v_ptr + base + tile, mask=valid[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, DOT_PRECISION)
 
     # A split with no keys (past the row's blocks, or seq_len 0) leaves l = 0: it yields zeros and lse = -inf.
     l_safe = tl.where(l_i > 0, l_i, 1.0)

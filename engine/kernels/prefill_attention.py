@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .online_softmax import online_softmax_step
+
 _LOG2E = 1.4426950408889634
 # Hopper, D=128, fp16: a 128-query tile keeps the tensor cores fed; K/V tiles of 64 keys, three deep in flight.
 GPU_BLOCK_M, GPU_BLOCK_N, GPU_NUM_WARPS, GPU_NUM_STAGES = 128, 64, 8, 3
@@ -61,12 +63,7 @@ def _attend_keys(acc, l_i, m_i, q, k_base, v_base, k_stride, v_stride, qk_scale,
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if MASKED:  # the causal mask alone hides the keys past the end from every query inside the sequence
             s = tl.where(keys[None, :] <= offs_m[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, DOT_PRECISION)
     return acc, l_i, m_i
 
 
@@ -86,12 +83,7 @@ def _prefix_keys(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_row, prefix, 
         v = tl.load(v_cache_ptr + base + tile, mask=valid[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, DOT_PRECISION)
     return acc, l_i, m_i
 
 

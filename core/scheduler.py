@@ -1,68 +1,30 @@
-"""The scheduler both clocks share: FIFO queue, batch rows, reserve-on-admit, admission groups, prefill policy,
-retirement, and the shapes of the steps it asks for.
+"""The scheduler both clocks share: FIFO queue, batch rows, admission groups, retirement, and the shapes of the
+steps it asks for; what to prefill and how much to reserve are its policies' (core/policies.py).
 
 The engine drives it with real GPU steps and the simulator with modelled step costs; neither has scheduling
 code of its own, so they cannot disagree about who is admitted when or what a step computes.
 
-Admission: the queue head is admitted only when a batch row is free and every block it could ever need
-(prompt + full budget, rounded up to whole blocks) is free; if it does not fit, it and everything behind it
-wait. The requests admitted in one step form an admission group.
-
-Prefill policies (what the prefill step of a pass computes):
-- padded: the group admitted in this pass, every prompt padded to the group's widest (the write-up's engine);
-- packed: the same group, each prompt at its true length;
-- chunked:N: at most N prompt positions a step, taken from the admitted prompts not yet in the pool, oldest
-  first (several short prompts can share a chunk; a long one spans several). A decode step for the rows that
-  have their first token follows each chunk step, as it follows every prefill: the two stay separate steps, so
-  a decode step is always the same graph-captured kernel sequence, and a chunk's cost is a prefill's.
-A prompt whose last positions are computed in a step gets its first token from that step.
+Admission: the queue head is admitted only when a batch row is free and the blocks its admission policy asks
+for (reserve: prompt + full budget, in whole blocks) are free; if it does not fit, it and everything behind it
+wait. The requests admitted in one step form an admission group. A prompt whose last positions are computed in
+a step gets its first token from that step.
 """
 from __future__ import annotations
 
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 from costs.shapes import DecodeShape, PrefillShape
 from traces.errors import InputError
 from traces.workload import Request
 
 from .block_pool import BlockPool
+from .policies import PADDED, RESERVE, AdmissionPolicy, PrefillPolicy
 
-POLICIES = ("padded", "packed", "chunked")
-
-
-@dataclass(frozen=True)
-class PrefillPolicy:
-    name: str = "padded"
-    chunk: int | None = None  # prompt positions per chunk step (chunked only)
-
-    def __post_init__(self):
-        if self.name not in POLICIES:
-            raise InputError(f"unknown prefill policy {self.name!r}; choose padded, packed or chunked:N")
-        if (self.name == "chunked") != (self.chunk is not None):
-            raise InputError("chunked prefill needs a chunk size (chunked:N); padded and packed take none")
-        if self.chunk is not None and (isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1):
-            raise InputError(f"the chunk size must be a whole number of tokens >= 1, got {self.chunk!r}")
-
-    @classmethod
-    def parse(cls, text: str) -> "PrefillPolicy":
-        """'padded', 'packed' or 'chunked:N'."""
-        name, sep, n = str(text).strip().partition(":")
-        if name == "chunked":
-            if not n.strip().isdigit():
-                raise InputError(f"{text!r}: chunked prefill is written chunked:N, N a whole number of tokens >= 1")
-            return cls(name, int(n))
-        if sep:
-            raise InputError(f"{text!r}: only chunked takes a size (chunked:N)")
-        return cls(name)
-
-    def __str__(self) -> str:
-        return f"chunked:{self.chunk}" if self.chunk is not None else self.name
-
-
-PADDED = PrefillPolicy()
-
+if TYPE_CHECKING:
+    from .step_loop import Arrivals
 
 class Seq:
     """A request inside the engine: its blocks, progress and the times the records need."""
@@ -121,14 +83,34 @@ def decode_shape(rows: list[Seq]) -> DecodeShape:
     return DecodeShape(len(rows), sum(kv) + len(rows), max(kv) + 1)
 
 
+class StepPlan(NamedTuple):
+    """What one pass runs, decided at its start (Scheduler.schedule): admit a group, then at most one prefill step,
+    then a stretch of 1 to max_steps decode steps of the same rows, cut after the first that ends at or after
+    `stop` (when an admission could come). A named tuple: the simulator makes one every pass."""
+
+    step: int  # the number of the pass's first step: its prefill step and its first decode step carry it
+    group: list[Seq]  # the admission group (may be empty)
+    prefill: PrefillWork | None
+    first_tokens: list[Seq]  # the prompts the prefill step completes: their first token comes from it
+    rows: list[Seq]  # the decode rows once the prefill step is done (first token, budget left); may be empty
+    shape: DecodeShape | None  # the first decode step's shape
+    max_steps: int
+    stop: float
+
+
+_plan = tuple.__new__  # StepPlan's fields as one tuple, without the named tuple's keyword-taking __new__
+
+
 class Scheduler:
-    def __init__(self, max_batch: int, pool: BlockPool, max_tokens: int | None = None, policy: PrefillPolicy = PADDED):
+    def __init__(self, max_batch: int, pool: BlockPool, max_tokens: int | None = None, policy: PrefillPolicy = PADDED,
+                 admission: AdmissionPolicy = RESERVE):
         if max_batch <= 0:
             raise ValueError(f"max batch must be positive, got {max_batch}")
         self.max_batch = max_batch
         self.pool = pool
         self.max_tokens = max_tokens  # prompt + budget the model can hold (its positions), None = unbounded
         self.policy = policy
+        self.admission = admission
         self.queue: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.prefilling: deque[Seq] = deque()  # admitted, prompt not yet whole in the pool, in admission order
@@ -148,7 +130,7 @@ class Scheduler:
         if self.max_tokens is not None and total > self.max_tokens:
             raise InputError(f"request {rid}: prompt {req.prompt_tokens} + budget {req.budget} = {total} tokens is beyond "
                              f"the model's {self.max_tokens} positions")
-        need = self.pool.blocks_for(total)
+        need = self.admission.blocks_to_admit(req, self.pool)
         if need > self.pool.num_blocks:
             raise InputError(f"request {rid}: needs {need} blocks of {self.pool.block_size} tokens "
                              f"({total} tokens); the pool has {self.pool.num_blocks}")
@@ -156,9 +138,38 @@ class Scheduler:
     def submit(self, req: Request) -> Seq:
         self.check(req)
         self._seen.add(req.request_id)
-        seq = Seq(req, self.pool.blocks_for(req.prompt_tokens + req.budget))
+        seq = Seq(req, self.admission.blocks_to_admit(req, self.pool))
         self.queue.append(seq)
         return seq
+
+    def schedule(self, now: float, step: int, lookahead: Arrivals | None = None) -> StepPlan:
+        """Plan the pass that starts at `now` as step `step`: admit, choose the prefill step and the decode rows.
+        The prefill step's bookkeeping (positions in the pool, first tokens generated) is done here; its time, and
+        every decode step's, are set once they have run (the loop's, advance). With `lookahead` (a timer that
+        can price a stretch of decode steps), the stretch is bounded by the next point where this scheduler has
+        something to decide: a row finishing, a chunk step due, or an arrival it could admit."""
+        group = self.admit(now, step)
+        work, first = None, []
+        if self.prefilling:
+            work = PrefillWork(*self.policy.select(self.prefilling))
+            first = self._prefilled(work)
+        rows = self.decode_rows()
+        if not rows:
+            return _plan(StepPlan, (step, group, work, first, rows, None, 0, math.inf))
+        limit = self.max_decode_steps() if lookahead is not None else 1
+        stop = self.next_admission(lookahead) if limit > 1 else math.inf
+        return _plan(StepPlan, (step, group, work, first, rows, decode_shape(rows), limit, stop))
+
+    def next_admission(self, arrivals: Arrivals) -> float:
+        """The earliest time an admission can happen before the running rows change: never while the queue head
+        waits for blocks or no row is free; else when the arrivals' next candidate comes, unless it is a known
+        request that does not fit in the free blocks (it would block everything behind it)."""
+        if self.queue or len(self.running) >= self.max_batch:
+            return math.inf
+        when, req = arrivals.next_candidate(self)
+        if req is not None and self.admission.blocks_to_admit(req, self.pool) > self.pool.free:
+            return math.inf
+        return when
 
     def can_admit(self) -> bool:
         return bool(self.queue) and len(self.running) < self.max_batch and self.queue[0].blocks_needed <= self.pool.free
@@ -181,40 +192,19 @@ class Scheduler:
             self.prefilling.extend(group)
         return group
 
-    def prefill_work(self) -> PrefillWork | None:
-        """What this pass's prefill step computes under the policy, or None when no prompt waits for the pool."""
-        if not self.prefilling:
-            return None
-        policy = self.policy
-        if policy.name != "chunked":  # the group admitted in this pass: nothing else is ever left half-prefilled
-            seqs = list(self.prefilling)
-            new = [s.req.prompt_tokens for s in seqs]
-            computed = [max(new)] * len(seqs) if policy.name == "padded" else new
-            return PrefillWork(seqs, [0] * len(seqs), new, computed)
-        seqs, prefix, new, budget = [], [], [], policy.chunk
-        for s in self.prefilling:
-            if not budget:
-                break
-            n = min(s.req.prompt_tokens - s.kv_len, budget)
-            seqs.append(s)
-            prefix.append(s.kv_len)
-            new.append(n)
-            budget -= n
-        return PrefillWork(seqs, prefix, new, list(new))
-
-    def prefilled(self, work: PrefillWork, t: float) -> list[Seq]:
-        """The step's positions are in the pool at `t`; prompts it completed have their first token then.
-        Returns those sequences."""
+    def _prefilled(self, work: PrefillWork) -> list[Seq]:
+        """The step's positions are in the pool; prompts it completes have their first token. Returns those."""
         done = []
         for i, s in enumerate(work.seqs):
             s.kv_len += work.new[i]
             if work.completes(i):
                 s.generated = 1
-                s.first_token = s.last_token = t
                 done.append(s)
         for _ in done:  # prompts complete in admission order, so the finished ones lead the deque
             self.prefilling.popleft()
         return done
+
+
 
     def decode_rows(self) -> list[Seq]:
         """Rows with their first token and budget left: the ones a decode step advances."""

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from costs.shapes import BACKENDS, DecodeShape, kv_read
-from traces.records import RunWriter
+from costs.shapes import BACKENDS, DecodeShape, backend_named, kv_read
+from traces.records import RunWriter, StepRow
 from traces.workload import Request
 
 from .scheduler import PrefillWork, Seq
+
+
+_row = tuple.__new__  # a StepRow from its fields in order, without the named tuple's keyword-taking __new__
 
 
 class Recorder:
@@ -16,6 +19,7 @@ class Recorder:
 
     def __init__(self, writer: RunWriter, backend: str, tokens: bool = True, decode_steps: bool = True,
                  replica: int = 0):
+        backend = backend_named(backend)
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
         self.writer = writer
@@ -24,10 +28,11 @@ class Recorder:
         self.keep_decode = decode_steps
         self.replica = replica
 
-    def prefill(self, step: int, work: PrefillWork, admitted: int, start: float, end: float) -> None:
+    def prefill(self, step: int, work: PrefillWork, n_admitted: int, start: float, end: float) -> None:
         s = work.shape
-        self.writer.add("steps", (step, "prefill", s.rows, work.padded_len, work.prompt_tokens, s.tokens, s.attn,
-                                  0, 0, 0, start, end, work.seqs[0].group_id, admitted, 0, self.replica))
+        self.writer.add("steps", _row(StepRow, (step, "prefill", s.rows, work.padded_len, work.prompt_tokens,
+                                                s.tokens, s.attn, 0, 0, 0, start, end, work.seqs[0].group_id,
+                                                n_admitted, 0, self.replica)))
 
     def decode_steps(self, step: int, shape: DecodeShape, start: float, ends: list[float], retired: int,
                      next_start: float) -> None:
@@ -40,11 +45,11 @@ class Recorder:
         j = np.arange(n)
         rows = shape.rows
         kv_tokens, kv_max = shape.kv_tokens + rows * j, shape.kv_max + j
-        self.writer.add_many("steps", zip(range(step, step + n), ["decode"] * n, [rows] * n, [0] * n, [0] * n,
-                                          [0] * n, [0] * n, kv_tokens.tolist(), kv_max.tolist(),
-                                          kv_read(self.backend, rows, kv_tokens, kv_max).tolist(),
-                                          np.asarray(starts, float).tolist(), np.asarray(ends, float).tolist(),
-                                          [-1] * n, [0] * n, [0] * (n - 1) + [retired], [self.replica] * n))
+        columns = zip(range(step, step + n), ["decode"] * n, [rows] * n, [0] * n, [0] * n, [0] * n, [0] * n,
+                      kv_tokens.tolist(), kv_max.tolist(), kv_read(self.backend, rows, kv_tokens, kv_max).tolist(),
+                      np.asarray(starts, float).tolist(), np.asarray(ends, float).tolist(), [-1] * n, [0] * n,
+                      [0] * (n - 1) + [retired], [self.replica] * n)
+        self.writer.add_many("steps", map(StepRow._make, columns))
 
     def finish(self, seqs: list[Seq]) -> None:
         for s in seqs:
