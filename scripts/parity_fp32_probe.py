@@ -1,0 +1,44 @@
+"""Which side of a parity flip is off: the engine's and HF's first-token logits in the model's dtype, each against
+HF's in float32 (the same weights upcast), for the gate's prompt lengths. A flip where the engine is closer to the
+float32 reference than HF's own fp16 run is the reference's rounding, not an engine error.
+Usage (GPU): python scripts/parity_fp32_probe.py [--lengths 16,1024,4096] [--device cuda|cpu --model tiny]"""
+from __future__ import annotations
+
+import argparse
+import copy
+
+import torch
+
+from core.config import ServingConfig
+from engine.engine import Engine, EngineConfig
+from traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lengths", default="16,80,1024,2048,4096")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default="qwen2.5-1.5b")
+    args = ap.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",")]
+    dtype = "float16" if args.device == "cuda" else "float32"
+    engine = Engine(EngineConfig(ServingConfig(model=args.model, dtype=dtype, max_batch=1),
+                                 max_prompt=max(lengths), max_budget=4, device=args.device))
+    hf = engine.loaded.hf
+    hf32 = copy.deepcopy(hf).float()
+    vocab = engine.loaded.spec["vocab_size"]
+    print("length | max |engine-fp32| | max |HF-fp32| | max |engine-HF| | top-2 margin fp32 | argmax fp32 / engine / HF")
+    for n in lengths:
+        ids = torch.tensor([prompt_tokens(n, min(vocab, QWEN_TEXT_VOCAB))], device=hf.device)
+        with torch.no_grad():
+            ref = hf32(ids).logits[0, -1].float()
+            ref16 = hf(ids).logits[0, -1].float()
+            eng = engine.model.dense_logits(ids, engine.cfg.serving.block_size)[0].float()
+        top = ref.topk(2).values
+        print(f"{n:6d} | {(eng - ref).abs().max():.4f} | {(ref16 - ref).abs().max():.4f} | "
+              f"{(eng - ref16).abs().max():.4f} | {top[0] - top[1]:.4f} | "
+              f"{int(ref.argmax())} / {int(eng.argmax())} / {int(ref16.argmax())}")
+
+
+if __name__ == "__main__":
+    main()
