@@ -81,6 +81,11 @@ def test_predict_plan_real_report_end_to_end(inputs, tmp_path, capsys):
     for target in ("served rate, public traces", "blind prediction, served rate", "capacity bracket",
                    "fleet of two: served rate"):
         assert target in report
+    # latencies in ms, as the ecosystem writes them: the points table says its units, and a seconds-scale TTFT
+    # (tens of ms at these rates) would print below 1
+    assert "| queue p50 (ms) | TTFT p50 (ms) | TTFT p95 (ms) | wall (s) |" in report
+    rows = [line.split(" | ") for line in report.splitlines() if line.startswith("| rate-")]
+    assert rows and all(float(r[4].split(" / ")[0]) > 1 for r in rows)
     assert (out / "validation.png").stat().st_size > 20_000
     assert main(["report", "--table", str(table), "--out", str(out)]) == 2  # no silent rewrite
 

@@ -249,6 +249,9 @@ def _sag(served: list[float]) -> float:
     return (max(served) - served[-1]) / max(served)
 
 
+MS_KEYS = ("queue_wait_p50", "ttft_p50", "ttft_p95", "gap_max")  # latencies: printed in ms (records hold seconds)
+
+
 def _fmt(v, spec=".3g") -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
@@ -316,15 +319,20 @@ def _markdown(plan: dict, results: list[Compared], rows: list[dict], steps: dict
         lines.append(f"| {t['target']} | {t['met']} of {t['of']} | {_fmt(t['worst'], '.1%')} | {t['worst_point']} | "
                      f"{_fmt(t['limit'], '.0%')} |")
     lines += ["", "## Points (predicted / measured, error; blind prediction where there is one)", "",
-              "| point | rate | served | queue p50 | TTFT p50 | TTFT p95 | wall | largest gap | stable sim/real | "
-              "seed sd of served | same GPU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| point | rate (req/s) | served (req/s) | queue p50 (ms) | TTFT p50 (ms) | TTFT p95 (ms) | wall (s) | "
+              "largest gap (ms) | stable sim/real | seed sd of served | same GPU |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         def cell(k: str) -> str:
             if f"{k}_sim" not in r:
                 return "-"
-            s = f"{_fmt(r[f'{k}_sim'])} / {_fmt(r[f'{k}_real'])} ({_err_cell(k, r[f'{k}_sim'], r[f'{k}_real'], r[f'{k}_err'])})"
+            def v(x) -> str:
+                if k not in MS_KEYS or not _number(x):
+                    return _fmt(x)
+                return _fmt(x * 1e3, ".0f" if abs(x) >= 0.1 else ".3g")
+            s = f"{v(r[f'{k}_sim'])} / {v(r[f'{k}_real'])} ({_err_cell(k, r[f'{k}_sim'], r[f'{k}_real'], r[f'{k}_err'])})"
             if f"{k}_blind" in r:
-                s += f"; blind {_fmt(r[f'{k}_blind'])} ({_fmt(r[f'{k}_blind_err'], '+.1%')})"
+                s += f"; blind {v(r[f'{k}_blind'])} ({_fmt(r[f'{k}_blind_err'], '+.1%')})"
             return s
         stable = f"{_fmt(r.get('stable_sim'))}/{_fmt(r.get('stable_real'))}" if "stable_real" in r else "closed"
         sd = "-" if "served_rate_seed_sd" not in r else \
