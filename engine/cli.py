@@ -19,6 +19,7 @@ from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib
                         workload_from_args, workload_options)
 from traces.command import Parser, command
 from traces.errors import InputError
+from traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, percentiles_arg
 from traces.memory import GIB, check_fits
 from traces.model_spec import DTYPE_BYTES, MODELS, kv_bytes_per_token, parameter_count
 from traces.outpath import check_out_dir, check_trace_events
@@ -172,6 +173,9 @@ def _run(args: argparse.Namespace) -> int:
     check_trace_events(args.trace_events, args.force, {"the input trace (--trace)": args.trace,
                                                        "the checkpoint (--checkpoint)": args.checkpoint,
                                                        **{f"the run record {o}": o for o in outs}})
+    if args.save_result:
+        from traces.bench_result import check_result_path
+        check_result_path(args.save_result)
     trace = workload_from_args(args)
     check_workload(trace, args)
     engine = build_engine(args)
@@ -203,6 +207,13 @@ def _run(args: argparse.Namespace) -> int:
         print(f"records: {args.out}")
     if args.trace_events:  # the last recorded run
         print(f"timeline: {write_timeline([recorded], args.trace_events)}")
+    if args.save_result:
+        from traces.bench_result import bench_result, write_result
+        doc = bench_result(recorded, summary(recorded, slos=args.slo), backend="servecap-engine",
+                           percentiles=args.percentiles, slos=args.slo,
+                           provenance={"trace_id": trace.trace_id, "trace": trace.meta,
+                                       "git_commit": recorded.meta.get("git_commit"), "run": recorded.meta})
+        print(f"result: {write_result(args.save_result, doc)}")
     return 0
 
 
@@ -236,6 +247,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--trace-events", metavar="FILE",
                    help="write the last recorded run as Chrome trace-event JSON for ui.perfetto.dev")
     r.add_argument("--force", action="store_true", help="replace an existing --trace-events FILE")
+    r.add_argument("--save-result", type=Path, metavar="FILE.json",
+                   help="also write the last recorded run's figures as one flat JSON object under vllm bench serve's "
+                        "keys (request_throughput, p99_ttft_ms, mean_itl_ms, ...; traces/bench_result.py), with the "
+                        "run's provenance, as `sim run --save-result` writes the simulator's")
+    r.add_argument("--percentiles", type=percentiles_arg, default=DEFAULT_PERCENTILES, metavar="P1,P2,...",
+                   help=PERCENTILES_HELP)
     r.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC",
                    help=SLO_HELP + " (scored as the simulator scores)")
     r.add_argument("--warmup", type=seed_arg, default=0, help="unrecorded runs first (closed controls: 2)")

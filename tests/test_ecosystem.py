@@ -225,3 +225,25 @@ def test_capacity_cli_band_and_windows(tmp_path, capsys):
     counts = [int(line.split("-> ")[1].split()[0]) for line in lines]
     assert len(counts) >= 2 and counts[1] > counts[0] >= 1
     assert _exit(["capacity", "--window-s", "100"]) == 2
+
+
+def test_engine_run_saves_its_result_under_vllms_keys(tmp_path, capsys):
+    """engine run --save-result writes the real run's figures as sim run does the simulator's (CPU, tiny model),
+    and never over a result already there."""
+    pytest.importorskip("torch")
+    import engine.cli
+
+    from helpers import run_cli
+    trace = tmp_path / "t.csv"
+    trace.write_text('# {"meta": {}, "schema": "request-trace", "version": 1}\n'
+                     "request_id,arrival_s,prompt_tokens,budget,prompt\n0,0.0,16,4,\n1,0.05,20,4,\n")
+    result = tmp_path / "r.json"
+    args = ("run", "--device", "cpu", "--model", "tiny", "--trace", str(trace), "--save-result", str(result))
+    code, _, err = run_cli(engine.cli.main, capsys, *args)
+    assert code == 0, err
+    doc = json.loads(result.read_text())
+    assert doc["backend"] == "servecap-engine" and doc["completed"] == 2 and doc["total_output_tokens"] == 8
+    assert doc["p99_ttft_ms"] >= doc["median_ttft_ms"] > 0 and doc["mean_itl_ms"] > 0
+    assert doc["git_commit"] and doc["run"]["device"]["name"] == "cpu"
+    code, _, err = run_cli(engine.cli.main, capsys, *args)
+    assert code == 2 and "already exists" in err
