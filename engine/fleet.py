@@ -86,6 +86,21 @@ def _replica(i: int, device: str, cfg_kwargs: dict, run_kwargs: dict, trace_meta
     done.put(("exit", i, None))
 
 
+def _next(done: mp.Queue, procs: list) -> tuple:
+    """The next replica message; a replica that died without saying so (its traceback is on stderr) ends the fleet
+    instead of leaving the router waiting for it forever."""
+    while True:
+        try:
+            return done.get(timeout=1.0)
+        except queue.Empty:
+            dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"fleet replica(s) {dead} died (exit status "
+                                   f"{[procs[i].exitcode for i in dead]}); see their output above")
+
+
 def serve_fleet(trace: Trace, out: Path, router: str, devices: list[str], cfg_kwargs: dict,
                 run_kwargs: dict | None = None, log=print) -> Path:
     """Run `trace` on one engine process per device behind `router`; returns the fleet's merged record."""
@@ -104,7 +119,7 @@ def serve_fleet(trace: Trace, out: Path, router: str, devices: list[str], cfg_kw
         p.start()
     ready = 0
     while ready < len(procs):
-        kind, i, _ = done.get()
+        kind, i, _ = _next(done, procs)
         ready += kind == "ready"
     t0 = time.perf_counter() + START_AHEAD_S
     for q in inboxes:
@@ -141,7 +156,7 @@ def serve_fleet(trace: Trace, out: Path, router: str, devices: list[str], cfg_kw
     for q in inboxes:
         q.put(None)
     while exited < len(procs):
-        take(*done.get())
+        take(*_next(done, procs))
     for p in procs:
         p.join()
     log(f"fleet of {len(devices)} ({router}) served {len(where)} requests")

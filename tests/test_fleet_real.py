@@ -27,12 +27,12 @@ def test_an_unknown_router_or_no_replica_is_refused(tmp_path):
 @pytest.mark.slow
 def test_two_tiny_engines_behind_a_router_serve_every_request_once(tmp_path):
     pytest.importorskip("torch")
-    from traces.model_spec import TINY_QWEN2
+    from core.config import ServingConfig
     from traces.records import read_run
 
     trace = length_trace([(0.05 * i, 8 + 5 * i, 3) for i in range(6)], {"kind": "fleet-test"})
-    cfg = dict(device="cpu", dtype="float32", spec=dict(TINY_QWEN2), block_size=16, max_batch=2, max_prompt=48,
-               max_budget=4, backends=("paged",))
+    cfg = dict(serving=ServingConfig(model="tiny", dtype="float32", block_size=16, max_batch=2), device="cpu",
+               max_prompt=48, max_budget=4, backends=("paged",))
     rec = read_run(serve_fleet(trace, tmp_path / "fleet", "round-robin", ["", ""], cfg, log=lambda *a: None))
     assert rec.meta["status"] == "complete" and rec.meta["router"] == "round-robin" and rec.meta["replicas"] == 2
     req = rec.requests.set_index("request_id").sort_index()
