@@ -152,7 +152,8 @@ for j, b in enumerate(backends):
         pts = d[d["rows"] == r].sort_values("kv_read")
         if pts.empty:
             continue
-        longest = np.geomspace(max(pts.kv_max.min(), 1), pts.kv_max.max(), 50)  # equal rows: all as long as this
+        # equal rows, all as long as this (whole tokens, as the cost model takes them)
+        longest = np.unique(np.round(np.geomspace(max(pts.kv_max.min(), 1), pts.kv_max.max(), 50)).astype(int))
         ax.plot(r * longest, np.asarray(quiet(cost.decode, b, int(r), r * longest, longest)) * 1e3, color=rcolors[r],
                 lw=1.2)
         ax.errorbar(pts.kv_read, pts.median_s * 1e3, yerr=[(pts.median_s - pts.p10_s) * 1e3,

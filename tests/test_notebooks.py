@@ -121,9 +121,12 @@ def _sag_candidates(n: int) -> list[dict]:
 
 
 def _write_run(rec, out: Path, meta: dict) -> None:
+    from datetime import datetime, timezone
+
     from traces.records import RunWriter
 
-    w = RunWriter(out, {**rec.meta, **meta})
+    # stamped as the engine stamps its records: made now, after the plan (validate report refuses earlier ones)
+    w = RunWriter(out, {**rec.meta, "created_at": datetime.now(timezone.utc).isoformat(), **meta})
     for t in ("requests", "steps", "tokens", "rejected"):
         w.add_many(t, getattr(rec, t).itertuples(index=False, name=None))
     w.close()
