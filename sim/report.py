@@ -18,6 +18,7 @@ import json
 import math
 from pathlib import Path
 
+from traces.bench_result import json_safe
 from traces.csvio import atomic_write_text
 from traces.latency import DEFAULT_PERCENTILES, fmt_ms, latency_keys, p_key
 from traces.metrics import GOODPUT_FRACTION, slo_keys
@@ -272,16 +273,6 @@ def report(results: list[ConfigResult], slos: tuple[SLO, ...] = (),
     return "\n".join(parts)
 
 
-def _json_safe(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def _csv(rows: list[dict], columns: tuple[str, ...]) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, columns, extrasaction="ignore", lineterminator="\n")
@@ -331,8 +322,8 @@ def write_files(out_dir: Path, results: list[ConfigResult], meta: dict, run: dic
     doc = {"schema": "sim-sweep", "version": 1, **meta, "configurations": [_config_doc(g, slos) for g in groups],
            "trace_ids": sorted({r["trace_id"] for r in rows}),
            "points": [{k: r.get(k) for k in columns} for r in rows]}
-    atomic_write_text(out_dir / "sweep.json", json.dumps(_json_safe(doc), indent=1) + "\n")
+    atomic_write_text(out_dir / "sweep.json", json.dumps(json_safe(doc), indent=1) + "\n")
     run_doc = {"schema": "sim-sweep-run", "version": 1, **run, "points": [{k: r[k] for k in RUN_POINT_KEYS} for r in rows]}
-    atomic_write_text(out_dir / "sweep.run.json", json.dumps(_json_safe(run_doc), indent=1) + "\n")
+    atomic_write_text(out_dir / "sweep.run.json", json.dumps(json_safe(run_doc), indent=1) + "\n")
     plot([(g, band_rows(g)) for g in groups], out_dir / "sweep.png", title(meta))
     return files + [out_dir / "sweep.run.json"]

@@ -53,17 +53,18 @@ def bench_result(rec: RunRecord, summary: dict, *, backend: str, percentiles: tu
     return doc
 
 
-def _json_safe(value):
+def json_safe(value):
+    """`value` with every non-finite float as None (JSON has no NaN), through dicts, lists and tuples."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
 def write_result(path: str | Path, doc: dict) -> Path:
     path = Path(path)
-    atomic_write_text(path, json.dumps(_json_safe(doc), indent=1) + "\n")
+    atomic_write_text(path, json.dumps(json_safe(doc), indent=1) + "\n")
     return path
