@@ -60,6 +60,7 @@ class ServingConfig:
         # Names are parsed (once, here), so that a configuration can be written as text.
         object.__setattr__(self, "prefill", PrefillPolicy.parse(self.prefill))
         object.__setattr__(self, "admission", AdmissionPolicy.parse(self.admission))
+        self.prefill.check(self.max_batch)
 
     @property
     def spec(self) -> dict:
@@ -84,10 +85,12 @@ class ServingConfig:
     @property
     def label(self) -> str:
         policy = "" if self.prefill == PADDED else f", {self.prefill} prefill"
+        policy += "" if self.admission == RESERVE else f", {self.admission} admission"
         fleet = "" if self.replicas == 1 else f", {self.replicas} replicas behind {self.router}"
         return f"{self.backend}{policy}, max batch {self.max_batch}, pool {self.pool}{fleet}"
 
     def axes(self) -> dict:
         """The knobs a sweep varies, flat, as its rows and points files name them (a pool in GiB)."""
         return {"backend": self.backend, "max_batch": self.max_batch, "pool_gib": self.pool.gib,
-                "prefill": str(self.prefill), "replicas": self.replicas, "router": self.router}
+                "prefill": str(self.prefill), "admission": str(self.admission), "replicas": self.replicas,
+                "router": self.router}

@@ -1,18 +1,33 @@
 """The scheduler's policies, one small class each, behind one registry per kind; a name such as "chunked:512" is
 parsed here and nowhere else.
 
-Prefill policies decide what the prefill step of a pass computes, from the admitted prompts not yet whole in the
-pool (oldest first):
+Prefill policies decide what the prefill step of a pass computes, from the admitted sequences whose positions are
+not yet all in the pool (oldest first). A sequence's positions to compute are its prompt's (after any cached
+prefix), and after a preemption its prompt's and the tokens it had generated (a recompute):
 - padded: the group admitted in this pass, every prompt padded to the group's widest (the write-up's engine);
 - packed: the same group, each prompt at its true length;
 - chunked:N: at most N prompt positions a step, oldest first (several short prompts can share a chunk; a long one
   spans several). A decode step for the rows that have their first token follows each chunk step, as it follows
   every prefill: the two stay separate steps, so a decode step is always the same graph-captured kernel sequence,
   and a chunk's cost is a prefill's.
+- mixed:N: one fused step (vLLM V1, Sarathi-Serve): every decode row's next token, each a one-position sequence
+  after its K/V in the pool, and as many prompt positions as fit in the rest of the N-token budget, oldest first.
+  The step is one varlen forward pass, priced as the prefill step it is. Decode rows are never left out of a step
+  (a running row that skipped steps would stall its stream), so N must hold every row: N >= max batch, as vLLM
+  requires max_num_batched_tokens >= max_num_seqs. When the decode rows take all of N, the step carries no prompt
+  positions and waiting prompts go on waiting until a row retires. With no prompt to compute, a pass is a stretch
+  of ordinary decode steps.
 
 Admission policies decide how many blocks a request must have free to be admitted:
 - reserve: every block it could ever need (prompt + full budget), so an admitted request never waits for memory
   (and is never preempted).
+- on-demand (vLLM's): the blocks of the positions it computes now and of its first decode token, plus a
+  watermark of 1% of the pool left free (vLLM V0's default), so that admission does not at once force a
+  preemption. A row's block table then grows a block at a time as it decodes. When a decode row's next token
+  needs a block and none is free, the most recently admitted running request is preempted by recompute: its
+  blocks are freed, it returns to the head of the queue (ahead of later arrivals, behind older preempted ones),
+  and on readmission its prompt and the tokens it had generated are prefilled again. A pass that preempts
+  admits no one (vLLM V0's rule), so a freed request is not readmitted into the memory it just gave up.
 
 A new policy is one class registered in PREFILL or ADMISSION; the scheduler, the engine, the simulator, the CLIs
 and the cost model's derivation check all take it from there.
@@ -39,12 +54,16 @@ class PrefillPolicy:
 
     name: ClassVar[str]
     takes_size: ClassVar[bool] = False  # written name:N
+    fuses: ClassVar[bool] = False  # its step also advances the decode rows (they lead its sequences)
 
-    def select(self, prefilling: deque[Seq]) -> Selection:
-        """The prefill step for the admitted prompts not yet whole in the pool (never empty), oldest first: the
-        sequences it runs, the positions of each already in the pool, computed new, and computed in all (new
-        plus padding)."""
+    def select(self, prefilling: deque[Seq], decoding: list[Seq]) -> Selection:
+        """The prefill step for the admitted sequences not yet whole in the pool (never empty), oldest first, with
+        the rows that decode this pass (`decoding`; used by a fusing policy): the sequences it runs, the positions
+        of each already in the pool, computed new, and computed in all (new plus padding)."""
         raise NotImplementedError
+
+    def check(self, max_batch: int) -> None:
+        """Refuse a batch this policy cannot serve (one line)."""
 
     @classmethod
     def sample(cls, chunk: int) -> "PrefillPolicy":
@@ -77,20 +96,22 @@ class PrefillPolicy:
 class Padded(PrefillPolicy):
     name: ClassVar[str] = "padded"
 
-    def select(self, prefilling):
+    def select(self, prefilling, decoding):
         seqs = list(prefilling)  # the group admitted in this pass: nothing else is ever left half-prefilled
-        new = [s.req.prompt_tokens for s in seqs]
-        return seqs, [0] * len(seqs), new, [max(new)] * len(seqs)
+        prefix = [s.kv_len for s in seqs]
+        new = [s.target - p for s, p in zip(seqs, prefix)]
+        return seqs, prefix, new, [max(new)] * len(seqs)
 
 
 @dataclass(frozen=True)
 class Packed(PrefillPolicy):
     name: ClassVar[str] = "packed"
 
-    def select(self, prefilling):
+    def select(self, prefilling, decoding):
         seqs = list(prefilling)
-        new = [s.req.prompt_tokens for s in seqs]
-        return seqs, [0] * len(seqs), new, new
+        prefix = [s.kv_len for s in seqs]
+        new = [s.target - p for s, p in zip(seqs, prefix)]
+        return seqs, prefix, new, new
 
 
 @dataclass(frozen=True)
@@ -103,23 +124,44 @@ class Chunked(PrefillPolicy):
         if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
             raise InputError(f"the chunk size must be a whole number of tokens >= 1, got {self.chunk!r}")
 
-    def select(self, prefilling):
-        seqs, prefix, new, budget = [], [], [], self.chunk
-        for s in prefilling:
-            if not budget:
-                break
-            n = min(s.req.prompt_tokens - s.kv_len, budget)
-            seqs.append(s)
-            prefix.append(s.kv_len)
-            new.append(n)
-            budget -= n
-        return seqs, prefix, new, list(new)
+    def select(self, prefilling, decoding):
+        return chunks(prefilling, self.chunk, [], [], [])
 
     def __str__(self) -> str:
         return f"{self.name}:{self.chunk}"
 
 
-PREFILL: dict[str, type[PrefillPolicy]] = {c.name: c for c in (Padded, Packed, Chunked)}
+def chunks(prefilling: deque[Seq], budget: int, seqs: list, prefix: list, new: list) -> Selection:
+    """`seqs`, `prefix`, `new` continued with up to `budget` prompt positions, oldest prompt first."""
+    for s in prefilling:
+        if budget <= 0:
+            break
+        n = min(s.target - s.kv_len, budget)
+        seqs.append(s)
+        prefix.append(s.kv_len)
+        new.append(n)
+        budget -= n
+    return seqs, prefix, new, list(new)
+
+
+@dataclass(frozen=True)
+class Mixed(Chunked):
+    """Chunked prefill fused with every decode row in one step of at most `chunk` tokens."""
+
+    name: ClassVar[str] = "mixed"
+    fuses: ClassVar[bool] = True
+
+    def select(self, prefilling, decoding):
+        return chunks(prefilling, self.chunk - len(decoding), list(decoding), [s.kv_len for s in decoding],
+                      [1] * len(decoding))
+
+    def check(self, max_batch: int) -> None:
+        if self.chunk < max_batch:
+            raise InputError(f"{self}: a fused step holds every decode row, so its token budget must be at least "
+                             f"the max batch ({max_batch})")
+
+
+PREFILL: dict[str, type[PrefillPolicy]] = {c.name: c for c in (Padded, Packed, Chunked, Mixed)}
 PADDED = Padded()
 STUDIED = ("padded", "packed", "chunked:512")  # the policies the predictions, the sag search and the notebooks compare
 
@@ -137,9 +179,20 @@ class AdmissionPolicy:
     """How many blocks the queue head must find free to be admitted (and are allocated to it then)."""
 
     name: ClassVar[str]
+    grows: ClassVar[bool] = False  # block tables grow as rows decode (and rows may be preempted)
 
-    def blocks_to_admit(self, req: Request, pool: BlockPool) -> int:
+    def blocks_to_admit(self, req: Request, computed: int, pool: BlockPool) -> int:
+        """Blocks allocated at admission to a request whose first `computed` positions are prefilled then (its
+        prompt, or its prompt and generated tokens after a preemption)."""
         raise NotImplementedError
+
+    def watermark(self, pool: BlockPool) -> int:
+        """Blocks that must stay free beyond the admitted request's."""
+        return 0
+
+    def most_blocks(self, req: Request, pool: BlockPool) -> int:
+        """The most blocks the request ever needs free at once: more than the pool holds, and it can never run."""
+        return pool.blocks_for(req.prompt_tokens + req.budget)
 
     @staticmethod
     def parse(text: "str | AdmissionPolicy") -> "AdmissionPolicy":
@@ -160,9 +213,29 @@ class Reserve(AdmissionPolicy):
 
     name: ClassVar[str] = "reserve"
 
-    def blocks_to_admit(self, req: Request, pool: BlockPool) -> int:
+    def blocks_to_admit(self, req: Request, computed: int, pool: BlockPool) -> int:
         return pool.blocks_for(req.prompt_tokens + req.budget)
 
 
-ADMISSION: dict[str, type[AdmissionPolicy]] = {c.name: c for c in (Reserve,)}
+@dataclass(frozen=True)
+class OnDemand(AdmissionPolicy):
+    """Blocks as tokens are written, with preemption by recompute (module docstring)."""
+
+    name: ClassVar[str] = "on-demand"
+    grows: ClassVar[bool] = True
+    WATERMARK: ClassVar[float] = 0.01
+
+    def blocks_to_admit(self, req: Request, computed: int, pool: BlockPool) -> int:
+        return pool.blocks_for(min(computed + 1, req.prompt_tokens + req.budget))
+
+    def watermark(self, pool: BlockPool) -> int:
+        return int(self.WATERMARK * pool.num_blocks)
+
+    def most_blocks(self, req: Request, pool: BlockPool) -> int:
+        return max(pool.blocks_for(req.prompt_tokens + req.budget),
+                   self.blocks_to_admit(req, req.prompt_tokens, pool) + self.watermark(pool))
+
+
+ADMISSION: dict[str, type[AdmissionPolicy]] = {c.name: c for c in (Reserve, OnDemand)}
 RESERVE = Reserve()
+ON_DEMAND = OnDemand()

@@ -28,14 +28,21 @@ class Recorder:
         self.keep_decode = decode_steps
         self.replica = replica
 
-    def prefill(self, step: int, work: PrefillWork, n_admitted: int, start: float, end: float) -> None:
-        s = work.shape
-        self.writer.add("steps", _row(StepRow, (step, "prefill", s.rows, work.padded_len, work.prompt_tokens,
-                                                s.tokens, s.attn, 0, 0, 0, start, end, work.seqs[0].group_id,
-                                                n_admitted, 0, self.replica)))
+    def prefill(self, step: int, work: PrefillWork, n_admitted: int, n_preempted: int, start: float,
+                end: float) -> None:
+        """A prefill step, or a fused one (kind `mixed`: its decode rows' K/V in kv_tokens and kv_max)."""
+        s, d = work.shape, work.decode
+        if d:
+            kv = s.prefix[:d]
+            kind, kv_tokens, kv_max, group = "mixed", sum(kv) + d, max(kv) + 1, work.seqs[-1].group_id
+        else:
+            kind, kv_tokens, kv_max, group = "prefill", 0, 0, work.seqs[0].group_id
+        self.writer.add("steps", _row(StepRow, (step, kind, s.rows, work.padded_len, work.prompt_tokens, s.tokens,
+                                                s.attn, kv_tokens, kv_max, kv_tokens, start, end, group, n_admitted,
+                                                0, self.replica, n_preempted, work.recomputed, d)))
 
     def decode_steps(self, step: int, shape: DecodeShape, start: float, ends: list[float], retired: int,
-                     next_start: float) -> None:
+                     next_start: float, n_preempted: int) -> None:
         """Consecutive decode steps of the same rows from `step` (the first has `shape`), the first starting at
         `start`, each ending where the next starts; the timer's `ends`, but the last step ends where the next pass
         starts (`next_start`: it holds the rows' retirement). Rows retire only in the last. The simulator writes a
@@ -48,15 +55,16 @@ class Recorder:
         columns = zip(range(step, step + n), ["decode"] * n, [rows] * n, [0] * n, [0] * n, [0] * n, [0] * n,
                       kv_tokens.tolist(), kv_max.tolist(), kv_read(self.backend, rows, kv_tokens, kv_max).tolist(),
                       np.asarray(starts, float).tolist(), np.asarray(ends, float).tolist(), [-1] * n, [0] * n,
-                      [0] * (n - 1) + [retired], [self.replica] * n)
+                      [0] * (n - 1) + [retired], [self.replica] * n, [n_preempted] + [0] * (n - 1), [0] * n,
+                      [0] * n)
         self.writer.add_many("steps", map(StepRow._make, columns))
 
     def finish(self, seqs: list[Seq]) -> None:
         for s in seqs:
             r = s.req
             self.writer.add("requests", (r.request_id, r.arrival, s.admitted, s.admit_step, s.group_id, s.group_size,
-                                         s.first_token, s.finished, r.prompt_tokens, s.generated, s.blocks_needed,
-                                         self.replica))
+                                         s.first_token, s.finished, r.prompt_tokens, s.generated,
+                                         len(s.block_table), self.replica, s.preemptions, s.recomputed, s.cached))
             if self.tokens and s.token_times:
                 ids = s.token_ids or [-1] * len(s.token_times)
                 self.writer.add_many("tokens", ((r.request_id, i, t, tok) for i, (t, tok) in enumerate(zip(s.token_times, ids))))

@@ -5,9 +5,13 @@ The engine drives it with real GPU steps and the simulator with modelled step co
 code of its own, so they cannot disagree about who is admitted when or what a step computes.
 
 Admission: the queue head is admitted only when a batch row is free and the blocks its admission policy asks
-for (reserve: prompt + full budget, in whole blocks) are free; if it does not fit, it and everything behind it
-wait. The requests admitted in one step form an admission group. A prompt whose last positions are computed in
-a step gets its first token from that step.
+for (reserve: prompt + full budget, in whole blocks; on-demand: what it computes now, plus a watermark) are free;
+if it does not fit, it and everything behind it wait. The requests admitted in one step form an admission group.
+
+A sequence gets its next token from the step that computes the last of its `target` positions: its prompt and
+the tokens it has generated, less the last (whose K/V the next step writes). So a prompt's last chunk gives its
+first token, a recompute after a preemption gives the token after those it had, and a decode row in a fused step
+(a one-position sequence after its K/V in the pool) gives its next token: one rule for the three.
 """
 from __future__ import annotations
 
@@ -30,7 +34,8 @@ class Seq:
     """A request inside the engine: its blocks, progress and the times the records need."""
 
     __slots__ = ("req", "budget", "blocks_needed", "block_table", "kv_len", "generated", "admitted", "admit_step",
-                 "group_id", "group_size", "first_token", "last_token", "finished", "token_times", "token_ids")
+                 "group_id", "group_size", "first_token", "last_token", "finished", "token_times", "token_ids",
+                 "prefilling", "preemptions", "recomputed", "redo", "cached")
 
     def __init__(self, req: Request, blocks_needed: int):
         self.req = req
@@ -43,38 +48,55 @@ class Seq:
         self.admit_step = self.group_id = self.group_size = -1
         self.token_times: list[float] = []
         self.token_ids: list[int] = []
+        self.prefilling = False  # admitted, its target positions not yet all in the pool
+        self.preemptions = 0
+        self.recomputed = 0  # positions whose K/V were computed, lost to a preemption, and computed again
+        self.redo = 0  # of those, the ones not yet computed again
+        self.cached = 0  # prompt positions found in the prefix cache at admission
 
     @property
     def remaining(self) -> int:
         return self.budget - self.generated
 
+    @property
+    def target(self) -> int:
+        """Positions in the pool once this sequence has its next token's inputs: prompt + generated tokens."""
+        return self.req.prompt_tokens + self.generated
+
 
 @dataclass
 class PrefillWork:
-    """One prefill step: for each sequence, `prefix` prompt positions already in the pool, `new` prompt positions
-    computed now, and `computed` positions run (new plus padding, for padded)."""
+    """One prefill step: for each sequence, `prefix` positions already in the pool, `new` positions computed now,
+    and `computed` positions run (new plus padding, for padded). A fused step's first `decode` sequences are decode
+    rows (one position each)."""
 
     seqs: list[Seq]
     prefix: list[int]
     new: list[int]
     computed: list[int]
-    # Made once from computed and prefix (not changed after): the timer and the recorder both ask for it.
+    decode: int = 0
+    # Made once, when the step is planned (not changed after): the timer, the runner and the recorder ask for them.
     shape: PrefillShape = field(init=False, repr=False, compare=False)
+    done: list[bool] = field(init=False, repr=False, compare=False)
+    recomputed: int = field(init=False, repr=False, compare=False)  # positions a preemption lost, computed again
 
     def __post_init__(self):
         self.shape = PrefillShape(tuple(self.computed), tuple(self.prefix))  # the scheduler's ints: no conversion
+        self.done = [p + n == s.target for s, p, n in zip(self.seqs, self.prefix, self.new)]
+        self.recomputed = sum([min(n, s.redo) for s, n in zip(self.seqs, self.new) if s.redo])
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(self.new)
+        """Positions computed for prompts (and recomputes), not for decode rows."""
+        return sum(self.new) - self.decode
 
     @property
     def padded_len(self) -> int:
         return max(self.computed)
 
     def completes(self, i: int) -> bool:
-        """Whether sequence i's prompt is whole in the pool after this step (it then has its first token)."""
-        return self.prefix[i] + self.new[i] == self.seqs[i].req.prompt_tokens
+        """Whether sequence i has its target positions in the pool after this step (it then has its next token)."""
+        return self.done[i]
 
 
 def decode_shape(rows: list[Seq]) -> DecodeShape:
@@ -91,11 +113,12 @@ class StepPlan(NamedTuple):
     step: int  # the number of the pass's first step: its prefill step and its first decode step carry it
     group: list[Seq]  # the admission group (may be empty)
     prefill: PrefillWork | None
-    first_tokens: list[Seq]  # the prompts the prefill step completes: their first token comes from it
+    first_tokens: list[Seq]  # the sequences the prefill step completes: their next token comes from it
     rows: list[Seq]  # the decode rows once the prefill step is done (first token, budget left); may be empty
     shape: DecodeShape | None  # the first decode step's shape
     max_steps: int
     stop: float
+    preempted: list[Seq]  # requests preempted at the pass's start (back at the head of the queue)
 
 
 _plan = tuple.__new__  # StepPlan's fields as one tuple, without the named tuple's keyword-taking __new__
@@ -116,6 +139,9 @@ class Scheduler:
         self.prefilling: deque[Seq] = deque()  # admitted, prompt not yet whole in the pool, in admission order
         self._seen: set[int] = set()
         self._groups = 0
+        self._watermark = admission.watermark(pool)
+        self.preemptions = 0
+        policy.check(max_batch)
 
     def check(self, req: Request) -> None:
         """Refuse a request the engine could never serve, naming why."""
@@ -130,7 +156,7 @@ class Scheduler:
         if self.max_tokens is not None and total > self.max_tokens:
             raise InputError(f"request {rid}: prompt {req.prompt_tokens} + budget {req.budget} = {total} tokens is beyond "
                              f"the model's {self.max_tokens} positions")
-        need = self.admission.blocks_to_admit(req, self.pool)
+        need = self.admission.most_blocks(req, self.pool)
         if need > self.pool.num_blocks:
             raise InputError(f"request {rid}: needs {need} blocks of {self.pool.block_size} tokens "
                              f"({total} tokens); the pool has {self.pool.num_blocks}")
@@ -138,7 +164,7 @@ class Scheduler:
     def submit(self, req: Request) -> Seq:
         self.check(req)
         self._seen.add(req.request_id)
-        seq = Seq(req, self.admission.blocks_to_admit(req, self.pool))
+        seq = Seq(req, self.admission.blocks_to_admit(req, req.prompt_tokens, self.pool))
         self.queue.append(seq)
         return seq
 
@@ -148,17 +174,60 @@ class Scheduler:
         every decode step's, are set once they have run (the loop's, advance). With `lookahead` (a timer that
         can price a stretch of decode steps), the stretch is bounded by the next point where this scheduler has
         something to decide: a row finishing, a chunk step due, or an arrival it could admit."""
-        group = self.admit(now, step)
+        preempted = self._grow() if self.admission.grows else []
+        group = [] if preempted else self.admit(now, step)
         work, first = None, []
         if self.prefilling:
-            work = PrefillWork(*self.policy.select(self.prefilling))
+            if self.policy.fuses:
+                decoding = self.decode_rows()
+                work = PrefillWork(*self.policy.select(self.prefilling, decoding), len(decoding))
+            else:
+                work = PrefillWork(*self.policy.select(self.prefilling, []))
             first = self._prefilled(work)
-        rows = self.decode_rows()
+        rows = [] if work is not None and self.policy.fuses else self.decode_rows()
         if not rows:
-            return _plan(StepPlan, (step, group, work, first, rows, None, 0, math.inf))
-        limit = self.max_decode_steps() if lookahead is not None else 1
+            return _plan(StepPlan, (step, group, work, first, rows, None, 0, math.inf, preempted))
+        limit = self.max_decode_steps(rows) if lookahead is not None else 1
         stop = self.next_admission(lookahead) if limit > 1 else math.inf
-        return _plan(StepPlan, (step, group, work, first, rows, decode_shape(rows), limit, stop))
+        return _plan(StepPlan, (step, group, work, first, rows, decode_shape(rows), limit, stop, preempted))
+
+    def _grow(self) -> list[Seq]:
+        """On-demand: give every decode row the block its next token's K/V goes to, preempting the most recently
+        admitted running request (the row itself, when it is the most recent) while none is free. Returns the
+        preempted, in the order preempted."""
+        pool, bs, running = self.pool, self.pool.block_size, self.running
+        preempted: list[Seq] = []
+        i = 0
+        while i < len(running):
+            s = running[i]
+            if s.prefilling or s.generated >= s.budget or s.kv_len < len(s.block_table) * bs:
+                i += 1  # its next write has its block (a prefilling row holds its prompt's blocks)
+                continue
+            while not pool.free and running[-1] is not s:
+                preempted.append(self._preempt(running[-1]))
+            if pool.free:
+                s.block_table += pool.allocate(1)
+                i += 1
+            else:  # the row is the most recent itself: it gives up its own blocks
+                preempted.append(self._preempt(s))
+        return preempted
+
+    def _preempt(self, s: Seq) -> Seq:
+        """Free a running request's blocks and put it back at the head of the queue, to be recomputed."""
+        self.running.remove(s)
+        if s.prefilling:
+            self.prefilling.remove(s)
+            s.prefilling = False
+        self.pool.release(s.block_table)
+        s.block_table = []
+        s.recomputed += s.kv_len
+        s.redo = max(s.redo, s.kv_len)
+        s.kv_len = 0
+        s.preemptions += 1
+        self.preemptions += 1
+        s.blocks_needed = self.admission.blocks_to_admit(s.req, s.target, self.pool)
+        self.queue.appendleft(s)
+        return s
 
     def next_admission(self, arrivals: Arrivals) -> float:
         """The earliest time an admission can happen before the running rows change: never while the queue head
@@ -167,12 +236,14 @@ class Scheduler:
         if self.queue or len(self.running) >= self.max_batch:
             return math.inf
         when, req = arrivals.next_candidate(self)
-        if req is not None and self.admission.blocks_to_admit(req, self.pool) > self.pool.free:
+        if req is not None and \
+                self.admission.blocks_to_admit(req, req.prompt_tokens, self.pool) + self._watermark > self.pool.free:
             return math.inf
         return when
 
     def can_admit(self) -> bool:
-        return bool(self.queue) and len(self.running) < self.max_batch and self.queue[0].blocks_needed <= self.pool.free
+        return bool(self.queue) and len(self.running) < self.max_batch and \
+            self.queue[0].blocks_needed + self._watermark <= self.pool.free
 
     def admit(self, now: float, step: int) -> list[Seq]:
         """Admit from the queue head while a row and the head's full reservation are free."""
@@ -182,7 +253,9 @@ class Scheduler:
         while self.can_admit():
             seq = self.queue.popleft()
             seq.block_table = self.pool.allocate(seq.blocks_needed)
-            seq.admitted, seq.admit_step = now, step
+            if seq.preemptions == 0:  # a readmission keeps its first admission's time
+                seq.admitted, seq.admit_step = now, step
+            seq.prefilling = True
             group.append(seq)
             self.running.append(seq)  # at once, so can_admit counts the rows this group has taken
         if group:
@@ -193,36 +266,65 @@ class Scheduler:
         return group
 
     def _prefilled(self, work: PrefillWork) -> list[Seq]:
-        """The step's positions are in the pool; prompts it completes have their first token. Returns those."""
+        """The step's positions are in the pool; the sequences it completes have their next token. Returns those."""
         done = []
-        for i, s in enumerate(work.seqs):
-            s.kv_len += work.new[i]
-            if work.completes(i):
-                s.generated = 1
+        for s, n, d in zip(work.seqs, work.new, work.done):
+            s.kv_len += n
+            if s.redo:
+                s.redo = max(0, s.redo - n)
+            if d:
+                s.generated += 1
                 done.append(s)
-        for _ in done:  # prompts complete in admission order, so the finished ones lead the deque
-            self.prefilling.popleft()
+        for s in done[work.decode:]:  # prompts complete in admission order, so the finished ones lead the deque
+            self.prefilling.popleft().prefilling = False
         return done
-
-
 
     def decode_rows(self) -> list[Seq]:
         """Rows with their first token and budget left: the ones a decode step advances."""
-        return [s for s in self.running if 0 < s.generated < s.budget]
+        return [s for s in self.running if not s.prefilling and s.generated < s.budget]
 
-    def max_decode_steps(self) -> int:
+    def max_decode_steps(self, rows: list[Seq]) -> int:
         """Decode steps that can run back to back before the scheduler has anything to decide: until the first
-        running row finishes, and one while prompts still wait for chunk steps (at least 1)."""
+        running row finishes, one while prompts still wait for chunk steps, and (on-demand) while the free blocks
+        hold what the rows grow into (at least 1)."""
         if self.prefilling:
             return 1
-        return max(1, min([s.budget - s.generated for s in self.running]))  # each row's remaining, inlined
+        k = max(1, min([s.budget - s.generated for s in self.running]))  # each row's remaining, inlined
+        if k > 1 and self.admission.grows:
+            k = self._steps_in_free_blocks(rows, k)
+        return k
+
+    def _steps_in_free_blocks(self, rows: list[Seq], k: int) -> int:
+        """The most decode steps, up to k, whose new blocks the free ones hold (the first step's are allocated):
+        step j writes position kv_len + j - 1, so after j steps a row holds blocks_for(kv_len + j)."""
+        bs, free = self.pool.block_size, self.pool.free
+        have = [(s.kv_len, len(s.block_table) * bs) for s in rows]
+
+        def need(j: int) -> int:
+            return sum([-(-(n + j - cap) // bs) for n, cap in have if n + j > cap])
+
+        lo, hi = 1, k
+        while lo < hi:  # need() grows with j: the largest j with need(j) <= free
+            mid = (lo + hi + 1) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def advance(self, rows: list[Seq], t: float, steps: int = 1) -> None:
-        """`steps` decode steps for `rows` ended at `t`: each step wrote one token's K/V and generated one token."""
+        """`steps` decode steps for `rows` ended at `t`: each step wrote one token's K/V and generated one token.
+        On-demand, a stretch's later steps take their blocks here (Scheduler.max_decode_steps left room)."""
         for s in rows:
             s.kv_len += steps
             s.generated += steps
             s.last_token = t
+        if steps > 1 and self.admission.grows:
+            pool, bs = self.pool, self.pool.block_size
+            for s in rows:
+                more = -(-s.kv_len // bs) - len(s.block_table)
+                if more > 0:
+                    s.block_table += pool.allocate(more)
 
     def retire(self) -> list[Seq]:
         """Finish rows that generated their whole budget (at their last token) and free their blocks."""

@@ -37,10 +37,11 @@ class RunLog(Protocol):
     tokens: bool  # keep every token's time (and id)
     keep_decode: bool  # write a row per decode step (else only requests and prefill steps)
 
-    def prefill(self, step: int, work: PrefillWork, n_admitted: int, start: float, end: float) -> None: ...
+    def prefill(self, step: int, work: PrefillWork, n_admitted: int, n_preempted: int, start: float,
+                end: float) -> None: ...
 
     def decode_steps(self, step: int, shape: DecodeShape, start: float, ends: list[float], retired: int,
-                     next_start: float) -> None: ...
+                     next_start: float, n_preempted: int) -> None: ...
 
     def finish(self, seqs: list[Seq]) -> None: ...
 
@@ -176,14 +177,16 @@ class StepLoop:
             if work is not None:
                 tokens, end = timer.prefill(work, t)
                 for s in first:
-                    s.first_token = s.last_token = end
+                    s.last_token = end
+                    if s.generated == 1:
+                        s.first_token = end
                 if tokens is not None:
                     for s, tok in zip(first, tokens):
                         s.token_ids.append(tok)
                 if keep_times:
                     for s in first:
                         s.token_times.append(end)
-                rec.prefill(plan.step, work, len(plan.group), t, end)
+                rec.prefill(plan.step, work, len(plan.group), len(plan.preempted), t, end)
                 t = end
             # Run its decode stretch.
             rows, ends = plan.rows, None
@@ -206,7 +209,8 @@ class StepLoop:
                 if self.on_finish:
                     self.on_finish(done)
             if ends and keep_decode:
-                rec.decode_steps(plan.step, plan.shape, t, ends, len(done), timer.now())
+                rec.decode_steps(plan.step, plan.shape, t, ends, len(done), timer.now(),
+                                 0 if work is not None else len(plan.preempted))
             step = plan.step + (len(ends) if ends else 1)
 
 

@@ -146,7 +146,7 @@ def test_fast_forward_writes_what_stepping_one_decode_step_a_pass_writes(triples
 
 def test_policies_come_from_one_registry_and_parse_in_one_place():
     assert [str(PrefillPolicy.parse(p)) for p in STUDIED] == list(STUDIED)
-    assert set(PREFILL) == {"padded", "packed", "chunked"}
+    assert set(PREFILL) == {"padded", "packed", "chunked", "mixed"}
     for bad, why in (("chunked", "chunked:N"), ("padded:3", "only chunked"), ("zigzag", "unknown prefill policy"),
                      ("chunked:0", "whole number")):
         with pytest.raises(InputError, match=why):
@@ -171,12 +171,12 @@ def test_the_decode_backend_padded_is_now_dense_and_its_old_name_still_works(tmp
     assert code == 0 and "engine   dense," in out and "'padded' is now called 'dense'" in err
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 def test_records_of_every_version_read_with_the_current_names(tmp_path, version):
-    """Version 4 (plain CSV, n_admitted) is written; 3 (plain CSV, the schema in meta.json, steps' `admitted`: real
-    engine runs recorded before the rename), 2 (a '# {schema}' line atop each table, `admitted`) and 1 (that line,
-    and no tokens, attn or replica columns) are read with the current names."""
-    import csv
+    """Version 5 is written (4 plus the preemption, cache and fused-step columns, read as 0 from older records); 4
+    (plain CSV, n_admitted); 3 (plain CSV, the schema in meta.json, steps' `admitted`: real engine runs recorded before the
+    rename), 2 (a '# {schema}' line atop each table, `admitted`) and 1 (that line, and no tokens, attn or replica
+    columns) are read with the current names."""
     import json
 
     from sim.cli import _write_record
@@ -188,24 +188,26 @@ def test_records_of_every_version_read_with_the_current_names(tmp_path, version)
     run = tmp_path / "run"
     _write_record(rec, run, False, {})
     meta = json.loads((run / "meta.json").read_text())
-    assert meta["version"] == records.VERSION == 4
+    assert meta["version"] == records.VERSION == 5
     assert (run / "steps.csv").read_text().splitlines()[0].split(",")[13] == "n_admitted"  # plain CSV: names first
-    if version < 4:  # the same record as that version wrote it
+    if version < 5:  # the same record as that version wrote it
         (run / "meta.json").write_text(json.dumps({**meta, "version": version}))
         for t in records.TABLES:
             path = run / f"{t}.csv"
             if not path.exists():
                 continue
             rows = list(csv.reader(path.read_text().splitlines()))
-            keep = [i for i, c in enumerate(rows[0]) if version > 1 or c not in records._ADDED.get(t, ())]
+            keep = [i for i, c in enumerate(rows[0]) if (version > 1 or c not in records._ADDED.get(t, ()))
+                    and c not in records._ADDED_V5.get(t, ())]
             rows = [[r[i] for i in keep] for r in rows]
-            if t == "steps":
+            if t == "steps" and version < 4:
                 rows[0] = ["admitted" if c == "n_admitted" else c for c in rows[0]]
             text = "".join(",".join(r) + "\n" for r in rows)
             if version < 3:
                 text = "# " + json.dumps({"schema": f"run-record/{t}", "version": version}) + "\n" + text
             path.write_text(text)
-        assert ("admitted" in (run / "steps.csv").read_text()) and "n_admitted" not in (run / "steps.csv").read_text()
+        if version < 4:
+            assert "admitted" in (run / "steps.csv").read_text() and "n_admitted" not in (run / "steps.csv").read_text()
     again = read_run(run)
     assert again.meta["version"] == version
     assert again.steps["n_admitted"].tolist() == rec.steps["n_admitted"].tolist() and rec.steps["n_admitted"].max() == 2

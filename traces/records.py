@@ -32,20 +32,24 @@ from .errors import InputError
 from .provenance import now_iso
 
 SCHEMA = "run-record"
-VERSION = 4
-READS = (1, 2, 3, 4)
+VERSION = 5
+READS = (1, 2, 3, 4, 5)
 HEADED = (1, 2)  # versions whose tables start with a '# {"schema": ...}' line
 REQUEST_COLUMNS = ("request_id", "arrival", "admitted", "admit_step", "group_id", "group_size", "first_token",
-                   "finished", "prompt_tokens", "output_tokens", "blocks", "replica")
+                   "finished", "prompt_tokens", "output_tokens", "blocks", "replica", "preemptions",
+                   "recomputed_tokens", "cached_tokens")
 
 
 class StepRow(NamedTuple):
     """One row of steps.csv: a prefill step (its rows, padded length, prompt positions, positions computed and
-    attention work; its admission group and how many requests the pass admitted) or a decode step (its rows' K/V
-    tokens, the longest row's, what its attention read, and how many rows retired after it)."""
+    attention work; its admission group and how many requests the pass admitted), a decode step (its rows' K/V
+    tokens, the longest row's, what its attention read, and how many rows retired after it), or a fused step
+    (`mixed`: a prefill step whose first `decode_rows` sequences are decode rows, their K/V as a decode step's).
+    `preempted`: requests preempted at the start of the step's pass; `recomputed`: positions it computes again
+    that a preemption lost."""
 
     step: int
-    kind: str  # "prefill" or "decode"
+    kind: str  # "prefill", "decode" or "mixed"
     rows: int
     padded_len: int
     prompt_tokens: int
@@ -60,11 +64,17 @@ class StepRow(NamedTuple):
     n_admitted: int
     retired: int
     replica: int
+    preempted: int
+    recomputed: int
+    decode_rows: int
 
 
 STEP_COLUMNS = StepRow._fields
 _RENAMED = {("steps", "n_admitted"): ("admitted", 4)}  # (table, column): (its name before, the version renaming it)
 _ADDED = {"requests": ("replica",), "steps": ("tokens", "attn", "replica")}  # columns version 2 added
+# Columns version 5 added (preemption, prefix caching, fused steps), 0 in an older record: it had none of them.
+_ADDED_V5 = {"requests": ("preemptions", "recomputed_tokens", "cached_tokens"),
+             "steps": ("preempted", "recomputed", "decode_rows")}
 TOKEN_COLUMNS = ("request_id", "index", "time", "token_id")  # token_id -1 where not known (simulated)
 REJECTED_COLUMNS = ("request_id", "arrival", "reason")
 TABLES = {"requests": REQUEST_COLUMNS, "steps": STEP_COLUMNS, "tokens": TOKEN_COLUMNS, "rejected": REJECTED_COLUMNS}
@@ -240,7 +250,8 @@ def read_run(run_dir: str | Path) -> RunRecord:
         if not p.exists() and p.with_name(f"{t}.csv.gz").exists():  # a finished record, compressed for keeping
             p = p.with_name(f"{t}.csv.gz")
         old = version == 1 and t in _ADDED
-        want = tuple(c for c in cols if c not in _ADDED[t]) if old else cols
+        zero = _ADDED_V5.get(t, ()) if version < 5 else ()
+        want = tuple(c for c in cols if c not in zero and not (old and c in _ADDED[t]))
         # A renamed column is read under the name its version wrote, and goes on under its current name.
         named = tuple(_RENAMED[t, c][0] if (t, c) in _RENAMED and version < _RENAMED[t, c][1] else c for c in want)
         schema = f"{SCHEMA}/{t}" if version in HEADED else None
@@ -253,7 +264,10 @@ def read_run(run_dir: str | Path) -> RunRecord:
         if rows is None:
             rows = read_table(p, schema, (version,), named, appended=True)[1] if p.exists() else []
         try:
-            frames[t] = _upgrade(t, _frame(t, rows, want)) if old else _frame(t, rows, want)
+            frame = _frame(t, rows, want)
+            if zero:
+                frame = frame.assign(**{c: 0 for c in zero})
+            frames[t] = _upgrade(t, frame) if old else frame[list(cols)]
         except ValueError:  # pandas' message names neither the file nor the line
             raise _not_a_number(p, t, rows, want, headed=schema is not None) from None
     return RunRecord(meta, **frames)
