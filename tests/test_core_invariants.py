@@ -177,6 +177,7 @@ def test_records_of_every_version_read_with_the_current_names(tmp_path, version)
     (plain CSV, n_admitted); 3 (plain CSV, the schema in meta.json, steps' `admitted`: real engine runs recorded before the
     rename), 2 (a '# {schema}' line atop each table, `admitted`) and 1 (that line, and no tokens, attn or replica
     columns) are read with the current names."""
+    import csv
     import json
 
     from sim.cli import _write_record
