@@ -9,9 +9,11 @@ from costs.shapes import BACKENDS, backend_named
 from traces.errors import InputError
 from traces.model_spec import DTYPE_BYTES, MODELS, kv_bytes_per_token
 
-from .block_pool import DEFAULT_BLOCK_SIZE, UNBOUNDED, PoolSize, blocks_for
+from .block_pool import DEFAULT_BLOCK_SIZE, UNBOUNDED, BlockPool, PoolSize, blocks_for
+from .prefix_cache import CachingBlockPool
 from .routing import ROUTERS
 from .policies import PADDED, RESERVE, AdmissionPolicy, PrefillPolicy
+from .scheduler import Scheduler
 
 
 SINGLE_ROUTER = "round-robin"  # the router a single engine's configuration names (any router sends it everything)
@@ -26,8 +28,8 @@ def _count(value, what: str) -> None:
 class ServingConfig:
     """model: a key of traces.model_spec.MODELS; dtype: the K/V (and weights') dtype; block_size: tokens per KV
     block; max_batch: batch rows; pool: the KV pool (GiB, blocks or unbounded); backend: the decode backend;
-    prefill, admission: the scheduler's policies (or their names; core/policies.py); replicas behind `router` (one:
-    a single engine)."""
+    prefill, admission: the scheduler's policies (or their names; core/policies.py); prefix_cache: share full
+    prompt blocks by content (core/prefix_cache.py); replicas behind `router` (one: a single engine)."""
 
     model: str = "qwen2.5-1.5b"
     dtype: str = "float16"
@@ -37,6 +39,7 @@ class ServingConfig:
     backend: str = "paged"
     prefill: PrefillPolicy = PADDED
     admission: AdmissionPolicy = RESERVE
+    prefix_cache: bool = False
     replicas: int = 1
     router: str = SINGLE_ROUTER
 
@@ -55,6 +58,8 @@ class ServingConfig:
             raise InputError(f"unknown router {self.router!r}; choose {', '.join(ROUTERS)}")
         if self.replicas == 1:  # one engine gets every request whatever the router: one configuration, run once
             object.__setattr__(self, "router", SINGLE_ROUTER)
+        if not isinstance(self.prefix_cache, bool):
+            raise InputError(f"prefix_cache is on or off (True or False), got {self.prefix_cache!r}")
         if not isinstance(self.pool, PoolSize):
             raise TypeError(f"pool must be a PoolSize, got {self.pool!r}")
         # Names are parsed (once, here), so that a configuration can be written as text.
@@ -78,6 +83,12 @@ class ServingConfig:
         """The pool's blocks, for a workload whose largest request holds `largest_tokens` (prompt + budget)."""
         return self.pool.num_blocks(self.block_size, self.kv_bytes_per_token, self.max_batch, largest_tokens)
 
+    def scheduler(self, num_blocks: int, max_tokens: int | None, max_batch: int | None = None) -> Scheduler:
+        """A scheduler of this configuration's policies on a pool of `num_blocks` (caching when prefix_cache), for
+        requests of at most `max_tokens` (None: any), with `max_batch` rows (None: the configuration's)."""
+        pool = (CachingBlockPool if self.prefix_cache else BlockPool)(num_blocks, self.block_size)
+        return Scheduler(max_batch or self.max_batch, pool, max_tokens, self.prefill, self.admission)
+
     def but(self, **changes) -> "ServingConfig":
         """This configuration with some knobs changed."""
         return replace(self, **changes)
@@ -86,11 +97,13 @@ class ServingConfig:
     def label(self) -> str:
         policy = "" if self.prefill == PADDED else f", {self.prefill} prefill"
         policy += "" if self.admission == RESERVE else f", {self.admission} admission"
+        policy += ", prefix cache" if self.prefix_cache else ""
         fleet = "" if self.replicas == 1 else f", {self.replicas} replicas behind {self.router}"
         return f"{self.backend}{policy}, max batch {self.max_batch}, pool {self.pool}{fleet}"
 
     def axes(self) -> dict:
         """The knobs a sweep varies, flat, as its rows and points files name them (a pool in GiB)."""
         return {"backend": self.backend, "max_batch": self.max_batch, "pool_gib": self.pool.gib,
-                "prefill": str(self.prefill), "admission": str(self.admission), "replicas": self.replicas,
+                "prefill": str(self.prefill), "admission": str(self.admission),
+                "prefix_cache": self.prefix_cache, "replicas": self.replicas,
                 "router": self.router}

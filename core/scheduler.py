@@ -26,6 +26,7 @@ from traces.workload import Request
 
 from .block_pool import BlockPool
 from .policies import PADDED, RESERVE, AdmissionPolicy, PrefillPolicy
+from .prefix_cache import CachingBlockPool, block_keys
 
 if TYPE_CHECKING:
     from .step_loop import Arrivals
@@ -35,7 +36,7 @@ class Seq:
 
     __slots__ = ("req", "budget", "blocks_needed", "block_table", "kv_len", "generated", "admitted", "admit_step",
                  "group_id", "group_size", "first_token", "last_token", "finished", "token_times", "token_ids",
-                 "prefilling", "preemptions", "recomputed", "redo", "cached")
+                 "prefilling", "preemptions", "recomputed", "peak", "cached", "keys")
 
     def __init__(self, req: Request, blocks_needed: int):
         self.req = req
@@ -51,8 +52,9 @@ class Seq:
         self.prefilling = False  # admitted, its target positions not yet all in the pool
         self.preemptions = 0
         self.recomputed = 0  # positions whose K/V were computed, lost to a preemption, and computed again
-        self.redo = 0  # of those, the ones not yet computed again
+        self.peak = 0  # the most positions it had in the pool before its last preemption
         self.cached = 0  # prompt positions found in the prefix cache at admission
+        self.keys: list[int] = []  # its full prompt blocks' cache keys (prefix caching; core/prefix_cache.py)
 
     @property
     def remaining(self) -> int:
@@ -83,7 +85,8 @@ class PrefillWork:
     def __post_init__(self):
         self.shape = PrefillShape(tuple(self.computed), tuple(self.prefix))  # the scheduler's ints: no conversion
         self.done = [p + n == s.target for s, p, n in zip(self.seqs, self.prefix, self.new)]
-        self.recomputed = sum([min(n, s.redo) for s, n in zip(self.seqs, self.new) if s.redo])
+        self.recomputed = sum([max(0, min(p + n, s.peak) - p) for s, p, n in zip(self.seqs, self.prefix, self.new)
+                               if s.peak])
 
     @property
     def prompt_tokens(self) -> int:
@@ -140,6 +143,7 @@ class Scheduler:
         self._seen: set[int] = set()
         self._groups = 0
         self._watermark = admission.watermark(pool)
+        self.caching = isinstance(pool, CachingBlockPool)
         self.preemptions = 0
         policy.check(max_batch)
 
@@ -161,10 +165,16 @@ class Scheduler:
             raise InputError(f"request {rid}: needs {need} blocks of {self.pool.block_size} tokens "
                              f"({total} tokens); the pool has {self.pool.num_blocks}")
 
+    def _seq(self, req: Request) -> Seq:
+        seq = Seq(req, self.admission.blocks_to_admit(req, req.prompt_tokens, self.pool))
+        if self.caching:
+            seq.keys = block_keys(req, self.pool.block_size)
+        return seq
+
     def submit(self, req: Request) -> Seq:
         self.check(req)
         self._seen.add(req.request_id)
-        seq = Seq(req, self.admission.blocks_to_admit(req, req.prompt_tokens, self.pool))
+        seq = self._seq(req)
         self.queue.append(seq)
         return seq
 
@@ -220,8 +230,7 @@ class Scheduler:
             s.prefilling = False
         self.pool.release(s.block_table)
         s.block_table = []
-        s.recomputed += s.kv_len
-        s.redo = max(s.redo, s.kv_len)
+        s.peak = max(s.peak, s.kv_len)
         s.kv_len = 0
         s.preemptions += 1
         self.preemptions += 1
@@ -236,23 +245,39 @@ class Scheduler:
         if self.queue or len(self.running) >= self.max_batch:
             return math.inf
         when, req = arrivals.next_candidate(self)
-        if req is not None and \
-                self.admission.blocks_to_admit(req, req.prompt_tokens, self.pool) + self._watermark > self.pool.free:
+        if req is not None and self._need(self._seq(req))[0] + self._watermark > self.pool.free:
             return math.inf
         return when
 
     def can_admit(self) -> bool:
         return bool(self.queue) and len(self.running) < self.max_batch and \
-            self.queue[0].blocks_needed + self._watermark <= self.pool.free
+            self._need(self.queue[0])[0] + self._watermark <= self.pool.free
+
+    def _need(self, seq: Seq) -> tuple[int, list[int]]:
+        """The free blocks the sequence takes at admission, and the cached blocks it shares (prefix caching): its
+        admission policy's blocks less the shared ones, plus those of them no one holds now (they count as free).
+        At least one position is left to compute, for the logits of its next token."""
+        if not seq.keys:
+            return seq.blocks_needed, []
+        pool = self.pool
+        hits = pool.match(seq.keys, (seq.target - 1) // pool.block_size)
+        return seq.blocks_needed - len(hits) + pool.taken_from_free(hits), hits
 
     def admit(self, now: float, step: int) -> list[Seq]:
-        """Admit from the queue head while a row and the head's full reservation are free."""
+        """Admit from the queue head while a row and the blocks its admission policy asks for are free."""
         if not self.can_admit():  # most passes admit no one
             return []
         group: list[Seq] = []
+        pool = self.pool
         while self.can_admit():
             seq = self.queue.popleft()
-            seq.block_table = self.pool.allocate(seq.blocks_needed)
+            hits = []
+            if seq.keys:
+                _, hits = self._need(seq)
+                pool.take(hits, min(len(seq.keys), (seq.target - 1) // pool.block_size))
+                seq.kv_len = len(hits) * pool.block_size
+                seq.cached += seq.kv_len
+            seq.block_table = hits + pool.allocate(seq.blocks_needed - len(hits))
             if seq.preemptions == 0:  # a readmission keeps its first admission's time
                 seq.admitted, seq.admit_step = now, step
             seq.prefilling = True
@@ -269,15 +294,23 @@ class Scheduler:
         """The step's positions are in the pool; the sequences it completes have their next token. Returns those."""
         done = []
         for s, n, d in zip(work.seqs, work.new, work.done):
+            if s.keys:
+                self._cache_full_blocks(s, s.kv_len, s.kv_len + n)
+            if s.peak:
+                s.recomputed += max(0, min(s.kv_len + n, s.peak) - s.kv_len)
             s.kv_len += n
-            if s.redo:
-                s.redo = max(0, s.redo - n)
             if d:
                 s.generated += 1
                 done.append(s)
         for s in done[work.decode:]:  # prompts complete in admission order, so the finished ones lead the deque
             self.prefilling.popleft().prefilling = False
         return done
+
+    def _cache_full_blocks(self, s: Seq, start: int, end: int) -> None:
+        """Positions start..end of the sequence are now in the pool: address the prompt blocks they complete."""
+        bs = self.pool.block_size
+        for j in range(start // bs, min(end // bs, len(s.keys))):
+            self.pool.cache(s.block_table[j], s.keys[j])
 
     def decode_rows(self) -> list[Seq]:
         """Rows with their first token and budget left: the ones a decode step advances."""

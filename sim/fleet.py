@@ -31,7 +31,6 @@ import simpy
 from simpy.events import NORMAL, URGENT
 
 from costs.model import CostModel
-from core.block_pool import BlockPool
 from core.recorder import Recorder
 from core.routing import Load, Router, router as router_named
 from core.scheduler import Scheduler, Seq
@@ -191,8 +190,7 @@ def simulate_fleet(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
     env.process(dispatcher.run())  # first: arrivals at t=0 are in the inboxes before any replica's first pass
     loops, timers = [], []
     for i, inbox in enumerate(dispatcher.inboxes):
-        sched = Scheduler(serving.max_batch, BlockPool(pool_blocks, serving.block_size), cost.table.max_tokens,
-                          serving.prefill, serving.admission)
+        sched = serving.scheduler(pool_blocks, cost.table.max_tokens)
         timer = ReplicaTimer(cost, serving.backend, cfg.fast_forward, cfg.noise_seed, i, str(serving.prefill))
         recorder = ReplicaRecorder(writer, serving.backend, dispatcher.loads[i], i, cfg.detail)
         loop = StepLoop(sched, recorder, timer, inbox, (lambda done: on_finish(len(done))) if on_finish else None)

@@ -9,9 +9,8 @@ from operator import attrgetter
 from pathlib import Path
 
 from costs.table import CostTable, check_compatible, load_cost_table
-from core.block_pool import BlockPool, largest_request_tokens
+from core.block_pool import largest_request_tokens
 from core.config import ServingConfig
-from core.scheduler import Scheduler
 from traces.errors import InputError
 from traces.memory import check_fits
 from traces.model_spec import QWEN25_1P5B, config_hash
@@ -139,6 +138,6 @@ def check_trace(trace: Trace, table: CostTable, serving: ServingConfig, pool_blo
             and (table.max_tokens is None or largest.prompt_tokens + largest.budget <= table.max_tokens)
             and len(set(map(attrgetter("request_id"), reqs))) == len(reqs)):
         return
-    sched = Scheduler(serving.max_batch, BlockPool(pool_blocks, block_size), table.max_tokens)
+    sched = serving.scheduler(pool_blocks, table.max_tokens)
     for req in reqs:
         sched.submit(req)

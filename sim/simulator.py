@@ -32,11 +32,11 @@ import numpy as np
 from costs.model import CostModel
 from costs.shapes import DecodeShape
 from costs.table import check_compatible
-from core.block_pool import BlockPool, largest_request_tokens
+from core.block_pool import largest_request_tokens
 from core.config import ServingConfig
 from core.recorder import Recorder
 from core.policies import PrefillPolicy
-from core.scheduler import PrefillWork, Scheduler, Seq
+from core.scheduler import PrefillWork, Seq
 from core.step_loop import StepLoop, TraceArrivals, drive
 from traces.errors import InputError
 from traces.model_spec import config_hash
@@ -213,8 +213,7 @@ def simulate(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
     pool_blocks, writer = start_run(trace, cost, cfg)
     serving = cfg.serving
     recorder = Recorder(writer, serving.backend, tokens=cfg.detail == "tokens", decode_steps=cfg.detail != "summary")
-    sched = Scheduler(serving.max_batch, BlockPool(pool_blocks, serving.block_size), cost.table.max_tokens,
-                      serving.prefill, serving.admission)
+    sched = serving.scheduler(pool_blocks, cost.table.max_tokens)
     timer = SimTimer(cost, serving.backend, cfg.fast_forward, cfg.noise_seed, str(serving.prefill))
     loop = StepLoop(sched, recorder, timer, TraceArrivals(trace.requests),
                     (lambda done: on_finish(len(done))) if on_finish else None)

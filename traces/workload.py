@@ -41,6 +41,8 @@ class Request:
     prompt_tokens: int
     budget: int
     prompt: str = ""  # the named workload prompt (p16..p4096), or "" for a length-only request
+    hash_ids: tuple[int, ...] = ()  # one id per prompt block of hash_block tokens: equal ids, equal blocks
+    hash_block: int = 0  # tokens per hashed block (0: no hashes)
 
 
 @dataclass
