@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 from core.block_pool import DEFAULT_BLOCK_SIZE, PoolSize
 from core.config import ServingConfig
-from core.policies import PrefillPolicy
+from core.policies import AdmissionPolicy, PrefillPolicy
 from core.routing import ROUTERS
 from costs.shapes import BACKENDS, backend_from_user
 from traces.arrival_options import add_arrival_options, given
@@ -58,6 +58,31 @@ def _policy(text: str) -> str:
         return str(PrefillPolicy.parse(text))
     except InputError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _admission(text: str) -> str:
+    try:
+        return str(AdmissionPolicy.parse(text))
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+_on_off = checked(lambda v: {"on": True, "off": False}.get(v, v), lambda v: isinstance(v, bool), "on or off")
+PREFILL_HELP = ("prefill policy: padded (each group padded to its widest prompt), packed (true lengths), chunked:N "
+                "(N prompt tokens a step between decode steps) or mixed:N (every decode row and prompt tokens fused "
+                "in one step of N tokens, N >= max batch)")
+
+
+def add_memory_options(p: argparse.ArgumentParser, many: bool) -> None:
+    """--admission and --prefix-cache: one value (run, capacity) or a list, each a sweep axis."""
+    kind, meta = (_list, "A1,A2") if many else ((lambda f: f), "POLICY")
+    p.add_argument("--admission", type=kind(_admission), default=["reserve"] if many else "reserve", metavar=meta,
+                   help="KV admission: reserve (prompt + whole budget at admission) or on-demand (blocks as tokens "
+                        "are written, preempting the newest request by recompute when none is free) "
+                        "(default reserve)")
+    p.add_argument("--prefix-cache", type=kind(_on_off), default=[False] if many else False,
+                   metavar="off,on" if many else "on|off",
+                   help="share full prompt blocks by the trace's hash ids (default off)")
 
 
 def _seeds(text: str) -> list[int]:
@@ -111,8 +136,8 @@ def parser() -> argparse.ArgumentParser:
                      help="decode backend: paged or dense (every row read at the widest; old name padded) (default paged)")
     run.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
     run.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY",
-                     help="prefill policy: padded (each group padded to its widest prompt), packed (true lengths) or "
-                          "chunked:N (N prompt tokens a step between decode steps) (default padded)")
+                     help=PREFILL_HELP + " (default padded)")
+    add_memory_options(run, many=False)
     pool = run.add_mutually_exclusive_group()
     pool.add_argument("--pool-gib", type=gib_arg, help="KV pool size in GiB")
     pool.add_argument("--pool-blocks", type=blocks_arg, help="KV pool size in blocks (default: enough that it never binds)")
@@ -156,7 +181,8 @@ def parser() -> argparse.ArgumentParser:
     sweep.add_argument("--backend", type=_list(_backend), default=list(BACKENDS), metavar="paged,dense",
                        help="decode backends (default paged,dense; padded is the old name of dense)")
     sweep.add_argument("--prefill", type=_list(_policy), default=["padded"], metavar="P1,P2,...",
-                       help="prefill policies: padded, packed, chunked:N (default padded)")
+                       help="prefill policies: padded, packed, chunked:N, mixed:N (default padded)")
+    add_memory_options(sweep, many=True)
     sweep.add_argument("--replicas", type=_list(count_arg), default=[1], metavar="N1,N2,...",
                        help="fleet sizes: engines behind a router (default 1); with more than one, the sweep also "
                             "says the fewest replicas that hold each rate")
@@ -295,7 +321,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .simulator import SimConfig, simulate
     serving = ServingConfig(block_size=args.block_size, max_batch=args.max_batch,
                             pool=PoolSize(args.pool_gib, args.pool_blocks), backend=args.backend,
-                            prefill=args.prefill, replicas=args.replicas, router=args.router)
+                            prefill=args.prefill, admission=args.admission, prefix_cache=args.prefix_cache,
+                            replicas=args.replicas, router=args.router)
     table = inputs.load_table(args.table, serving, args.allow_nonstationary)
     inputs.check_backend(table, args.backend)
     trace = inputs.make_trace(rate=args.rate, n=args.n, seed=args.seed, trace_file=args.trace,
@@ -321,8 +348,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     shape = "".join(f", {k.replace('_s', '')} {v:g}{' s' * k.endswith('_s')}" for k, v in given(args).items())
     print(f"trace    {kind}, {len(trace)} requests" + (f", rate {rate:g}/s" if rate else "") + shape +
           (f", seed {trace.meta['seed']}" if "seed" in trace.meta else "") + f" (trace {trace.trace_id})")
-    print(f"engine   {args.backend}, {args.prefill} prefill, max batch {args.max_batch}, pool {pool_blocks} blocks "
-          f"({how}); {table.summary()}")
+    memory = f", {args.admission} admission" + ", prefix cache" * args.prefix_cache
+    print(f"engine   {args.backend}, {args.prefill} prefill{memory}, max batch {args.max_batch}, pool {pool_blocks} "
+          f"blocks ({how}); {table.summary()}")
     if args.replicas > 1:
         print(f"fleet    {args.replicas} replicas of that engine behind a {args.router} router")
     if rate:
@@ -341,6 +369,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"rows     {_fmt(s['mean_running_rows'], '.1f')} of {args.max_batch} running on average"
           f"{' per replica' * (args.replicas > 1)}, {waited}; the queue head waited for KV blocks with rows free "
           f"{_fmt(s['head_blocked_frac'], '.0%')} of step time")
+    if "preemptions" in s:
+        print(f"memory   {s['preemptions']} preemptions ({_fmt(s['preempted_frac'], '.1%')} of requests), "
+              f"{s['recomputed_tokens']} positions recomputed ({_fmt(s['recompute_time_frac'], '.1%')} of wall time); "
+              f"prefix cache hit rate {_fmt(s['prefix_hit_rate'], '.1%')} of prompt positions")
     if args.slo:
         print(slo_line(s, args.slo))
     if args.interval:
@@ -408,9 +440,11 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
         raise InputError("every request of this trace arrives at once, so it cannot be scaled to arrival rates; "
                          "simulate it with `sim run --trace`", path=args.trace)
     configs = list(dict.fromkeys(ServingConfig(block_size=args.block_size, max_batch=m, pool=PoolSize(gib=g),
-                                               backend=b, prefill=p, replicas=k, router=r)
-                                 for b in args.backend for p in args.prefill for m in args.max_batch
-                                 for g in args.pool_gib for r in args.router for k in args.replicas))
+                                               backend=b, prefill=p, admission=a, prefix_cache=c, replicas=k,
+                                               router=r)
+                                 for b in args.backend for p in args.prefill for a in args.admission
+                                 for c in args.prefix_cache for m in args.max_batch for g in args.pool_gib
+                                 for r in args.router for k in args.replicas))
     rates = None if args.rates is None else sorted(set(args.rates))
     points = len(configs) * len(seeds) * (AUTO_POINTS if rates is None else len(rates))
     workers = min(args.jobs or os.cpu_count() or 1, points) if args.on == "local" else 1  # Modal's are its own

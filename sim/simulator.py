@@ -191,7 +191,8 @@ def start_run(trace: Trace, cost: CostModel, cfg: SimConfig, **fleet) -> tuple[i
     if not trace.requests:
         raise InputError("the trace has no requests")
     pool_blocks = serving.pool_blocks(largest_request_tokens(trace.requests))
-    run_meta = {"kind": "sim", "backend": serving.backend, "prefill": str(serving.prefill), "trace_id": trace.trace_id,
+    run_meta = {"kind": "sim", "backend": serving.backend, "prefill": str(serving.prefill),
+                "admission": str(serving.admission), "prefix_cache": serving.prefix_cache, "trace_id": trace.trace_id,
                 "trace": trace.meta, "max_batch": serving.max_batch, "pool_blocks": pool_blocks,
                 "block_size": table.block_size, "max_tokens": table.max_tokens, "model": table.model,
                 "device": table.device, "table_id": table.table_id,

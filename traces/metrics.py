@@ -480,6 +480,8 @@ def summary(rec: RunRecord, rate: float | None = None, slos: tuple[SLO, ...] = (
            "ttft_p50": _pct(m["ttft"], 50), "ttft_p95": _pct(m["ttft"], 95), "tpot_p50": _pct(m["tpot"], 50),
            **_group_figures(size, waste),
            "wall_time_s": closed["wall_time_s"], "decode_tok_s": closed["decode_tok_s"], **occupancy(rec)}
+    if rec.meta.get("admission", "reserve") != "reserve" or rec.meta.get("prefix_cache"):
+        out.update(memory_figures(rec, closed["wall_time_s"]))
     rate = rate if rate is not None else _meta_rate(rec)
     if rate is not None:
         s = _stability(m, served_rate_, rate, RISE_TOL_S)
@@ -492,6 +494,23 @@ def summary(rec: RunRecord, rate: float | None = None, slos: tuple[SLO, ...] = (
         if rate is not None:
             out["slo_ok"] = bool(scores["good_fraction"] >= GOODPUT_FRACTION and out["served_ok"] and tails_ok)
     return out
+
+
+def memory_figures(rec: RunRecord, wall_time_s: float) -> dict:
+    """What on-demand admission and prefix caching did (summary() adds them to runs with either): preemptions,
+    the share of served requests preempted at least once, positions recomputed after a preemption and the share
+    of the run's wall time their steps spent on them (each step's time by its share of positions), and the
+    prefix cache's hit rate (cached prompt positions over all prompt positions of served requests)."""
+    steps = rec.steps.loc[rec.steps["recomputed"] > 0, ["start", "end", "recomputed", "tokens"]]
+    redo_s = float(((steps["end"] - steps["start"]) * steps["recomputed"] / steps["tokens"]).sum())
+    r = rec.requests
+    served = r.loc[r["finished"].notna(), ["prompt_tokens", "preemptions", "recomputed_tokens", "cached_tokens"]]
+    prompt = float(served["prompt_tokens"].sum())
+    return {"preemptions": int(served["preemptions"].sum()),
+            "preempted_frac": _ratio(int((served["preemptions"] > 0).sum()), len(served)),
+            "recomputed_tokens": int(served["recomputed_tokens"].sum()),
+            "recompute_time_frac": _ratio(redo_s, wall_time_s),
+            "prefix_hit_rate": _ratio(float(served["cached_tokens"].sum()), prompt)}
 
 
 def replica_records(rec: RunRecord) -> dict[int, RunRecord]:
