@@ -17,7 +17,7 @@ from traces.command import Parser, command
 from traces.errors import InputError
 from traces.outpath import check_out_dir
 
-GROUPS = ("public", "policies", "fleet")
+GROUPS = ("curve", "closed", "public", "policies", "fleet")
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -35,8 +35,24 @@ def _skip(text: str) -> tuple[str, ...]:
     return names
 
 
+def _mechanisms(text: str) -> tuple[str, ...]:
+    from .mechanisms import MECHANISMS
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in MECHANISMS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown mechanism(s) {bad}; choose from {', '.join(MECHANISMS)}")
+    return names
+
+
+def _named_path(text: str) -> tuple[str, Path]:
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=PATH")
+    return name.strip(), Path(path.strip())
+
+
 def _policies(text: str) -> tuple[str, ...]:
-    from engine.scheduler import PrefillPolicy
+    from core.policies import PrefillPolicy
     names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
     try:
         for n in names:
@@ -94,6 +110,11 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--public-repeats", type=count_arg, default=1, metavar="K",
                       help="fresh runs at each public point near and past capacity, each on a newly started engine, "
                            "so that the engine's own spread is measured there (default 1)")
+    plan.add_argument("--mechanisms", type=_mechanisms, default=(), metavar="M1,M2",
+                      help="also plan the points of these mechanisms, each beside the policy it replaces: on-demand "
+                           "(admission with preemption), mixed (fused steps), prefix-cache (validate/mechanisms.py)")
+    plan.add_argument("--cache-trace", type=_named_path, action="append", metavar="NAME=PATH",
+                      help="with --mechanisms prefix-cache: a trace file with prefix hashes (repeatable)")
     plan.add_argument("--interval", type=level_arg, metavar="LEVEL",
                       help="freeze a LEVEL%% band for every point's metrics with the predictions (sim/intervals.py)")
     plan.add_argument("--allow-nonstationary", action="store_true",
@@ -176,10 +197,12 @@ def main(argv: list[str] | None = None) -> int:
                                    sharegpt=args.sharegpt, skip=args.skip, sag=args.sag,
                                    predictions=args.predictions, force=args.force,
                                    allow_nonstationary=args.allow_nonstationary, interval=args.interval,
-                                   public_policies=args.public_policies, public_repeats=args.public_repeats)
+                                   public_policies=args.public_policies, public_repeats=args.public_repeats,
+                                   mechanisms=args.mechanisms, cache_traces=dict(args.cache_trace or []) or None)
                 print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
                 for p in points:
-                    print(f"  {p.id:40s} {p.role:10s} {p.serving.backend} {str(p.serving.prefill)} rows {p.serving.max_batch} "
+                    print(f"  {p.id:40s} {p.role:12s} {p.serving.backend} {p.serving.prefill} {p.serving.admission}"
+                          f"{' cache' * p.serving.prefix_cache} rows {p.serving.max_batch} "
                           f"pool {p.serving.pool.gib or 'engine'} x{p.repeats}" + (f" after {p.warmup} warm-up" if p.warmup else "")
                           + (" (fresh engine)" if p.fresh else ""))
             elif args.step == "policies":

@@ -34,15 +34,12 @@ from traces.provenance import provenance
 from traces.trace_io import write_trace
 from traces.workload import Trace, poisson_trace
 
-from .points import Point, build_trace
+from . import mechanisms
+from .points import Point, build_trace, round_rate as _round
 
 ENGINE_START_S = 40.0  # for the time estimate only
 # The configuration whose capacity places the points: 64 GiB stands for the engine's own (large) pool.
 LARGE_POOL = ServingConfig(pool=PoolSize(gib=64.0))
-
-
-def _round(x: float) -> float:
-    return float(f"{x:.2g}")
 
 
 def capacity(table, config: ServingConfig, workload: Workload) -> float:
@@ -92,60 +89,78 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
               sharegpt: Path | None = None, skip: tuple[str, ...] = (), sag: Path | None = None,
               predictions: Path | None = None, force: bool = False, allow_nonstationary: bool = False,
               interval: float | None = None, public_policies: tuple[str, ...] = ("padded",),
-              public_repeats: int = 1) -> list[Point]:
+              public_repeats: int = 1, mechanisms: tuple[str, ...] = (),
+              cache_traces: dict[str, Path] | None = None) -> list[Point]:
     """Points chosen the way a user would: from the simulator's own sweep of the table. The public traces are
     planned for each of `public_policies`, with `public_repeats` fresh runs at their near and past points (the
-    engine's own run-to-run spread is measured there)."""
+    engine's own run-to-run spread is measured there). `mechanisms` adds validate/mechanisms.py's groups (the
+    prefix cache's on the trace files of `cache_traces`, by name)."""
     out = Path(out)
     if (out / "plan.json").exists() and not force:
         raise InputError("already holds a validation plan; its real runs were graded against it. Choose another "
                          "--out, or pass --force to replace it", path=out / "plan.json")
+    memory_or_mixed = {"on-demand", "mixed"} & set(mechanisms)
     for group, path in (("public", azure), ("public", sharegpt)):
-        if group not in skip and path is None:
+        if (group not in skip or memory_or_mixed) and path is None:
             raise InputError("the public-trace points need --azure PATH and --sharegpt PATH (the Azure conversation "
                              "trace and the ShareGPT lengths CSV); pass --skip public to plan without them, which "
-                             "the plan records")
+                             "the plan records (the on-demand and mixed points need them too)")
         if path is not None and not Path(path).is_file():
+            raise InputError("not found", path=path)
+    if "prefix-cache" in mechanisms and not cache_traces:
+        raise InputError("the prefix-cache points need trace files with prefix hashes: --cache-trace NAME=PATH "
+                         "(e.g. Mooncake's, imported with `traces import-mooncake`)")
+    for path in (cache_traces or {}).values():
+        if not Path(path).is_file():
             raise InputError("not found", path=path)
     if "policies" not in skip and predictions is None:
         raise InputError("the prefill-policy points are the blind predictions' (python -m validate predict): give "
                          "their directory with --predictions DIR, or pass --skip policies, which the plan records")
     table = inputs.load_table(table_path, allow_nonstationary=allow_nonstationary)
     workload = Workload(n, seed)
-    cap = capacity(table, LARGE_POOL, workload)
-    small_cap = capacity(table, LARGE_POOL.but(pool=PoolSize(gib=0.5)), workload)
+    cap = small_cap = None
 
     def poisson(rate: float) -> dict:
         return {"kind": "poisson", "rate": rate, "n": n, "seed": seed}
 
-    points = [Point(f"rate-{_round(f * cap):g}", role, poisson(_round(f * cap)), repeats=2 if role == "near" else 1)
-              for f, role in ((0.5, "below"), (0.8, "below"), (1.0, "near"), (1.3, "past"), (2.0, "past"))]
-    points.append(Point(f"small-pool-rate-{_round(1.5 * small_cap):g}", "small-pool", poisson(_round(1.5 * small_cap)),
-                        ServingConfig(pool=PoolSize(gib=0.5))))
+    points = []
+    if "curve" not in skip:
+        cap = capacity(table, LARGE_POOL, workload)
+        small_cap = capacity(table, LARGE_POOL.but(pool=PoolSize(gib=0.5)), workload)
+        points += [Point(f"rate-{_round(f * cap):g}", role, poisson(_round(f * cap)), repeats=2 if role == "near" else 1)
+                   for f, role in ((0.5, "below"), (0.8, "below"), (1.0, "near"), (1.3, "past"), (2.0, "past"))]
+        points.append(Point(f"small-pool-rate-{_round(1.5 * small_cap):g}", "small-pool",
+                            poisson(_round(1.5 * small_cap)), ServingConfig(pool=PoolSize(gib=0.5))))
     closed = {"closed-p256-32": ({"kind": "closed-uniform", "prompt": "p256", "n": 32, "budget": 256}, 32),
               "closed-mixed-32": ({"kind": "closed-mixed", "n": 32, "seed": seed}, 32),
               "closed-mixed-64-through-8": ({"kind": "closed-mixed", "n": 64, "seed": seed}, 8)}
-    points += [Point(i, "closed", t, ServingConfig(max_batch=b), warmup=2, repeats=3, tokens=True)
-               for i, (t, b) in closed.items()]
+    if "closed" not in skip:
+        points += [Point(i, "closed", t, ServingConfig(max_batch=b), warmup=2, repeats=3, tokens=True)
+                   for i, (t, b) in closed.items()]
     traces_dir = out / "traces"
-    window = None
-    if "public" not in skip:
+    window = lengths = None
+    if azure is not None:
         window = _azure_window(azure, n)
+    if sharegpt is not None:
         lengths, _ = import_lengths(sharegpt, "num_prefill_tokens", "num_decode_tokens", rate=1.0, n=n, seed=seed)
+    if "public" not in skip:
         for policy in public_policies:
             tag = "" if policy == "padded" else policy.replace(":", "") + "-"
             wcap = capacity(table, LARGE_POOL.but(prefill=policy), Workload(base=window))
             for f, role in ((0.6, "below"), (1.0, "near"), (1.5, "past")):
-                points.append(_scaled(window, f * wcap, f"{tag}azure-conv-{role}", traces_dir, "public", policy,
-                                      1 if role == "below" else public_repeats))
+                points.append(_scaled(window, f * wcap, f"{tag}azure-conv-{role}", traces_dir, "public",
+                                      ServingConfig(prefill=policy), 1 if role == "below" else public_repeats))
             scap = capacity(table, LARGE_POOL.but(prefill=policy), Workload(base=lengths))
             for f, role in ((0.7, "below"), (1.3, "past")):
-                points.append(_scaled(lengths, f * scap, f"{tag}sharegpt-{role}", traces_dir, "public", policy,
-                                      1 if role == "below" else public_repeats))
+                points.append(_scaled(lengths, f * scap, f"{tag}sharegpt-{role}", traces_dir, "public",
+                                      ServingConfig(prefill=policy), 1 if role == "below" else public_repeats))
     blind = {}
     if "policies" not in skip:
         added, blind = _blind_points(Path(predictions), traces_dir)
         points += added
+    if mechanisms:
+        points += _mechanism_points(table, mechanisms, poisson, workload, window, lengths, cache_traces, traces_dir,
+                                    seed)
     if sag is not None:
         points += _sag_points(sag)
     if "fleet" not in skip:
@@ -168,6 +183,27 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     return points
 
 
+def _mechanism_points(table, groups: tuple[str, ...], poisson, workload: Workload, window: Trace | None,
+                      lengths: Trace | None, cache_traces: dict[str, Path] | None, traces_dir: Path,
+                      seed: int) -> list[Point]:
+    from traces.trace_io import read_trace
+
+    def cap(config: ServingConfig, w: Workload) -> float:
+        return capacity(table, config, w)
+
+    def scaled(base: Trace, rate: float, name: str, role: str, serving: ServingConfig, repeats: int = 1) -> Point:
+        return _scaled(base, rate, name, traces_dir, role, serving, repeats)
+
+    points = []
+    if "on-demand" in groups:
+        points += mechanisms.on_demand_points(cap, poisson, workload, window, scaled)
+    if "mixed" in groups:
+        points += mechanisms.mixed_points(cap, poisson, workload, window, lengths, scaled, seed)
+    if "prefix-cache" in groups:
+        points += mechanisms.prefix_cache_points(cap, {k: read_trace(p) for k, p in cache_traces.items()}, scaled)
+    return points
+
+
 def _estimate_s(points: list[Point], predictions: dict) -> float:
     """GPU seconds the plan's real runs take, by the simulator's own wall times, plus an engine start per fresh
     point (a closed control's wall time is its whole run)."""
@@ -183,14 +219,16 @@ def _azure_window(azure: Path, n: int) -> Trace:
     return window
 
 
-def _scaled(base: Trace, rate: float, name: str, traces_dir: Path, role: str, prefill: str = "padded",
-            repeats: int = 1) -> Point:
+def _scaled(base: Trace, rate: float, name: str, traces_dir: Path, role: str,
+            serving: ServingConfig = ServingConfig(), repeats: int = 1) -> Point:
+    """A point on `base` scaled to `rate`, its trace file written beside the plan (a public point runs on a freshly
+    started engine: the first pass of its trace)."""
     rate = _round(rate)
     trace = inputs.at_rate(base, rate)
     path = traces_dir / f"{name}.csv"
     write_trace(trace, path)
     return Point(f"{name}-{rate:g}", role, {"kind": "file", "path": str(path.relative_to(traces_dir.parent))},
-                 ServingConfig(prefill=prefill), fresh=role == "public", repeats=repeats)
+                 serving, fresh=role == "public", repeats=repeats)
 
 
 FLEET = dict(replicas=2, n_factor=2, routers=("round-robin", "least-outstanding", "least-tokens"),

@@ -45,7 +45,13 @@ class Point:
         return {**d, **{k: v for k, v in self.serving.axes().items() if k in SERVING_KEYS}}
 
 
-SERVING_KEYS = ("backend", "max_batch", "pool_gib", "prefill", "replicas", "router")  # plan.json's names
+# plan.json's names (a plan made before admission and prefix_cache were knobs has neither: the defaults)
+SERVING_KEYS = ("backend", "max_batch", "pool_gib", "prefill", "admission", "prefix_cache", "replicas", "router")
+
+
+def round_rate(x: float) -> float:
+    """A planned rate, to two significant figures (a point's id names it)."""
+    return float(f"{x:.2g}")
 
 
 def build_trace(spec: dict, root: Path) -> Trace:

@@ -1,0 +1,89 @@
+"""The plan's points for the mechanisms deployed engines have and the write-up's engine lacked, each beside the
+policy it replaces, on the same traces: on-demand KV admission with preemption (beside reserve-on-admit), fused
+mixed steps (beside padded and chunked prefill), and prefix caching (on beside off).
+
+Every point's rate comes from the simulator's own capacity search of the frozen table (validate/plan.py's
+`capacity`), so the points sit where the policies differ: where memory binds and where it does not, near and past
+capacity. Repeats are planned near capacity, where one real run is noisy.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from core.block_pool import PoolSize
+from core.config import ServingConfig
+from sim.sweep import Workload
+from traces.workload import Trace
+
+from .points import Point, round_rate as _round
+
+MECHANISMS = ("on-demand", "mixed", "prefix-cache")
+FUSED = ("mixed:512", "mixed:2048")
+
+
+def on_demand_points(capacity: Callable, poisson: Callable[[float], dict], seeded: Workload, window: Trace | None,
+                     scaled: Callable) -> list[Point]:
+    """Both admission policies: the seeded workload with a 0.5 GiB pool past and near on-demand's capacity (memory
+    binds), with a pool that never binds near capacity (the two must agree), and the Azure window on 16 rows with
+    1 GiB past capacity (the pool binds there too)."""
+    small = ServingConfig(pool=PoolSize(gib=0.5))
+    points = []
+    cap_od = capacity(small.but(admission="on-demand"), seeded)
+    cap_large = capacity(ServingConfig(pool=PoolSize(gib=64.0)), seeded)
+    for admission in ("reserve", "on-demand"):
+        tag = "od" if admission == "on-demand" else "rs"
+        for f, role, repeats in ((1.0, "near", 2), (1.5, "past", 1)):
+            rate = _round(f * cap_od)
+            points.append(Point(f"{tag}-small-pool-{role}-rate-{rate:g}", "on-demand", poisson(rate),
+                                small.but(admission=admission), repeats=repeats))
+        rate = _round(cap_large)
+        points.append(Point(f"{tag}-large-pool-near-rate-{rate:g}", "on-demand", poisson(rate),
+                            ServingConfig(admission=admission), repeats=1))
+    if window is not None:
+        azure = ServingConfig(max_batch=16, pool=PoolSize(gib=1.0))
+        wcap = capacity(azure.but(admission="on-demand"), Workload(base=window))
+        for admission in ("reserve", "on-demand"):
+            tag = "od" if admission == "on-demand" else "rs"
+            points.append(scaled(window, 1.5 * wcap, f"{tag}-azure-16rows-1gib-past", "on-demand",
+                                 azure.but(admission=admission)))
+    return points
+
+
+def mixed_points(capacity: Callable, poisson: Callable[[float], dict], seeded: Workload, window: Trace | None,
+                 lengths: Trace | None, scaled: Callable, seed: int) -> list[Point]:
+    """Fused steps: the closed mixed control on 32 rows (wall time, first token, the largest gap between an
+    incumbent's tokens), the seeded workload near and past mixed:512's capacity, the Azure window near and past
+    for both budgets, and the ShareGPT lengths past capacity."""
+    points = [Point(f"{p.replace(':', '')}-closed-mixed-32", "mixed", {"kind": "closed-mixed", "n": 32, "seed": seed},
+                    ServingConfig(prefill=p), warmup=1, repeats=2, tokens=True) for p in FUSED]
+    large = ServingConfig(pool=PoolSize(gib=64.0), prefill=FUSED[0])
+    cap = capacity(large, seeded)
+    for f, role, repeats in ((1.0, "near", 2), (1.5, "past", 1)):
+        rate = _round(f * cap)
+        points.append(Point(f"mixed512-{role}-rate-{rate:g}", "mixed", poisson(rate), ServingConfig(prefill=FUSED[0]),
+                            repeats=repeats))
+    for policy in FUSED:
+        tag = policy.replace(":", "")
+        if window is not None:
+            wcap = capacity(large.but(prefill=policy), Workload(base=window))
+            for f, role, repeats in ((1.0, "near", 2), (1.5, "past", 1)):
+                points.append(scaled(window, f * wcap, f"{tag}-azure-conv-{role}", "mixed",
+                                     ServingConfig(prefill=policy), repeats))
+        if lengths is not None and policy == FUSED[0]:
+            scap = capacity(large.but(prefill=policy), Workload(base=lengths))
+            points.append(scaled(lengths, 1.3 * scap, f"{tag}-sharegpt-past", "mixed", ServingConfig(prefill=policy)))
+    return points
+
+
+def prefix_cache_points(capacity: Callable, traces: dict[str, Trace], scaled: Callable) -> list[Point]:
+    """The cache on and off on each trace with shared prefixes, near the cache-off capacity (repeated) and past
+    it, where what caching buys shows as served rate."""
+    points = []
+    for name, base in traces.items():
+        cap = capacity(ServingConfig(pool=PoolSize(gib=64.0)), Workload(base=base))
+        for cache in (False, True):
+            tag = "cache-on" if cache else "cache-off"
+            for f, role, repeats in ((1.0, "near", 2), (1.5, "past", 1)):
+                points.append(scaled(base, f * cap, f"{tag}-{name}-{role}", "prefix-cache",
+                                     ServingConfig(prefix_cache=cache), repeats))
+    return points
