@@ -19,7 +19,7 @@ from traces.workload import Trace
 from core.block_pool import PoolSize, blocks_for, gib_of
 from core.config import ServingConfig
 from core.recorder import Recorder
-from core.policies import PREFILL, PrefillPolicy
+from core.policies import PREFILL
 
 from .model_runner import EAGER_BUCKET, GRAPH_TOKENS, ModelRunner
 from .qwen2 import PagedQwen2
@@ -157,27 +157,31 @@ class Engine:
     def run(self, trace: Trace, out_dir: str | Path | None, backend: str = "paged", tokens: bool = True,
             pool_blocks: int | None = None, max_batch: int | None = None, progress: bool = True,
             extra_meta: dict | None = None, policy: str = "padded", arrivals=None, replica: int = 0,
-            clock=None, on_finish: Callable[[list[int]], None] | None = None, telemetry: bool = True) -> RunRecord:
+            clock=None, on_finish: Callable[[list[int]], None] | None = None, telemetry: bool = True,
+            admission: str = "reserve", prefix_cache: bool = False) -> RunRecord:
         """Replay `trace` in real time from now; rows are appended to `out_dir` as they complete.
 
         `pool_blocks` and `max_batch` may narrow the engine's own for this run (a smaller pool, fewer rows). As a
         replica behind a router (engine/fleet.py), `arrivals` hands over the requests routed here as they come,
         `clock` is the fleet's, and `trace` is the whole fleet's (its metadata). `on_finish` gets the ids of the
-        requests each step finished. With `telemetry` the GPU's clock, temperature and power are sampled into
-        out_dir's telemetry.csv through the run (engine/telemetry.py).
+        requests each step finished. `policy`, `admission` and `prefix_cache` are the scheduler's
+        (core/policies.py, core/prefix_cache.py). With `telemetry` the GPU's clock, temperature and power are
+        sampled into out_dir's telemetry.csv through the run (engine/telemetry.py).
         """
         backend = backend_named(backend)
         if backend not in self.cfg.backends:
             raise InputError(f"backend {backend!r} was not compiled at engine start ({', '.join(self.cfg.backends)})")
-        prefill = PrefillPolicy.parse(policy)
         max_batch = max_batch or self.cfg.serving.max_batch
         if max_batch > self.cfg.serving.max_batch:
             raise InputError(f"max batch {max_batch} is above the engine's {self.cfg.serving.max_batch}")
+        serving = self.cfg.serving.but(backend=backend, max_batch=max_batch, prefill=policy, admission=admission,
+                                       prefix_cache=prefix_cache)
         pool_blocks = pool_blocks or self.runner.num_blocks
         if pool_blocks > self.runner.num_blocks:
             raise InputError(f"pool of {pool_blocks} blocks is larger than the engine's {self.runner.num_blocks}")
         telemetry = record_run(out_dir if telemetry else None, device_info(self.device))
-        meta = {**self.metadata(), "backend": backend, "prefill": str(prefill), "trace_id": trace.trace_id,
+        meta = {**self.metadata(), "backend": backend, "prefill": str(serving.prefill),
+                "admission": str(serving.admission), "prefix_cache": serving.prefix_cache, "trace_id": trace.trace_id,
                 "trace": trace.meta, "max_batch": max_batch, "pool_blocks": pool_blocks,
                 "telemetry": telemetry.source, **(extra_meta or {})}
         writer = RunWriter(out_dir, meta)
@@ -194,8 +198,8 @@ class Engine:
         clock = clock or WallClock()
         try:
             with telemetry.timed(clock.now):
-                sched = serve(trace, self.runner, Recorder(writer, backend, tokens, replica=replica), max_batch,
-                              pool_blocks, prefill, clock=clock, arrivals=arrivals, on_finish=finished)
+                sched = serve(trace, self.runner, Recorder(writer, backend, tokens, replica=replica), serving,
+                              pool_blocks, clock=clock, arrivals=arrivals, on_finish=finished)
         finally:
             if bar:
                 bar.close()

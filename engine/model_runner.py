@@ -51,6 +51,17 @@ def _prompt_ids(length: int, vocab: int) -> np.ndarray:
     return np.asarray(prompt_tokens(length, min(vocab, QWEN_TEXT_VOCAB)), dtype=np.int32)
 
 
+def input_ids(s: Seq, start: int, n: int, vocab: int) -> np.ndarray:
+    """The ids at positions start..start+n of a sequence: its prompt's, then the tokens it generated (a recompute
+    after a preemption, or a decode row in a fused step, reads those)."""
+    p = s.req.prompt_tokens
+    prompt = _prompt_ids(p, vocab)
+    if start + n <= p:
+        return prompt[start:start + n]
+    generated = np.asarray(s.token_ids[max(0, start - p):start + n - p], dtype=np.int32)
+    return np.concatenate([prompt[start:], generated]) if start < p else generated
+
+
 class PrefillInputs:
     """One int32 buffer, copied to the device in one go: [ids | positions | slots] for `tokens` token slots,
     then [seq_start | seq_len] for `seqs` sequences, [block_seq | block_q] for the kernel's programs, the index of
@@ -105,7 +116,9 @@ class ModelRunner:
         self.workspaces = {k: paged_attention_workspace(b, model.hq, model.head_dim, k, dev)
                            for k in set(self.splits.values()) if k > 1}
         self.out_tokens = torch.zeros(b, dtype=torch.int64, device=dev)
-        self._table_owner: list[Seq | None] = [None] * b  # whose block table each host row holds now
+        # Whose block table each host row holds now, and how many of its blocks: a row is rewritten only when it
+        # changes hands or its table grows (on-demand admission).
+        self._table_owner: list[tuple[Seq | None, int]] = [(None, 0)] * b
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
 
         # Prefill: buckets, the kernel's tile, static inputs for the graph buckets, and the first tokens.
@@ -184,8 +197,9 @@ class ModelRunner:
             h[b + i] = pos
             h[2 * b + i] = pos + 1
             h[3 * b + i] = s.block_table[pos // bs] * bs + pos % bs
-            if self._table_owner[i] is not s:  # a table is fixed at admission: rewrite a row only when it changes hands
-                self._table_owner[i] = s
+            owner, held = self._table_owner[i]
+            if owner is not s or held != len(s.block_table):
+                self._table_owner[i] = (s, len(s.block_table))
                 tables[i, :len(s.block_table)] = s.block_table
                 tables[i, len(s.block_table):] = self.scratch
         self._dev.copy_(self._host, non_blocking=True)
@@ -252,7 +266,7 @@ class ModelRunner:
         completes, off = [], 0
         for i, s in enumerate(work.seqs):
             p, n, c = work.prefix[i], work.new[i], work.computed[i]
-            ids[off:off + n] = _prompt_ids(s.req.prompt_tokens, m.vocab)[p:p + n]
+            ids[off:off + n] = input_ids(s, p, n, m.vocab)
             pos[off:off + c] = np.arange(p, p + c)
             j = np.arange(p, p + n)
             slots[off:off + n] = np.asarray(s.block_table, dtype=np.int32)[j // bs] * bs + j % bs

@@ -12,9 +12,8 @@ from typing import Callable, Protocol
 from costs.shapes import DecodeShape
 from traces.workload import Trace
 
-from core.block_pool import BlockPool
+from core.config import ServingConfig
 from core.recorder import Recorder
-from core.policies import PADDED, PrefillPolicy
 from core.scheduler import PrefillWork, Scheduler, Seq
 from core.step_loop import StepLoop, TraceArrivals, drive
 
@@ -71,14 +70,13 @@ class EngineTimer:
         pass  # writing the records took real time, which the clock already shows
 
 
-def serve(trace: Trace | None, runner: Runner, recorder: Recorder, max_batch: int, pool_blocks: int | None = None,
-          policy: PrefillPolicy = PADDED, clock=None, on_finish: Callable[[list[Seq]], None] | None = None,
+def serve(trace: Trace | None, runner: Runner, recorder: Recorder, serving: ServingConfig,
+          pool_blocks: int | None = None, clock=None, on_finish: Callable[[list[Seq]], None] | None = None,
           arrivals=None) -> Scheduler:
     """Replay `trace` (arrival times from the run's start) through the engine, or serve what `arrivals` hands
-    over as it comes (a replica behind a router); rows go to `recorder`."""
+    over as it comes (a replica behind a router), with `serving`'s rows and policies; rows go to `recorder`."""
     clock = clock or WallClock()
-    sched = Scheduler(max_batch, BlockPool(pool_blocks or runner.num_blocks, runner.block_size), runner.max_tokens,
-                      policy)
+    sched = serving.scheduler(pool_blocks or runner.num_blocks, runner.max_tokens)
     timer = EngineTimer(runner, recorder.backend, clock)
     drive(StepLoop(sched, recorder, timer, arrivals or TraceArrivals(trace.requests), on_finish), timer)
     return sched

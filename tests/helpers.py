@@ -77,12 +77,13 @@ class RetireCostRecorder(Recorder):
 
 
 def serve_virtual(trace: Trace, cost: CostModel, backend: str, max_batch: int, pool_blocks: int,
-                  policy: PrefillPolicy = PADDED) -> RunRecord:
-    """engine.serve.serve itself, with step times from `cost` on a virtual clock: what the simulator must match."""
+                  policy: PrefillPolicy = PADDED, **serving) -> RunRecord:
+    """engine.serve.serve itself, with step times from `cost` on a virtual clock: what the simulator must match.
+    `serving`: other ServingConfig knobs (admission, prefix_cache)."""
     clock = VirtualClock()
     writer = RunWriter(None, {})
     serve(trace, CostRunner(cost, clock, pool_blocks), RetireCostRecorder(writer, backend, clock, cost.retire_s),
-          max_batch, pool_blocks, policy, clock=clock)
+          ServingConfig(max_batch=max_batch, prefill=policy, **serving), pool_blocks, clock=clock)
     return writer.record()
 
 

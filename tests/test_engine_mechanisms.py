@@ -1,0 +1,56 @@
+"""The engine on the CPU (float32, kernels under the interpreter) with the scheduler's newer mechanisms: the
+greedy tokens of a request are the same whatever the scheduler did with it. Preempted and recomputed (on-demand
+admission on a pool that binds) against reserve-on-admit; decoded inside fused steps (mixed) against padded
+prefill's separate steps; with its prompt's prefix read from cached blocks against computed whole."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from core.config import ServingConfig  # noqa: E402
+from engine.engine import Engine, EngineConfig  # noqa: E402
+from traces.workload import Request, Trace, length_trace  # noqa: E402
+
+TINY = ServingConfig(model="tiny", dtype="float32", block_size=16, max_batch=4)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(EngineConfig(serving=TINY, max_prompt=80, max_budget=24, backends=("paged",), device="cpu"),
+                  log=lambda *a: None)
+
+
+def _tokens(rec) -> dict[int, list[int]]:
+    return {rid: g.sort_values("index")["token_id"].tolist() for rid, g in rec.tokens.groupby("request_id")}
+
+
+def test_a_preempted_request_recomputes_to_the_same_tokens(engine, progress):
+    trace = length_trace([(0.0, 40, 20), (0.0, 33, 20), (0.0, 47, 20), (0.0, 20, 20)])
+    progress("reserve-on-admit, a pool that never binds")
+    want = engine.run(trace, None, tokens=True, progress=False, telemetry=False)
+    progress("on-demand on 10 blocks of 16 tokens")
+    got = engine.run(trace, None, tokens=True, progress=False, telemetry=False, pool_blocks=10,
+                     admission="on-demand")
+    assert got.requests.preemptions.sum() >= 1 and got.steps.recomputed.sum() > 0
+    assert _tokens(got) == _tokens(want)
+
+
+def test_fused_steps_decode_the_same_tokens_as_separate_ones(engine, progress):
+    trace = length_trace([(0.0, 70, 12), (0.0, 9, 12), (0.0, 50, 12), (0.0, 33, 12), (0.0, 17, 12)])
+    progress("padded prefill")
+    want = engine.run(trace, None, tokens=True, progress=False, telemetry=False)
+    progress("mixed:24: chunks of prompts fused with decode rows")
+    got = engine.run(trace, None, tokens=True, progress=False, telemetry=False, policy="mixed:24")
+    assert (got.steps.kind == "mixed").any()
+    assert _tokens(got) == _tokens(want)
+
+
+def test_a_cached_prefix_gives_the_same_tokens_as_computing_it(engine, progress):
+    reqs = [Request(i, 0.05 * i, p, 8, hash_ids=h, hash_block=32)
+            for i, (p, h) in enumerate([(70, (1, 2, 3)), (66, (1, 2, 4)), (40, (1, 5)), (70, (1, 2, 3))])]
+    trace = Trace(reqs, {"kind": "test"})
+    progress("prefix cache off")
+    want = engine.run(trace, None, tokens=True, progress=False, telemetry=False)
+    progress("prefix cache on")
+    got = engine.run(trace, None, tokens=True, progress=False, telemetry=False, prefix_cache=True)
+    assert got.requests.cached_tokens.sum() > 0
+    assert _tokens(got) == _tokens(want)
