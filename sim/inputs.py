@@ -16,7 +16,7 @@ from traces.errors import InputError
 from traces.memory import check_fits
 from traces.model_spec import QWEN25_1P5B, config_hash
 from traces.trace_io import read_trace
-from traces.workload import ARRIVAL_DECIMALS, Request, Trace, closed_mixed, closed_uniform, poisson_trace
+from traces.workload import ARRIVAL_DECIMALS, Trace, closed_mixed, closed_uniform, poisson_trace
 
 SHIPPED_TABLE = Path(__file__).resolve().parents[1] / "costs" / "data" / "h200.json"
 MODEL = QWEN25_1P5B
@@ -84,14 +84,13 @@ def at_rate(trace: Trace, rate: float) -> Trace:
         raise InputError("a trace whose requests all arrive at once cannot be run at a rate")
     scale = trace.offered_rate / rate
     t0 = trace.requests[0].arrival
-    reqs = [Request(r.request_id, round((r.arrival - t0) * scale, ARRIVAL_DECIMALS), r.prompt_tokens, r.budget,
-                    r.prompt) for r in trace.requests]
+    reqs = [r.at(round((r.arrival - t0) * scale, ARRIVAL_DECIMALS)) for r in trace.requests]
     return Trace(reqs, {**trace.meta, "rate": rate, "scaled_from": trace.trace_id})
 
 
 def closed(trace: Trace) -> Trace:
     """The same requests all arriving at t=0: the engine saturated from the first step."""
-    reqs = [Request(r.request_id, 0.0, r.prompt_tokens, r.budget, r.prompt) for r in trace.requests]
+    reqs = [r.at(0.0) for r in trace.requests]
     return Trace(reqs, {"kind": "closed", "from": trace.trace_id})
 
 
