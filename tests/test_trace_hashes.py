@@ -147,8 +147,8 @@ def test_traces_with_hashes_round_trip_exactly(tmp_path, trace):
 # --- token ids from hashes ---------------------------------------------------------------------------------
 
 def _block(h: int, size: int, vocab: int) -> np.ndarray:
-    # The documented draw: raw PCG64 words of the seed words (0, 1, h), modulo the vocabulary.
-    return (np.random.PCG64(np.random.SeedSequence([0, 1, h])).random_raw(size) % np.uint64(vocab)).astype(np.int32)
+    # The documented draw: raw PCG64 words of the seed words (0, 1, h, 1), modulo the vocabulary.
+    return (np.random.PCG64(np.random.SeedSequence([0, 1, h, 1])).random_raw(size) % np.uint64(vocab)).astype(np.int32)
 
 
 @pytest.mark.parametrize("vocab", [QWEN_TEXT_VOCAB, 151936, 1000])
@@ -178,3 +178,10 @@ def test_equal_hashes_give_equal_tokens_whatever_else_the_requests_hold():
     assert a.tolist() == b[:100].tolist()
     # a length-only request of that length draws from its own stream, not block 42's
     assert a.tolist() != request_token_ids(Request(0, 0.0, 100, 4), QWEN_TEXT_VOCAB).tolist()
+
+
+def test_hash_id_0_and_a_one_token_prompt_are_different_streams():
+    # SeedSequence reads [0, 1, 0] as [0, 1]: the words of hash id 0 must not be those of the 1-token prompt
+    block = request_token_ids(Request(0, 0.0, 4, 1, "", (0,), 4), QWEN_TEXT_VOCAB)
+    assert block.tolist() != (np.random.PCG64(np.random.SeedSequence([0, 1])).random_raw(4)
+                              % np.uint64(QWEN_TEXT_VOCAB)).tolist()

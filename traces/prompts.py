@@ -29,7 +29,10 @@ def prompt_tokens(length: int, vocab: int = QWEN_TEXT_VOCAB, seed: int = PROMPT_
 
 
 
-HASH_STREAM = 1  # the block tokens' seed words are (PROMPT_SEED, HASH_STREAM, hash id): apart from every length's
+# Hash id h's block is seeded by the words (PROMPT_SEED, HASH_STREAM, h, 1). SeedSequence reads trailing zero words as
+# absent ([0, 1, 0] seeds what [0, 1] does): the closing 1 keeps every id's words apart from every other id's, from
+# the prompts' (PROMPT_SEED, length) and from the workload draws' (seed, stream).
+HASH_STREAM = 1
 
 
 def request_token_ids(req: Request, vocab: int) -> np.ndarray:
@@ -47,6 +50,6 @@ def request_token_ids(req: Request, vocab: int) -> np.ndarray:
     block = req.hash_block
     out = np.empty(len(req.hash_ids) * block, dtype=np.int32)
     for i, h in enumerate(req.hash_ids):
-        raw = np.random.PCG64(np.random.SeedSequence([PROMPT_SEED, HASH_STREAM, h])).random_raw(block)
+        raw = np.random.PCG64(np.random.SeedSequence([PROMPT_SEED, HASH_STREAM, h, 1])).random_raw(block)
         out[i * block:(i + 1) * block] = raw % np.uint64(vocab)
     return out[:req.prompt_tokens]
