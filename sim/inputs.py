@@ -13,6 +13,7 @@ from core.block_pool import BlockPool, largest_request_tokens
 from core.config import ServingConfig
 from core.scheduler import Scheduler
 from traces.errors import InputError
+from traces.importers import import_note
 from traces.memory import check_fits
 from traces.model_spec import QWEN25_1P5B, config_hash
 from traces.trace_io import read_trace
@@ -75,6 +76,19 @@ def load_trace(path: str | Path) -> Trace:
     if not trace.requests:
         raise InputError("the trace has no requests", path=path)
     return trace
+
+
+def import_meta(trace: Trace) -> dict:
+    """{"import": what the trace's import dropped or clipped} for a run's saved metadata, or {} for a trace that was
+    not imported."""
+    note = import_note(trace.meta)
+    return {"import": note} if note else {}
+
+
+def described(path: str | Path, trace: Trace) -> str:
+    """A trace file as a report names it: its path, its size and what its import dropped or clipped."""
+    note = import_note(trace.meta)
+    return f"trace {path} ({len(trace)} requests{f'; import: {note}' if note else ''})"
 
 
 def at_rate(trace: Trace, rate: float) -> Trace:

@@ -11,13 +11,16 @@ from typing import Callable
 
 import numpy as np
 
+from core.block_pool import DEFAULT_BLOCK_SIZE  # the engine's KV block: the prefix cache `show` reports on
+
 from .arrival_options import add_arrival_options, given
 from .command import Parser, command
 from .errors import InputError
 from .outpath import reason
-from .importers import (FORMATS, MAX_BUDGET, MAX_PROMPT, TIME_UNITS, ImportOptions, import_azure, import_lengths,
-                        import_table, time_unit_warning)
+from .importers import (FORMATS, TIME_UNITS, ImportOptions, import_azure, import_lengths, import_mooncake,
+                        import_note, import_table, time_unit_warning)
 from .outpath import check_new_file
+from .prefix import cached_prefix_share, repeated_block_share
 from .prompts import PROMPT_NAMES
 from .slo import SLO, parse_slos
 from .trace_io import read_trace, write_trace
@@ -143,6 +146,12 @@ def _import_azure(args: argparse.Namespace) -> None:
     _write(trace, args.out)
 
 
+def _import_mooncake(args: argparse.Namespace) -> None:
+    trace, report = import_mooncake(args.path, _options(args))
+    print(report)
+    _write(trace, args.out)
+
+
 def _import(args: argparse.Namespace) -> None:
     trace, report = import_table(args.path, args.timestamp, args.input, args.output,
                                  _options(args, args.time_unit), args.format)
@@ -172,6 +181,16 @@ def summary(trace: Trace) -> str:
                              ("budget", [r.budget for r in trace.requests])):
             p50, p90, p99 = np.percentile(values, [50, 90, 99])
             lines.append(f"{name:<15}p50 {p50:g}  p90 {p90:g}  p99 {p99:g}  max {max(values)}")
+        hashed = [r for r in trace.requests if r.hash_ids]
+        if hashed:
+            blocks = sorted({r.hash_block for r in hashed})
+            lines.append(f"hash ids       {len(hashed)} requests, blocks of {'/'.join(map(str, blocks))} tokens; "
+                         f"{repeated_block_share(trace.requests):.1%} of their blocks repeat an earlier request's; "
+                         f"an unbounded cache of {DEFAULT_BLOCK_SIZE}-token blocks would hold "
+                         f"{cached_prefix_share(trace.requests, DEFAULT_BLOCK_SIZE):.1%} of all prompt tokens")
+    note = import_note(trace.meta)
+    if note:
+        lines.append(f"import         {note}")
     lines.append("meta           " + json.dumps(trace.meta, indent=2, sort_keys=True).replace("\n", "\n               "))
     return "\n".join(lines)
 
@@ -256,10 +275,10 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_closed)
 
     caps = Parser(add_help=False, parents=[out])
-    caps.add_argument("--max-prompt", type=int, default=MAX_PROMPT,
-                      help=f"drop requests with longer prompts (default {MAX_PROMPT})")
-    caps.add_argument("--max-budget", type=int, default=MAX_BUDGET,
-                      help=f"clip longer outputs to this budget (default {MAX_BUDGET})")
+    caps.add_argument("--max-prompt", type=int, metavar="TOKENS",
+                      help="drop requests with longer prompts (default: none; every prompt kept at its length)")
+    caps.add_argument("--max-budget", type=int, metavar="TOKENS",
+                      help="clip longer outputs to this budget (default: none; every output kept at its length)")
     timed = Parser(add_help=False, parents=[caps])  # files with arrival times
     timed.add_argument("--window", type=_window, metavar="START:END",
                        help="keep requests from START to END seconds after the file's first timestamp")
@@ -269,6 +288,12 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("import-azure", parents=[timed], help="import the Azure LLM inference trace 2023 CSV")
     s.add_argument("path", help="AzureLLMInferenceTrace_conv.csv or _code.csv")
     s.set_defaults(func=_import_azure)
+
+    s = sub.add_parser("import-mooncake", parents=[timed],
+                       help="import a Mooncake trace (JSONL: timestamp in ms, input_length, output_length, hash_ids), "
+                            "keeping its 512-token block hashes")
+    s.add_argument("path", help="e.g. Mooncake's FAST25-release/traces/*.jsonl")
+    s.set_defaults(func=_import_mooncake)
 
     s = sub.add_parser("import", parents=[timed], help="import a CSV or JSONL trace, naming its columns")
     s.add_argument("path", help="a .csv, or a .jsonl with one JSON object per line")
