@@ -168,7 +168,7 @@ def _requests(draw: list[tuple[str, int]], arrivals: list[float]) -> list[Reques
     return [Request(i, a, PROMPT_LENGTHS[p], b, p) for i, ((p, b), a) in enumerate(zip(draw, arrivals))]
 
 
-def _uniform(seed: int, stream: int, n: int) -> np.ndarray:
+def uniforms(seed: int, stream: int, n: int) -> np.ndarray:
     """n uniforms in (0, 1) from raw words (the same on every NumPy version)."""
     return ((_raw(seed, stream, n) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
@@ -183,7 +183,7 @@ def synthetic_lengths(n: int, seed: int, prompts: str, budgets: str) -> list[tup
     uniform in the logarithm), "bimodal" (16 or 4096, even odds); budgets: "lattice" (64, 128, 192 or 256),
     "uniform" (1..256), "short" (exponential with mean 12, plus 1: code completion's short outputs, capped at 256),
     "fixed:N" (every request N)."""
-    u, w = _uniform(seed, 3, n), _uniform(seed, 4, n)
+    u, w = uniforms(seed, 3, n), uniforms(seed, 4, n)
     lengths = list(PROMPT_LENGTHS.values())
     if prompts == "five":
         p = [lengths[int(x * len(lengths))] for x in u]
