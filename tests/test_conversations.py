@@ -98,7 +98,8 @@ def test_the_draws_have_their_stated_means():
     # a single-turn session's prompt is its user tokens alone (no system prompt)
     single = conversation_trace(1.0, 4000, 11, Conversations(turns=1.0, user_tokens=200.0, system_tokens=0))
     assert statistics.mean(r.prompt_tokens for r in single.requests) == pytest.approx(200.0, rel=0.05)
-    gaps = np.diff([r.arrival for r in conversation_trace(1.0, 1, 0, Conversations(turns=3000.0, think_s=10.0)).requests])
+    long_session = conversation_trace(1.0, 1, 0, Conversations(turns=3000.0, think_s=10.0))
+    gaps = np.diff([r.arrival for r in long_session.requests])
     assert gaps.mean() == pytest.approx(10.0, rel=0.1) and (gaps >= 0).all()
 
 

@@ -263,7 +263,8 @@ def test_cli_refuses_a_trace_made_for_another_model(capsys, tables, tmp_path):
 
 def test_cli_run_says_what_the_traces_import_dropped_and_clipped(capsys, tables, tmp_path):
     src, path = tmp_path / "src.csv", tmp_path / "t.csv"
-    src.write_text("t,p,o\n" + "".join(f"{i},{9000 if i == 3 else 100 + i},{300 if i % 2 else 50}\n" for i in range(12)))
+    rows = (f"{i},{9000 if i == 3 else 100 + i},{300 if i % 2 else 50}\n" for i in range(12))
+    src.write_text("t,p,o\n" + "".join(rows))
     assert traces_main(["import", str(src), "--timestamp", "t", "--input", "p", "--output", "o", "--max-prompt", "4096",
                         "--max-budget", "256", "--out", str(path)]) == 0
     line = "1 of 12 prompts over 4096 tokens dropped, 5 of 11 outputs clipped to 256 tokens"
@@ -273,7 +274,8 @@ def test_cli_run_says_what_the_traces_import_dropped_and_clipped(capsys, tables,
     assert code == 0 and f"\nimport   {line}\n" in stdout
     assert read_run(out).meta["import"] == line and json.loads(result.read_text())["import"] == line
     code, stdout, _ = cli(capsys, "sweep", "--trace", str(path), "--rates", "1", "--pool-gib", "1", "--max-batch", "8",
-                          "--backend", "paged", "--jobs", "1", "--table", str(tables["linear"]), "--out", str(tmp_path / "s"))
+                          "--backend", "paged", "--jobs", "1", "--table", str(tables["linear"]),
+                          "--out", str(tmp_path / "s"))
     assert code == 0 and f"(11 requests; import: {line})" in stdout
     assert json.loads((tmp_path / "s" / "sweep.json").read_text())["import"] == line
     code, stdout, _ = cli(capsys, "run", "--rate", "2", "--n", "10", "--table", str(tables["linear"]))

@@ -85,7 +85,8 @@ def test_moving_a_request_keeps_its_hashes():
     assert r.at(2.5) == Request(3, 2.5, 600, 4, "", (3, 4), 512)
 
 
-HEADER = '# {"schema": "request-trace", "version": 2}\nrequest_id,arrival_s,prompt_tokens,budget,prompt,hash_block,hash_ids\n'
+HEADER = ('# {"schema": "request-trace", "version": 2}\n'
+          "request_id,arrival_s,prompt_tokens,budget,prompt,hash_block,hash_ids\n")
 
 
 @pytest.mark.parametrize("row, match", [

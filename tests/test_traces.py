@@ -638,13 +638,15 @@ def test_lengths_are_drawn_from_the_capped_rows_with_poisson_arrivals(tmp_path):
     assert trace.meta["source"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
     assert trace.meta["options"] == {"max_prompt": 4096, "max_budget": 256, "rate": 2.0, "n": 50, "seed": 3}
     assert trace.meta["report"]["clipped_budget"] == clipped
-    assert import_note(trace.meta) == f"2 of 6 prompts over 4096 tokens dropped, {clipped} of 50 drawn outputs clipped to 256 tokens"
+    assert import_note(trace.meta) == (f"2 of 6 prompts over 4096 tokens dropped, {clipped} of 50 drawn outputs "
+                                       f"clipped to 256 tokens")
 
 
 def test_lengths_are_drawn_from_every_row_at_full_length_by_default(tmp_path):
     trace, report = import_lengths(_lengths_csv(tmp_path), "num_prefill_tokens", "num_decode_tokens", rate=2.0, n=50,
                                    seed=3)
-    assert [(r.prompt_tokens, r.budget) for r in trace.requests] == [LENGTH_ROWS[i] for i in _draw(len(LENGTH_ROWS), 50, 3)]
+    drawn = [LENGTH_ROWS[i] for i in _draw(len(LENGTH_ROWS), 50, 3)]
+    assert [(r.prompt_tokens, r.budget) for r in trace.requests] == drawn
     assert (report.dropped_prompt, report.pool, report.clipped_budget) == (0, len(LENGTH_ROWS), 0)
 
 

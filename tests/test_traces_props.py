@@ -40,7 +40,8 @@ ROWISH = st.one_of(
               st.integers(-1, 300), st.sampled_from(["", *PROMPT_LENGTHS, "p7"]))
     .map(lambda r: ",".join(map(str, r)).encode()),
     st.tuples(st.integers(-1, 10), st.floats(0, 5), st.integers(-1, 1200), st.integers(-1, 300), st.just(""),
-              st.sampled_from([-1, 0, 1, 512]), st.lists(st.integers(-1, 3), max_size=4).map(lambda h: " ".join(map(str, h))))
+              st.sampled_from([-1, 0, 1, 512]),
+              st.lists(st.integers(-1, 3), max_size=4).map(lambda h: " ".join(map(str, h))))
     .map(lambda r: ",".join(map(str, r)).encode()),
 )
 
