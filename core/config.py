@@ -73,6 +73,12 @@ class ServingConfig:
         return MODELS[self.model]
 
     @property
+    def max_positions(self) -> int:
+        """The most tokens (prompt + budget) a request may hold: the model's positions. The simulator serves them
+        all; past the cost table's measured range it prices steps by the fitted model's own form, and says so."""
+        return int(self.spec["max_position_embeddings"])
+
+    @property
     def kv_bytes_per_token(self) -> int:
         return kv_bytes_per_token(self.spec, self.dtype)
 

@@ -24,7 +24,8 @@ import torch
 from costs.shapes import BACKENDS
 from core.block_pool import blocks_for
 from core.scheduler import PrefillWork, Seq
-from traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens
+from traces.prompts import request_token_ids
+from traces.workload import Request
 
 from .kernels import default_num_splits, paged_attention, paged_attention_workspace
 from .kernels.prefill_attention import default_block_m, max_programs, plan
@@ -46,20 +47,21 @@ def prefill_buckets(max_tokens: int, graph_tokens: int = GRAPH_TOKENS) -> list[i
     return out
 
 
-@lru_cache(maxsize=256)
-def _prompt_ids(length: int, vocab: int) -> np.ndarray:
-    return np.asarray(prompt_tokens(length, min(vocab, QWEN_TEXT_VOCAB)), dtype=np.int32)
+@lru_cache(maxsize=1024)
+def _prompt_ids(req: Request, vocab: int) -> np.ndarray:
+    """A prompt's ids (traces/prompts.py: from its hash ids where it has them, so equal prefixes are equal
+    tokens), made once for the chunks of a prompt that spans several steps."""
+    return request_token_ids(req, vocab)
 
 
 def input_ids(s: Seq, start: int, n: int, vocab: int) -> np.ndarray:
     """The ids at positions start..start+n of a sequence: its prompt's, then the tokens it generated (a recompute
     after a preemption, or a decode row in a fused step, reads those)."""
     p = s.req.prompt_tokens
-    prompt = _prompt_ids(p, vocab)
     if start + n <= p:
-        return prompt[start:start + n]
+        return _prompt_ids(s.req, vocab)[start:start + n]
     generated = np.asarray(s.token_ids[max(0, start - p):start + n - p], dtype=np.int32)
-    return np.concatenate([prompt[start:], generated]) if start < p else generated
+    return np.concatenate([_prompt_ids(s.req, vocab)[start:], generated]) if start < p else generated
 
 
 class PrefillInputs:

@@ -30,7 +30,7 @@ import numpy as np
 
 from core.config import ServingConfig
 from traces.slo import SLO
-from traces.workload import Request, Trace
+from traces.workload import ARRIVAL_DECIMALS, Request, Trace
 
 from . import sweep
 
@@ -130,7 +130,7 @@ def windows(trace: Trace, window_s: float) -> list[tuple[float, Trace]]:
     parts = []
     for i, reqs in sorted(out.items()):
         first = reqs[0].arrival
-        moved = [Request(r.request_id, round(r.arrival - first, 6), r.prompt_tokens, r.budget, r.prompt) for r in reqs]
+        moved = [r.at(round(r.arrival - first, ARRIVAL_DECIMALS)) for r in reqs]
         parts.append((t0 + i * window_s, Trace(moved, {**trace.meta, "window_s": window_s,
                                                        "window_start": t0 + i * window_s})))
     return parts

@@ -93,7 +93,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         inputs.check_trace(s, table, config, inputs.pool_blocks(s, config))
     by = f"meets {describe(args.slo)} (for all but 1% of requests, every named tail within its limit)" if args.slo \
         else "stays stable (served rate within 3% of offered, queue wait not rising)"
-    what = f"trace {args.trace} ({len(base)} requests)" if base is not None else \
+    what = inputs.described(args.trace, base) if base is not None else \
         f"the seeded {'Poisson' if args.burstiness == 1 else f'gamma (burstiness {args.burstiness:g})'} trace, " \
         f"{workload.n} requests" + (f", ramp-up {args.ramp_up_s:g} s" if args.ramp_up_s else "")
     print(f"capacity: {config.label} ({inputs.pool_blocks(samples[0], config)} blocks) on {what}; a point holds when "

@@ -257,12 +257,12 @@ def _refuse_unused(args: argparse.Namespace, unused: dict[str, str]) -> None:
             raise InputError(f"{option} does nothing {why}")
 
 
-def _write_record(rec, out: Path, tokens: bool, scored: dict) -> None:
+def _write_record(rec, out: Path, tokens: bool, scored: dict, imported: dict) -> None:
     from traces.provenance import provenance
     from traces.records import RunWriter
     # Written only once the run has succeeded, so a refused or failed run leaves nothing behind.
     tables = ("requests", "steps", "rejected") + (("tokens",) if tokens else ())
-    writer = RunWriter(out, {**rec.meta, **provenance()}, tables)
+    writer = RunWriter(out, {**rec.meta, **imported, **provenance()}, tables)
     for t in tables:
         writer.add_many(t, getattr(rec, t).itertuples(index=False, name=None))
     writer.close(summary=scored)
@@ -342,12 +342,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             result = simulate_fleet(trace, cost, cfg, on_finish=bar.update)
     rate = trace.meta.get("rate") or trace.offered_rate  # None for a closed run: no stability verdict
     s = summary(result.record, rate, args.slo)
+    imported = inputs.import_meta(trace)
     if args.out:
-        _write_record(result.record, args.out, args.tokens, s)
+        _write_record(result.record, args.out, args.tokens, s, imported)
     kind = trace.meta.get("kind", "trace file" if args.trace else "trace")
     shape = "".join(f", {k.replace('_s', '')} {v:g}{' s' * k.endswith('_s')}" for k, v in given(args).items())
     print(f"trace    {kind}, {len(trace)} requests" + (f", rate {rate:g}/s" if rate else "") + shape +
           (f", seed {trace.meta['seed']}" if "seed" in trace.meta else "") + f" (trace {trace.trace_id})")
+    if imported:
+        print(f"import   {imported['import']}")
     memory = f", {args.admission} admission" + ", prefix cache" * args.prefix_cache
     print(f"engine   {args.backend}, {args.prefill} prefill{memory}, max batch {args.max_batch}, pool {pool_blocks} "
           f"blocks ({how}); {table.summary()}")
@@ -400,7 +403,7 @@ def _save_result(args: argparse.Namespace, rec, s: dict, table, trace, pool_bloc
     config = {"backend": args.backend, "prefill": args.prefill, "max_batch": args.max_batch, "pool_blocks": pool_blocks,
               "replicas": args.replicas, "router": args.router, "block_size": table.block_size,
               "noise_seed": args.noise_seed, "strict": args.strict}
-    prov = {"table_id": table.table_id, "trace_id": trace.trace_id, "trace": trace.meta,
+    prov = {"table_id": table.table_id, "trace_id": trace.trace_id, "trace": trace.meta, **inputs.import_meta(trace),
             "seed": trace.meta.get("seed"), "config": config,
             "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance()}
     doc = bench_result(rec, s, backend="servecap-sim", percentiles=args.percentiles, slos=args.slo, provenance=prov)
@@ -467,7 +470,7 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
              "noise_seed": args.noise_seed, "strict": args.strict, "slos": [str(slo) for slo in args.slo],
              # only when not the default, so that a sweep interrupted before the option existed still resumes
              **({"percentiles": list(args.percentiles)} if args.percentiles != DEFAULT_PERCENTILES else {})}
-    what = f"trace {args.trace} ({len(samples[0])} requests)" if args.trace else \
+    what = inputs.described(args.trace, samples[0]) if args.trace else \
         f"the seeded Poisson trace, {n} requests, " + (f"seed {seeds[0]}" if len(seeds) == 1 else
                                                         f"{len(seeds)} seeds ({_seed_text(seeds)})")
     print(f"sweep: {len(configs)} configuration{'s' * (len(configs) > 1)} on {what}; {table.summary()}")
@@ -500,7 +503,7 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
         print("\n" + "\n".join(fewest_lines(fewest, args.slo)))
     meta = {"table": {"id": table.table_id, "device": table.device_name, "gpu_uuid": table.gpu_uuid,
                       "path": str(args.table or inputs.SHIPPED_TABLE)},
-            "workload": wl, "rates": setup["rates"], "block_size": table.block_size,
+            "workload": wl, **inputs.import_meta(samples[0]), "rates": setup["rates"], "block_size": table.block_size,
             "noise_seed": args.noise_seed, "strict": args.strict, "warnings": warned,
             "slos": setup["slos"], "capacity_by": "slos" if args.slo else "stability",
             **({"fewest_replicas": fewest} if fewest is not None else {})}

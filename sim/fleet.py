@@ -190,7 +190,7 @@ def simulate_fleet(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
     env.process(dispatcher.run())  # first: arrivals at t=0 are in the inboxes before any replica's first pass
     loops, timers = [], []
     for i, inbox in enumerate(dispatcher.inboxes):
-        sched = serving.scheduler(pool_blocks, cost.table.max_tokens)
+        sched = serving.scheduler(pool_blocks, serving.max_positions)
         timer = ReplicaTimer(cost, serving.backend, cfg.fast_forward, cfg.noise_seed, i, str(serving.prefill))
         recorder = ReplicaRecorder(writer, serving.backend, dispatcher.loads[i], i, cfg.detail)
         loop = StepLoop(sched, recorder, timer, inbox, (lambda done: on_finish(len(done))) if on_finish else None)

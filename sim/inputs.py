@@ -12,10 +12,11 @@ from costs.table import CostTable, check_compatible, load_cost_table
 from core.block_pool import largest_request_tokens
 from core.config import ServingConfig
 from traces.errors import InputError
+from traces.importers import import_note
 from traces.memory import check_fits
 from traces.model_spec import QWEN25_1P5B, config_hash
 from traces.trace_io import read_trace
-from traces.workload import ARRIVAL_DECIMALS, Request, Trace, closed_mixed, closed_uniform, poisson_trace
+from traces.workload import ARRIVAL_DECIMALS, Trace, closed_mixed, closed_uniform, poisson_trace
 
 SHIPPED_TABLE = Path(__file__).resolve().parents[1] / "costs" / "data" / "h200.json"
 MODEL = QWEN25_1P5B
@@ -76,6 +77,19 @@ def load_trace(path: str | Path) -> Trace:
     return trace
 
 
+def import_meta(trace: Trace) -> dict:
+    """{"import": what the trace's import dropped or clipped} for a run's saved metadata, or {} for a trace that was
+    not imported."""
+    note = import_note(trace.meta)
+    return {"import": note} if note else {}
+
+
+def described(path: str | Path, trace: Trace) -> str:
+    """A trace file as a report names it: its path, its size and what its import dropped or clipped."""
+    note = import_note(trace.meta)
+    return f"trace {path} ({len(trace)} requests{f'; import: {note}' if note else ''})"
+
+
 def at_rate(trace: Trace, rate: float) -> Trace:
     """The trace with its time scaled so that it offers `rate` requests per second (same requests, same order)."""
     check_rate(rate)
@@ -83,14 +97,13 @@ def at_rate(trace: Trace, rate: float) -> Trace:
         raise InputError("a trace whose requests all arrive at once cannot be run at a rate")
     scale = trace.offered_rate / rate
     t0 = trace.requests[0].arrival
-    reqs = [Request(r.request_id, round((r.arrival - t0) * scale, ARRIVAL_DECIMALS), r.prompt_tokens, r.budget,
-                    r.prompt) for r in trace.requests]
+    reqs = [r.at(round((r.arrival - t0) * scale, ARRIVAL_DECIMALS)) for r in trace.requests]
     return Trace(reqs, {**trace.meta, "rate": rate, "scaled_from": trace.trace_id})
 
 
 def closed(trace: Trace) -> Trace:
     """The same requests all arriving at t=0: the engine saturated from the first step."""
-    reqs = [Request(r.request_id, 0.0, r.prompt_tokens, r.budget, r.prompt) for r in trace.requests]
+    reqs = [r.at(0.0) for r in trace.requests]
     return Trace(reqs, {"kind": "closed", "from": trace.trace_id})
 
 
@@ -135,9 +148,9 @@ def check_trace(trace: Trace, table: CostTable, serving: ServingConfig, pool_blo
     # goes through the scheduler request by request (some 3 us a request), to be refused in its words.
     reqs = trace.requests
     if (min(map(attrgetter("prompt_tokens"), reqs)) > 0 and min(map(attrgetter("budget"), reqs)) > 0
-            and (table.max_tokens is None or largest.prompt_tokens + largest.budget <= table.max_tokens)
+            and largest.prompt_tokens + largest.budget <= serving.max_positions
             and len(set(map(attrgetter("request_id"), reqs))) == len(reqs)):
         return
-    sched = serving.scheduler(pool_blocks, table.max_tokens)
+    sched = serving.scheduler(pool_blocks, serving.max_positions)
     for req in reqs:
         sched.submit(req)

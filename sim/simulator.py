@@ -214,7 +214,7 @@ def simulate(trace: Trace, cost: CostModel, cfg: SimConfig = SimConfig(),
     pool_blocks, writer = start_run(trace, cost, cfg)
     serving = cfg.serving
     recorder = Recorder(writer, serving.backend, tokens=cfg.detail == "tokens", decode_steps=cfg.detail != "summary")
-    sched = serving.scheduler(pool_blocks, cost.table.max_tokens)
+    sched = serving.scheduler(pool_blocks, serving.max_positions)
     timer = SimTimer(cost, serving.backend, cfg.fast_forward, cfg.noise_seed, str(serving.prefill))
     loop = StepLoop(sched, recorder, timer, TraceArrivals(trace.requests),
                     (lambda done: on_finish(len(done))) if on_finish else None)

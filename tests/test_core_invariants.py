@@ -187,7 +187,7 @@ def test_records_of_every_version_read_with_the_current_names(tmp_path, version)
     cfg = sim_config(detail="steps", max_batch=4)
     rec = simulate(length_trace([(0.0, 16, 3), (0.0, 40, 2), (0.5, 8, 4)]), CostModel(constant_table()), cfg).record
     run = tmp_path / "run"
-    _write_record(rec, run, False, {})
+    _write_record(rec, run, False, {}, {})
     meta = json.loads((run / "meta.json").read_text())
     assert meta["version"] == records.VERSION == 5
     assert (run / "steps.csv").read_text().splitlines()[0].split(",")[13] == "n_admitted"  # plain CSV: names first

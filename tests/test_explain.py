@@ -30,11 +30,11 @@ META = {"kind": "engine", "backend": "paged", "prefill": "padded", "max_batch": 
 
 def prefill(w, step, rows, padded_len, real, tokens, start, end, group, admitted):
     w.add("steps", (step, "prefill", rows, padded_len, real, tokens, rows * padded_len ** 2, 0, 0, 0, start, end,
-                    group, admitted, 0, 0))
+                    group, admitted, 0, 0, 0, 0, 0))
 
 
 def decode(w, step, rows, start, end, retired=0, kv_tokens=0):
-    w.add("steps", (step, "decode", rows, 0, 0, 0, 0, kv_tokens, 0, 0, start, end, -1, 0, retired, 0))
+    w.add("steps", (step, "decode", rows, 0, 0, 0, 0, kv_tokens, 0, 0, start, end, -1, 0, retired, 0, 0, 0, 0))
 
 
 def hand_run(out_dir=None, close=True):
@@ -53,9 +53,9 @@ def hand_run(out_dir=None, close=True):
     """
     w = RunWriter(out_dir, META)
     # request_id, arrival, admitted, admit_step, group_id, group_size, first_token, finished, prompt, output, blocks
-    w.add("requests", (1, 1 / 16, 1 / 8, 0, 0, 2, 1 / 2, 1.0, 100, 5, 3, 0))
-    w.add("requests", (0, 0.0, 1 / 8, 0, 0, 2, 1 / 2, 13 / 8, 200, 9, 4, 0))
-    w.add("requests", (2, 2.0, 2.0, 8, 1, 1, 17 / 8, 37 / 16, 64, 2, 2, 0))
+    w.add("requests", (1, 1 / 16, 1 / 8, 0, 0, 2, 1 / 2, 1.0, 100, 5, 3, 0, 0, 0, 0))
+    w.add("requests", (0, 0.0, 1 / 8, 0, 0, 2, 1 / 2, 13 / 8, 200, 9, 4, 0, 0, 0, 0))
+    w.add("requests", (2, 2.0, 2.0, 8, 1, 1, 17 / 8, 37 / 16, 64, 2, 2, 0, 0, 0, 0))
     prefill(w, 0, 2, 200, 300, 400, 1 / 8, 1 / 2, 0, 2)
     for i in range(3):
         decode(w, i, 2, 1 / 2 + i / 8, 5 / 8 + i / 8)
@@ -265,7 +265,7 @@ def test_row_slots_take_the_lowest_free_row():
     w = RunWriter(None, {})
     # r0 0-4, r1 1-2, r2 2-3 (takes r1's row, freed at 2), r3 3-5 (row 1 again: rows 0 and 1 are r0 and free)
     for rid, (a, f) in enumerate(((0, 4), (1, 2), (2, 3), (3, 5))):
-        w.add("requests", (rid, a, a, 0, rid, 1, a, f, 16, 2, 1, 0))
+        w.add("requests", (rid, a, a, 0, rid, 1, a, f, 16, 2, 1, 0, 0, 0, 0))
     assert list(row_slots(w.record().requests)) == [0, 1, 1, 1]
 
 

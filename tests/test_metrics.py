@@ -12,11 +12,11 @@ approx = pytest.approx
 
 def prefill(w, step, rows, padded, real, start, end, group):
     w.add("steps", (step, "prefill", rows, padded, real, rows * padded, rows * padded ** 2, 0, 0, 0, start, end, group,
-                    rows, 0, 0))
+                    rows, 0, 0, 0, 0, 0))
 
 
 def decode(w, step, rows, start, end, retired=0):
-    w.add("steps", (step, "decode", rows, 0, 0, 0, 0, 0, 0, 0, start, end, -1, 0, retired, 0))
+    w.add("steps", (step, "decode", rows, 0, 0, 0, 0, 0, 0, 0, start, end, -1, 0, retired, 0, 0, 0, 0))
 
 
 def small_run():
@@ -28,10 +28,10 @@ def small_run():
     """
     w = RunWriter(None, {"trace": {"rate": 2.0, "n": 4, "seed": 0, "kind": "poisson"}, "backend": "paged"})
     # request_id, arrival, admitted, admit_step, group_id, group_size, first_token, finished, prompt, output, blocks
-    w.add("requests", (0, 0.0, 0.0, 0, 0, 1, 0.4, 1.9, 100, 8, 6, 0))
-    w.add("requests", (2, 0.5, 0.8, 4, 1, 3, 1.6, 1.6, 50, 1, 5, 0))
-    w.add("requests", (1, 0.3, 0.8, 4, 1, 3, 1.6, 1.9, 400, 4, 11, 0))
-    w.add("requests", (3, 0.7, 0.8, 4, 1, 3, 1.6, 2.1, 150, 6, 7, 0))
+    w.add("requests", (0, 0.0, 0.0, 0, 0, 1, 0.4, 1.9, 100, 8, 6, 0, 0, 0, 0))
+    w.add("requests", (2, 0.5, 0.8, 4, 1, 3, 1.6, 1.6, 50, 1, 5, 0, 0, 0, 0))
+    w.add("requests", (1, 0.3, 0.8, 4, 1, 3, 1.6, 1.9, 400, 4, 11, 0, 0, 0, 0))
+    w.add("requests", (3, 0.7, 0.8, 4, 1, 3, 1.6, 2.1, 150, 6, 7, 0, 0, 0, 0))
     prefill(w, 0, 1, 100, 100, 0.0, 0.4, 0)
     for step, t in enumerate((0.4, 0.5, 0.6, 0.7)):
         decode(w, step, 1, t, t + 0.1)
@@ -109,8 +109,8 @@ def test_token_gaps_without_tokens():
 def test_closed_run():
     w = RunWriter(None, {})
     # 2 requests at t=0 in one group: prompts 16 and 48 padded to 48; prefill 0-1, then 3 decode steps of 0.5 s
-    w.add("requests", (0, 0.0, 0.0, 0, 0, 2, 1.0, 2.0, 16, 3, 1, 0))
-    w.add("requests", (1, 0.0, 0.0, 0, 0, 2, 1.0, 2.5, 48, 4, 1, 0))
+    w.add("requests", (0, 0.0, 0.0, 0, 0, 2, 1.0, 2.0, 16, 3, 1, 0, 0, 0, 0))
+    w.add("requests", (1, 0.0, 0.0, 0, 0, 2, 1.0, 2.5, 48, 4, 1, 0, 0, 0, 0))
     prefill(w, 0, 2, 48, 64, 0.0, 1.0, 0)
     decode(w, 0, 2, 1.0, 1.5)
     decode(w, 1, 2, 1.5, 2.0, retired=1)
@@ -125,7 +125,7 @@ def arrival_run(arrivals, waits, service):
     """Requests admitted `wait` after arriving and finished `service` after admission (first token at +0.1)."""
     w = RunWriter(None, {})
     for i, (a, q, s) in enumerate(zip(arrivals, waits, service)):
-        w.add("requests", (i, a, a + q, i, i, 1, a + q + 0.1, a + q + s, 16, 10, 1, 0))
+        w.add("requests", (i, a, a + q, i, i, 1, a + q + 0.1, a + q + s, 16, 10, 1, 0, 0, 0, 0))
     return w.record()
 
 

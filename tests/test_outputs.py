@@ -204,7 +204,7 @@ def test_run_record_tables_read_as_they_are_with_pandas(cost, tmp_path):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "run" / f"{t}.csv"), getattr(rec, t),
                                       check_exact=False, rtol=1e-15)
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
-    assert (meta["schema"], meta["version"]) == ("run-record", 4)
+    assert (meta["schema"], meta["version"]) == ("run-record", 5)
     assert meta["tables"]["steps"] == list(records.STEP_COLUMNS)
 
 
@@ -230,13 +230,14 @@ def test_committed_records_of_earlier_versions_still_read(version, tmp_path, mon
 
 def test_a_record_with_a_short_row_is_refused_naming_its_line(tmp_path):
     w = RunWriter(tmp_path / "run", {"kind": "engine"})
-    w.add_many("requests", [(i, 0.1 * i, 0.1 * i, i, i, 1, 0.2 * i, 0.3 * i, 16, 4, 1, 0) for i in range(5)])
+    w.add_many("requests", [(i, 0.1 * i, 0.1 * i, i, i, 1, 0.2 * i, 0.3 * i, 16, 4, 1, 0, 0, 0, 0)
+                               for i in range(5)])
     w.close()
     p = tmp_path / "run" / "requests.csv"
     lines = p.read_text().splitlines(keepends=True)
     lines[3] = "2,0.2,0.2\n"  # pandas would fill the missing fields with NaN
     p.write_text("".join(lines))
-    with pytest.raises(InputError, match="line 4: has 3 fields, the header has 12"):
+    with pytest.raises(InputError, match="line 4: has 3 fields, the header has 15"):
         read_run(tmp_path / "run")
 
 

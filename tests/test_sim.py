@@ -28,6 +28,7 @@ from traces import metrics
 from traces.errors import InputError
 from traces.model_spec import QWEN25_1P5B
 from traces.records import read_run
+from traces.cli import main as traces_main
 from traces.trace_io import write_trace
 from traces.workload import Trace, closed_uniform, length_trace, poisson_trace
 
@@ -258,6 +259,27 @@ def test_cli_refuses_a_trace_made_for_another_model(capsys, tables, tmp_path):
                        "--out", str(tmp_path / "o"))
     assert code == 2 and "the trace was made for model Other-2B, not Qwen2.5-1.5B" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_run_says_what_the_traces_import_dropped_and_clipped(capsys, tables, tmp_path):
+    src, path = tmp_path / "src.csv", tmp_path / "t.csv"
+    rows = (f"{i},{9000 if i == 3 else 100 + i},{300 if i % 2 else 50}\n" for i in range(12))
+    src.write_text("t,p,o\n" + "".join(rows))
+    assert traces_main(["import", str(src), "--timestamp", "t", "--input", "p", "--output", "o", "--max-prompt", "4096",
+                        "--max-budget", "256", "--out", str(path)]) == 0
+    line = "1 of 12 prompts over 4096 tokens dropped, 5 of 11 outputs clipped to 256 tokens"
+    out, result = tmp_path / "run", tmp_path / "r.json"
+    code, stdout, _ = cli(capsys, "run", "--trace", str(path), "--table", str(tables["linear"]), "--out", str(out),
+                          "--save-result", str(result))
+    assert code == 0 and f"\nimport   {line}\n" in stdout
+    assert read_run(out).meta["import"] == line and json.loads(result.read_text())["import"] == line
+    code, stdout, _ = cli(capsys, "sweep", "--trace", str(path), "--rates", "1", "--pool-gib", "1", "--max-batch", "8",
+                          "--backend", "paged", "--jobs", "1", "--table", str(tables["linear"]),
+                          "--out", str(tmp_path / "s"))
+    assert code == 0 and f"(11 requests; import: {line})" in stdout
+    assert json.loads((tmp_path / "s" / "sweep.json").read_text())["import"] == line
+    code, stdout, _ = cli(capsys, "run", "--rate", "2", "--n", "10", "--table", str(tables["linear"]))
+    assert code == 0 and "\nimport " not in stdout  # a seeded trace was not imported
 
 
 def test_cli_without_the_shipped_table_says_how_to_pass_one(capsys, monkeypatch, tmp_path):

@@ -72,7 +72,7 @@ def _tail_run(outlier_ttft: float):
     for i in range(100):
         a = i / 10
         ttft = outlier_ttft if i == 0 else 0.01
-        w.add("requests", (i, a, a, i, i, 1, a + ttft, a + ttft + 0.1, 16, 2, 1, 0))
+        w.add("requests", (i, a, a, i, i, 1, a + ttft, a + ttft + 0.1, 16, 2, 1, 0, 0, 0, 0))
     return w.record()
 
 

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import TRACES
 
 from traces.cli import main
 from costs.table import load_cost_table
 from traces.csvio import atomic_write_text
 from traces.errors import InputError
-from traces.importers import ImportOptions, import_azure, import_lengths, import_table, time_unit_warning
+from traces.importers import ImportOptions, import_azure, import_lengths, import_note, import_table, time_unit_warning
 from traces.prompts import PROMPT_LENGTHS, prompt_tokens
 from traces import records
 from traces.records import RunWriter, read_run
@@ -31,9 +32,9 @@ from traces.trace_io import read_trace, write_trace
 from traces.workload import closed_mixed, closed_uniform, length_trace, mixed_draw, poisson_arrivals, poisson_trace
 
 REPO = Path(__file__).resolve().parents[1]
-AZURE = Path("/work/shared/data/traces/AzureLLMInferenceTrace_conv.csv")
+AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"
 needs_azure = pytest.mark.skipif(not AZURE.exists(), reason=f"{AZURE} is not on this machine")
-SHAREGPT = REPO.parent / "shared" / "data" / "traces" / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
+SHAREGPT = TRACES / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
 needs_sharegpt = pytest.mark.skipif(not SHAREGPT.exists(), reason=f"{SHAREGPT} is not on this machine")
 
 
@@ -90,9 +91,11 @@ def test_trace_file_round_trips(tmp_path, trace):
     assert back.trace_id == trace.trace_id
 
 
-REQUEST_ROWS = [(i, 0.1 * i, 0.1 * i + 0.02, i, i, 1, 0.1 * i + 0.05, 1.5 + i, 16, 64, 2, 0) for i in range(3)]
-STEP_ROWS = [(0, "prefill", 1, 16, 16, 16, 256, 0, 0, 0, 0.0, 0.01, 0, 1, 0, 0),
-             (1, "decode", 1, 0, 0, 0, 0, 17, 17, 17, 0.01, 0.02, -1, 0, 0, 0)]
+REQUEST_ROWS = [(i, 0.1 * i, 0.1 * i + 0.02, i, i, 1, 0.1 * i + 0.05, 1.5 + i, 16, 64, 2, 0, i, 3 * i, 64 * i)
+                for i in range(3)]
+STEP_ROWS = [(0, "prefill", 1, 16, 16, 16, 256, 0, 0, 0, 0.0, 0.01, 0, 1, 0, 0, 0, 7, 0),
+             (1, "decode", 1, 0, 0, 0, 0, 17, 17, 17, 0.01, 0.02, -1, 0, 0, 0, 1, 0, 0),
+             (2, "mixed", 3, 8, 8, 10, 90, 40, 21, 40, 0.02, 0.03, 1, 0, 0, 0, 0, 0, 2)]
 TOKEN_ROWS = [(0, 0, 0.01, 17), (0, 1, 0.02, 4)]
 # The line separator inside the reason once split a row in two when read back.
 REJECTED_ROWS = [(9, 0.5, "request 9: needs 99 blocks\u2028the pool has 10")]
@@ -166,10 +169,24 @@ def _expect(rows, lo=0.0, hi=float("inf"), max_prompt=4096, max_budget=256):
     return inside, kept, sum(r[2] > max_budget for r in kept)
 
 
+CAPS = ImportOptions(max_prompt=4096, max_budget=256)  # the caps every import applied before full lengths
+
+
+@needs_azure
+def test_azure_import_keeps_every_row_at_full_length_by_default(azure_rows):
+    trace, report = import_azure(AZURE)
+    assert (report.rows_read, report.dropped_prompt, report.clipped_budget, report.kept) == (len(azure_rows), 0, 0,
+                                                                                              len(azure_rows))
+    assert [(r.prompt_tokens, r.budget) for r in trace.requests] == [(p, o) for _, p, o in azure_rows]
+    assert max(r.prompt_tokens for r in trace.requests) == 14050  # SOURCES.md's max
+    assert trace.meta["options"]["max_prompt"] is None and trace.meta["options"]["max_budget"] is None
+    assert import_note(trace.meta) == "full lengths (no prompt or output cap)"
+
+
 @needs_azure
 def test_azure_import_keeps_and_clips_what_an_independent_count_says(azure_rows):
     _, kept, clipped = _expect(azure_rows)
-    trace, report = import_azure(AZURE)
+    trace, report = import_azure(AZURE, CAPS)
     assert len(kept) == 18964  # SOURCES.md's "filtered" count, as a cross-check of the count itself
     assert (report.rows_read, report.outside_window, report.dropped_prompt) == (len(azure_rows), 0, len(azure_rows) - len(kept))
     assert (report.clipped_budget, report.kept, len(trace)) == (clipped, len(kept), len(kept))
@@ -182,19 +199,21 @@ def test_azure_import_keeps_and_clips_what_an_independent_count_says(azure_rows)
     assert trace.meta["report"]["kept"] == len(kept)
     assert trace.meta["options"] == {"max_prompt": 4096, "max_budget": 256, "window": None, "compress": 1.0,
                                      "time_unit": "s"}
+    assert import_note(trace.meta) == (f"{len(azure_rows) - len(kept)} of {len(azure_rows)} prompts over 4096 tokens "
+                                       f"dropped, {clipped} of {len(kept)} outputs clipped to 256 tokens")
 
 
 @needs_azure
 def test_azure_window_and_compression(azure_rows):
     inside, kept, clipped = _expect(azure_rows, 600, 1200)
-    windowed, report = import_azure(AZURE, ImportOptions(window=(600, 1200)))
+    windowed, report = import_azure(AZURE, ImportOptions(4096, 256, window=(600, 1200)))
     assert (report.outside_window, report.dropped_prompt) == (len(azure_rows) - len(inside), len(inside) - len(kept))
     assert (report.kept, report.clipped_budget) == (len(kept), clipped)
     assert [r.prompt_tokens for r in windowed.requests] == [p for _, p, _ in kept]
     assert windowed.requests[0].arrival == 0.0
     assert windowed.requests[-1].arrival == pytest.approx(kept[-1][0] - kept[0][0], abs=1e-6)
 
-    fast, fast_report = import_azure(AZURE, ImportOptions(window=(600, 1200), compress=4))
+    fast, fast_report = import_azure(AZURE, ImportOptions(4096, 256, window=(600, 1200), compress=4))
     assert [(r.prompt_tokens, r.budget) for r in fast.requests] == [(r.prompt_tokens, r.budget) for r in windowed.requests]
     for f, w in zip(fast.requests, windowed.requests):
         assert f.arrival == pytest.approx(w.arrival / 4, abs=1e-6)
@@ -204,11 +223,17 @@ def test_azure_window_and_compression(azure_rows):
 def test_csv_import_with_numeric_seconds_and_caps(tmp_path):
     p = tmp_path / "t.csv"
     p.write_text("t,plen,olen,extra\n10.5,100,300,x\n11.0,5000,10,y\n12.25,4096,256,z\n\n12.25,7,257.0,w\n")
-    trace, report = import_table(p, "t", "plen", "olen")
+    trace, report = import_table(p, "t", "plen", "olen", CAPS)
     assert [(r.arrival, r.prompt_tokens, r.budget) for r in trace.requests] == [
         (0.0, 100, 256), (1.75, 4096, 256), (1.75, 7, 256)]
     assert (report.rows_read, report.dropped_prompt, report.clipped_budget, report.kept) == (4, 1, 2, 3)
     assert report.offered_rate == pytest.approx(2 / 1.75)
+    full, report = import_table(p, "t", "plen", "olen")
+    assert [(r.prompt_tokens, r.budget) for r in full.requests] == [(100, 300), (5000, 10), (4096, 256), (7, 257)]
+    assert (report.dropped_prompt, report.clipped_budget, report.kept) == (0, 0, 4)
+    only_prompts, report = import_table(p, "t", "plen", "olen", ImportOptions(max_prompt=4096))
+    assert [r.budget for r in only_prompts.requests] == [300, 256, 257] and report.clipped_budget == 0
+    assert import_note(only_prompts.meta) == "1 of 4 prompts over 4096 tokens dropped, no output cap"
 
 
 def test_jsonl_import_with_zoned_iso_datetimes(tmp_path):
@@ -249,7 +274,7 @@ def test_a_repeated_request_id_is_refused_at_read_naming_the_second_line(tmp_pat
     (TRACE_HEADER + TRACE_COLUMNS + "0,0.5,NaN,64,\n", 3, "prompt_tokens"),
     (TRACE_HEADER + TRACE_COLUMNS + "0,0.5,20,64,p16\n", 3, "prompt"),  # name and length disagree
     (TRACE_HEADER + "request_id,arrival_s,prompt_tokens,prompt\n0,0.5,16,p16\n", 2, "budget"),  # missing column
-    ('# {"schema": "request-trace", "version": 2}\n' + TRACE_COLUMNS + "0,0.5,16,64,p16\n", 1, None),
+    ('# {"schema": "request-trace", "version": 3}\n' + TRACE_COLUMNS + "0,0.5,16,64,p16\n", 1, None),
     ('# {"schema": "run-record/requests", "version": 1}\n' + TRACE_COLUMNS + "0,0.5,16,64,p16\n", 1, None),
     ("# [1]\n" + TRACE_COLUMNS + "0,0.5,16,64,p16\n", 1, None),  # these three once raised other exceptions
     ("# " + "[" * 100_000 + "\n" + TRACE_COLUMNS, 1, None),
@@ -354,7 +379,7 @@ def test_import_command_prints_the_report_and_records_it(tmp_path, capsys):
     src, out = tmp_path / "src.csv", tmp_path / "t.csv"
     src.write_text("when,p,o\n0,10,300\n1,9000,5\n2,20,30\n4,30,40\n")
     assert main(["import", str(src), "--timestamp", "when", "--input", "p", "--output", "o", "--window", "0:3",
-                 "--compress", "2", "--out", str(out)]) == 0
+                 "--compress", "2", "--max-prompt", "4096", "--max-budget", "256", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "rows kept                  2" in printed and "outside the window         1" in printed
     trace = read_trace(out)
@@ -362,6 +387,8 @@ def test_import_command_prints_the_report_and_records_it(tmp_path, capsys):
     assert trace.meta["report"] == {"rows_read": 4, "outside_window": 1, "dropped_prompt": 1, "clipped_budget": 1,
                                     "kept": 2, "span_s": 1.0, "offered_rate": 1.0}
     assert trace.meta["options"]["window"] == [0.0, 3.0]
+    assert import_note(trace.meta) == ("1 of 4 rows outside the window left out, 1 of 3 prompts over 4096 tokens "
+                                       "dropped, 1 of 2 outputs clipped to 256 tokens")
     assert trace.meta["source"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
     assert json.loads(out.read_text().splitlines()[0][2:])["trace_id"] == trace.trace_id
 
@@ -597,7 +624,8 @@ def _draw(pool_size: int, n: int, seed: int) -> list[int]:
 
 def test_lengths_are_drawn_from_the_capped_rows_with_poisson_arrivals(tmp_path):
     src = _lengths_csv(tmp_path)
-    trace, report = import_lengths(src, "num_prefill_tokens", "num_decode_tokens", rate=2.0, n=50, seed=3)
+    trace, report = import_lengths(src, "num_prefill_tokens", "num_decode_tokens", rate=2.0, n=50, seed=3,
+                                   max_prompt=4096, max_budget=256)
     drawn = [POOL[i] for i in _draw(len(POOL), 50, 3)]
     assert [(r.request_id, r.prompt_tokens, r.budget, r.prompt) for r in trace.requests] == [
         (i, p, min(o, 256), "") for i, (p, o) in enumerate(drawn)]
@@ -612,12 +640,22 @@ def test_lengths_are_drawn_from_the_capped_rows_with_poisson_arrivals(tmp_path):
     assert trace.meta["source"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
     assert trace.meta["options"] == {"max_prompt": 4096, "max_budget": 256, "rate": 2.0, "n": 50, "seed": 3}
     assert trace.meta["report"]["clipped_budget"] == clipped
+    assert import_note(trace.meta) == (f"2 of 6 prompts over 4096 tokens dropped, {clipped} of 50 drawn outputs "
+                                       f"clipped to 256 tokens")
+
+
+def test_lengths_are_drawn_from_every_row_at_full_length_by_default(tmp_path):
+    trace, report = import_lengths(_lengths_csv(tmp_path), "num_prefill_tokens", "num_decode_tokens", rate=2.0, n=50,
+                                   seed=3)
+    drawn = [LENGTH_ROWS[i] for i in _draw(len(LENGTH_ROWS), 50, 3)]
+    assert [(r.prompt_tokens, r.budget) for r in trace.requests] == drawn
+    assert (report.dropped_prompt, report.pool, report.clipped_budget) == (0, len(LENGTH_ROWS), 0)
 
 
 def test_lengths_draw_is_uniform_and_the_same_requests_at_every_rate(tmp_path):
     src = _lengths_csv(tmp_path)
-    slow, _ = import_lengths(src, "num_prefill_tokens", "num_decode_tokens", rate=1.0, n=4000, seed=5)
-    fast, _ = import_lengths(src, "num_prefill_tokens", "num_decode_tokens", rate=4.0, n=4000, seed=5)
+    slow, _ = import_lengths(src, "num_prefill_tokens", "num_decode_tokens", rate=1.0, n=4000, seed=5, max_prompt=4096)
+    fast, _ = import_lengths(src, "num_prefill_tokens", "num_decode_tokens", rate=4.0, n=4000, seed=5, max_prompt=4096)
     assert [(r.prompt_tokens, r.budget) for r in slow.requests] == [(r.prompt_tokens, r.budget) for r in fast.requests]
     for s, f in zip(slow.requests, fast.requests):
         assert f.arrival == pytest.approx(s.arrival / 4, abs=1e-6)
@@ -630,7 +668,8 @@ def test_import_lengths_command_gives_byte_identical_files_and_prints_the_report
     outs = [tmp_path / "a.csv", tmp_path / "b" / "a.csv"]
     for out in outs:
         assert main(["import-lengths", str(src), "--input", "num_prefill_tokens", "--output", "num_decode_tokens",
-                     "--rate", "2", "--n", "30", "--seed", "4", "--max-budget", "100", "--out", str(out)]) == 0
+                     "--rate", "2", "--n", "30", "--seed", "4", "--max-prompt", "4096", "--max-budget", "100",
+                     "--out", str(out)]) == 0
     assert outs[0].read_bytes() == outs[1].read_bytes()
     printed = capsys.readouterr().out
     assert "rows drawn from            4" in printed and "requests drawn             30" in printed
@@ -642,7 +681,7 @@ def test_import_lengths_command_gives_byte_identical_files_and_prints_the_report
 @pytest.mark.parametrize("text, kwargs, match", [
     ("in,out\n5,6\n7,x\n", {}, "line 3, column 'out'"),
     ("in,out\n", {}, "no requests"),
-    ("in,out\n5000,6\n", {}, "over the cap"),
+    ("in,out\n5000,6\n", {"max_prompt": 4096}, "over the cap"),
     ("in,out\n5,6\n", {"rate": 0.0}, "rate"),
     ("in,out\n5,6\n", {"n": 0}, "n must be"),
     ("in,out\n5,6\n", {"seed": -1}, "seed must be"),
@@ -660,11 +699,13 @@ def test_sharegpt_lengths_import_draws_only_rows_within_the_caps(tmp_path):
         rows = [(int(r["num_prefill_tokens"]), int(r["num_decode_tokens"])) for r in csv.DictReader(f)]
     pool = [(p, o) for p, o in rows if p <= 4096]
     assert len(rows) == 30731  # SOURCES.md's row count
-    trace, report = import_lengths(SHAREGPT, "num_prefill_tokens", "num_decode_tokens", rate=5.0, n=2000, seed=0)
+    trace, report = import_lengths(SHAREGPT, "num_prefill_tokens", "num_decode_tokens", rate=5.0, n=2000, seed=0,
+                                   max_prompt=4096, max_budget=256)
     assert (report.rows_read, report.dropped_prompt, report.pool, len(trace)) == (
         len(rows), len(rows) - len(pool), len(pool), 2000)
     drawn = [pool[i] for i in _draw(len(pool), 2000, 0)]
     assert [(r.prompt_tokens, r.budget) for r in trace.requests] == [(p, min(o, 256)) for p, o in drawn]
     assert report.offered_rate == pytest.approx(5.0, rel=0.1)
-    again, _ = import_lengths(SHAREGPT, "num_prefill_tokens", "num_decode_tokens", rate=5.0, n=2000, seed=0)
+    again, _ = import_lengths(SHAREGPT, "num_prefill_tokens", "num_decode_tokens", rate=5.0, n=2000, seed=0,
+                              max_prompt=4096, max_budget=256)
     assert write_trace(again, tmp_path / "b.csv").read_bytes() == write_trace(trace, tmp_path / "a.csv").read_bytes()

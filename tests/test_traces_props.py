@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from traces.errors import InputError
-from traces.importers import import_table
+from traces.importers import import_mooncake, import_table
 from traces.prompts import PROMPT_LENGTHS
 from traces.trace_io import read_trace, write_trace
-from traces.workload import Trace, closed_mixed, length_trace, poisson_trace
+from traces.workload import Trace, closed_mixed, hash_error, length_trace, poisson_trace
 
 # Each example overwrites the same file, so a function-scoped tmp_path is safe to share between examples.
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -24,7 +24,9 @@ SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[Heal
 
 def _valid_files() -> list[bytes]:
     traces = [poisson_trace(3.0, 6, 1), closed_mixed(3, 2),
-              length_trace([(0.0, 10, 5), (0.25, 3000, 256), (1.123456, 7, 1)], {"kind": "import", "note": "x,\"y\""})]
+              length_trace([(0.0, 10, 5), (0.25, 3000, 256), (1.123456, 7, 1)], {"kind": "import", "note": "x,\"y\""}),
+              length_trace([(0.0, 10, 5), (0.25, 1100, 256), (1.5, 512, 1)], {"kind": "mooncake"},
+                           hash_ids=[(0,), (0, 1, 2), (7,)], hash_block=512)]
     with tempfile.TemporaryDirectory() as d:
         return [write_trace(t, Path(d) / f"{i}.csv").read_bytes() for i, t in enumerate(traces)]
 
@@ -36,6 +38,10 @@ ROWISH = st.one_of(
     st.text(alphabet='0123456789.,-+e"p \r\t\u2028', max_size=40).map(str.encode),
     st.tuples(st.integers(-2, 10), st.floats(allow_nan=True, allow_infinity=True), st.integers(-1, 5000),
               st.integers(-1, 300), st.sampled_from(["", *PROMPT_LENGTHS, "p7"]))
+    .map(lambda r: ",".join(map(str, r)).encode()),
+    st.tuples(st.integers(-1, 10), st.floats(0, 5), st.integers(-1, 1200), st.integers(-1, 300), st.just(""),
+              st.sampled_from([-1, 0, 1, 512]),
+              st.lists(st.integers(-1, 3), max_size=4).map(lambda h: " ".join(map(str, h))))
     .map(lambda r: ",".join(map(str, r)).encode()),
 )
 
@@ -79,6 +85,7 @@ def _read_is_a_valid_trace_or_an_input_error(path: Path) -> None:
     for r in trace.requests:
         assert r.request_id >= 0 and r.prompt_tokens >= 1 and r.budget >= 1
         assert not r.prompt or PROMPT_LENGTHS[r.prompt] == r.prompt_tokens
+        assert hash_error(r.prompt_tokens, r.hash_ids, r.hash_block) is None
     assert len(trace.trace_id) == 16
 
 
@@ -122,3 +129,24 @@ def test_arbitrary_import_files_give_a_trace_or_an_input_error(tmp_path, data):
         import_table(path, "ts", "in", "out")
     except InputError as e:
         assert str(path) in str(e) and "\n" not in str(e), str(e)
+
+
+JSON_VALUE = st.one_of(NUMBER, st.integers(-2, 2000).map(str), st.sampled_from(['"12"', "null", "true", "[]", "{}"]))
+HASH_LIST = st.lists(st.one_of(st.integers(-1, 9).map(str), st.sampled_from(["1.0", '"3"', "null", "[1]"])),
+                     max_size=4).map(lambda h: "[" + ", ".join(h) + "]")
+MOONCAKE_ROW = st.tuples(JSON_VALUE, JSON_VALUE, JSON_VALUE, st.one_of(HASH_LIST, JSON_VALUE)).map(
+    lambda r: ('{"timestamp": %s, "input_length": %s, "output_length": %s, "hash_ids": %s}' % r).encode())
+
+
+@SETTINGS
+@given(data=st.one_of(st.binary(max_size=200), st.lists(MOONCAKE_ROW, min_size=1, max_size=5).map(b"\n".join)))
+def test_arbitrary_mooncake_files_give_a_trace_or_an_input_error(tmp_path, data):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(data)
+    try:
+        trace, _ = import_mooncake(path)
+    except InputError as e:
+        assert str(path) in str(e) and "\n" not in str(e), str(e)
+        return
+    for r in trace.requests:
+        assert r.hash_block == 512 and hash_error(r.prompt_tokens, r.hash_ids, r.hash_block) is None

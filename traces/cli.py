@@ -11,13 +11,17 @@ from typing import Callable
 
 import numpy as np
 
+from core.block_pool import DEFAULT_BLOCK_SIZE  # the engine's KV block: the prefix cache `show` reports on
+
 from .arrival_options import add_arrival_options, given
 from .command import Parser, command
+from .conversations import DEFAULT_SESSIONS, Conversations, conversation_trace
 from .errors import InputError
 from .outpath import reason
-from .importers import (FORMATS, MAX_BUDGET, MAX_PROMPT, TIME_UNITS, ImportOptions, import_azure, import_lengths,
-                        import_table, time_unit_warning)
+from .importers import (FORMATS, TIME_UNITS, ImportOptions, import_azure, import_lengths, import_mooncake,
+                        import_note, import_table, time_unit_warning)
 from .outpath import check_new_file
+from .prefix import cached_prefix_share, repeated_block_share
 from .prompts import PROMPT_NAMES
 from .slo import SLO, parse_slos
 from .trace_io import read_trace, write_trace
@@ -55,6 +59,9 @@ rate_arg = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive numb
 count_arg = checked(int, lambda v: v >= 1, "a whole number >= 1")
 seed_arg = checked(int, lambda v: v >= 0, "a whole number >= 0")
 level_arg = checked(float, lambda v: 0 < v < 100, "a percentage between 0 and 100 (an interval's level)")
+tokens_arg = checked(int, lambda v: v >= 0, "a whole number of tokens >= 0")
+mean_arg = checked(float, lambda v: math.isfinite(v) and v >= 1, "a mean of at least 1")
+seconds_arg = checked(float, lambda v: math.isfinite(v) and v >= 0, "a number of seconds >= 0")
 
 # Sizes past which a run would not fit in memory or its counts would not be exact; each is far above real use.
 MAX_REQUESTS = 10_000_000  # the simulator holds about 1.5 KB a request: 10 million is ~15 GB
@@ -122,6 +129,15 @@ def _poisson(args: argparse.Namespace) -> None:
     _write(poisson_trace(args.rate, args.n, args.seed, args.burstiness, args.ramp_up_s), args.out)
 
 
+def _conversations(args: argparse.Namespace) -> None:
+    shape = Conversations(args.system_tokens, args.turns, args.user_tokens, args.output_tokens, args.think_s,
+                          args.hash_block)
+    trace = conversation_trace(args.rate, args.sessions, args.seed, shape)
+    _write(trace, args.out)
+    print(f"{args.sessions} sessions, {len(trace)} turns; {repeated_block_share(trace.requests):.1%} of the prompts' "
+          f"{args.hash_block}-token blocks repeat an earlier request's")
+
+
 def _closed(args: argparse.Namespace) -> None:
     # The options that do not apply are refused rather than ignored, so no one believes they took effect.
     if args.mixed and args.budget is not None:
@@ -139,6 +155,12 @@ def _options(args: argparse.Namespace, time_unit: str = "s") -> ImportOptions:
 
 def _import_azure(args: argparse.Namespace) -> None:
     trace, report = import_azure(args.path, _options(args))
+    print(report)
+    _write(trace, args.out)
+
+
+def _import_mooncake(args: argparse.Namespace) -> None:
+    trace, report = import_mooncake(args.path, _options(args))
     print(report)
     _write(trace, args.out)
 
@@ -172,6 +194,16 @@ def summary(trace: Trace) -> str:
                              ("budget", [r.budget for r in trace.requests])):
             p50, p90, p99 = np.percentile(values, [50, 90, 99])
             lines.append(f"{name:<15}p50 {p50:g}  p90 {p90:g}  p99 {p99:g}  max {max(values)}")
+        hashed = [r for r in trace.requests if r.hash_ids]
+        if hashed:
+            blocks = sorted({r.hash_block for r in hashed})
+            lines.append(f"hash ids       {len(hashed)} requests, blocks of {'/'.join(map(str, blocks))} tokens; "
+                         f"{repeated_block_share(trace.requests):.1%} of their blocks repeat an earlier request's; "
+                         f"an unbounded cache of {DEFAULT_BLOCK_SIZE}-token blocks would hold "
+                         f"{cached_prefix_share(trace.requests, DEFAULT_BLOCK_SIZE):.1%} of all prompt tokens")
+    note = import_note(trace.meta)
+    if note:
+        lines.append(f"import         {note}")
     lines.append("meta           " + json.dumps(trace.meta, indent=2, sort_keys=True).replace("\n", "\n               "))
     return "\n".join(lines)
 
@@ -246,6 +278,36 @@ def parser() -> argparse.ArgumentParser:
     add_arrival_options(s)
     s.set_defaults(func=_poisson)
 
+    d = Conversations()
+    s = sub.add_parser("conversations", parents=[out],
+                       help="seeded multi-turn conversations sharing prefixes, with their prompts' block hashes",
+                       description="Sessions start as a Poisson process at --rate; each turn's prompt is its "
+                                   "session's history (the system prompt, the earlier user messages and answers) "
+                                   "plus new user tokens, its hash ids chained so that equal prefixes have equal ids "
+                                   "(traces/conversations.py). A later turn arrives a think time after the previous "
+                                   "turn's arrival: a trace cannot know when that turn was answered. Every draw is "
+                                   "seeded: the same sessions, seed and shape give the same conversations at every "
+                                   "rate.")
+    s.add_argument("--rate", type=rate_arg, required=True, help="sessions starting per second (Poisson)")
+    s.add_argument("--sessions", type=requests_arg, default=DEFAULT_SESSIONS,
+                   help=f"sessions (default {DEFAULT_SESSIONS})")
+    s.add_argument("--seed", type=seed_arg, default=0, help="seed of every draw (default 0)")
+    s.add_argument("--system-tokens", type=tokens_arg, default=d.system_tokens, metavar="N",
+                   help=f"system prompt opening every session, the same tokens in all (default {d.system_tokens})")
+    s.add_argument("--turns", type=mean_arg, default=d.turns, metavar="MEAN",
+                   help=f"turns per session: geometric, at least 1, with this mean (default {d.turns:g})")
+    s.add_argument("--user-tokens", type=mean_arg, default=d.user_tokens, metavar="MEAN",
+                   help=f"new user tokens per turn: exponential with this mean, at least 1 (default {d.user_tokens:g})")
+    s.add_argument("--output-tokens", type=mean_arg, default=d.output_tokens, metavar="MEAN",
+                   help=f"output tokens per turn: exponential with this mean, at least 1 (default {d.output_tokens:g})")
+    s.add_argument("--think-s", type=seconds_arg, default=d.think_s, metavar="MEAN",
+                   help=f"seconds from a turn's arrival to the next's: exponential with this mean (default "
+                        f"{d.think_s:g}; from the arrival, not the answer, which a trace cannot know)")
+    s.add_argument("--hash-block", type=count_arg, default=d.hash_block, metavar="N",
+                   help=f"tokens per hashed prompt block (default {d.hash_block}, Mooncake's; the engine's KV block "
+                        f"is {DEFAULT_BLOCK_SIZE})")
+    s.set_defaults(func=_conversations)
+
     s = sub.add_parser("closed", parents=[out], help="a closed run: n requests all arriving at t=0")
     which = s.add_mutually_exclusive_group(required=True)
     which.add_argument("--mixed", action="store_true", help="a mixed draw of prompts and budgets")
@@ -256,10 +318,10 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_closed)
 
     caps = Parser(add_help=False, parents=[out])
-    caps.add_argument("--max-prompt", type=int, default=MAX_PROMPT,
-                      help=f"drop requests with longer prompts (default {MAX_PROMPT})")
-    caps.add_argument("--max-budget", type=int, default=MAX_BUDGET,
-                      help=f"clip longer outputs to this budget (default {MAX_BUDGET})")
+    caps.add_argument("--max-prompt", type=int, metavar="TOKENS",
+                      help="drop requests with longer prompts (default: none; every prompt kept at its length)")
+    caps.add_argument("--max-budget", type=int, metavar="TOKENS",
+                      help="clip longer outputs to this budget (default: none; every output kept at its length)")
     timed = Parser(add_help=False, parents=[caps])  # files with arrival times
     timed.add_argument("--window", type=_window, metavar="START:END",
                        help="keep requests from START to END seconds after the file's first timestamp")
@@ -269,6 +331,12 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("import-azure", parents=[timed], help="import the Azure LLM inference trace 2023 CSV")
     s.add_argument("path", help="AzureLLMInferenceTrace_conv.csv or _code.csv")
     s.set_defaults(func=_import_azure)
+
+    s = sub.add_parser("import-mooncake", parents=[timed],
+                       help="import a Mooncake trace (JSONL: timestamp in ms, input_length, output_length, hash_ids), "
+                            "keeping its 512-token block hashes")
+    s.add_argument("path", help="e.g. Mooncake's FAST25-release/traces/*.jsonl")
+    s.set_defaults(func=_import_mooncake)
 
     s = sub.add_parser("import", parents=[timed], help="import a CSV or JSONL trace, naming its columns")
     s.add_argument("path", help="a .csv, or a .jsonl with one JSON object per line")

@@ -14,7 +14,7 @@ import json
 import os
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from .errors import InputError
 from .outpath import refuse_special, write_error
@@ -130,10 +130,12 @@ def read_text(path: Path) -> str:
     return decode_text(read_bytes(path), path)
 
 
-def read_table(path: Path, schema: str | None, versions: Sequence[int], columns: Sequence[str], *,
+def read_table(path: Path, schema: str | None, versions: Sequence[int],
+               columns: Sequence[str] | Mapping[int, Sequence[str]], *,
                appended: bool = False) -> tuple[dict, list[list[str]]]:
-    """Header metadata and the data rows as strings; a malformed row is refused with its line. schema=None reads a
-    plain CSV, without the header line (its metadata then is {}).
+    """Header metadata and the data rows as strings, holding `columns` in that order (a mapping picks them by the
+    header line's version: a later version may add columns); a malformed row is refused with its line. schema=None
+    reads a plain CSV, without the header line (its metadata then is {}).
 
     `appended` is for files written row by row (AppendWriter): a last line without its newline there is a
     row cut off when the writing process died, and is dropped. Every other file is written whole
@@ -149,6 +151,8 @@ def read_table(path: Path, schema: str | None, versions: Sequence[int], columns:
         raise InputError("file is empty", path=path)
     skip = 0 if schema is None else 1  # the header line
     meta = {} if schema is None else parse_header(lines[0], path, schema, versions)
+    if isinstance(columns, Mapping):
+        columns = columns[meta["version"]]
     reader = csv.reader(lines[skip:], strict=True)  # reader.line_num + skip is the file's line
     try:
         header = next(reader, None)
@@ -213,3 +217,16 @@ def parse_int(value: str, path: Path, line: int, column: str, minimum: int) -> i
     if d > INT64_MAX:  # the records keep every count and id in an int64
         raise InputError(f"{value!r} is beyond {INT64_MAX:,}", path=path, row=line, column=column)
     return int(d)
+
+
+def parse_hash_id(value: object, path: Path, line: int, column: str) -> int:
+    """A prompt block's hash id: a whole number from 0 to INT64_MAX in plain digits (an id is a name, so 12.0 or
+    1.2e1 is no spelling of it), or an InputError naming where it is. `value` is text, or what a JSON line held."""
+    # isascii: str.isdigit also takes digits such as '\u00b2' that int() refuses; the length first, as int() refuses
+    # text of over 4,300 digits with a ValueError
+    if (isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= len(str(INT64_MAX))
+            and int(value) <= INT64_MAX):
+        return int(value)
+    shown = repr(value) if isinstance(value, str) else json.dumps(value)
+    raise InputError(f"hash id {shown} is not a whole number from 0 to {INT64_MAX:,}", path=path, row=line,
+                     column=column)

@@ -1,9 +1,11 @@
 """Public request traces (arrival times and token lengths in a CSV or JSONL file) as workload traces.
 
-Each row is kept or removed by an explicit option (the time window, the prompt cap) and counted in the
-report; a malformed row is refused with its file, line and column, never skipped. The report, the
-options and the source file's hash go into the trace's metadata, so a trace file says where it came from.
-A file of lengths alone (no arrival times) is resampled and given seeded Poisson arrivals (import_lengths).
+Every row is kept at its real lengths unless an explicit option removes or cuts it (the time window, a prompt
+cap, an output cap), and what they did is counted in the report; a malformed row is refused with its file, line
+and column, never skipped. The report, the options and the source file's hash go into the trace's metadata, so a
+trace file says where it came from and what its import left out (import_note). A file of lengths alone (no
+arrival times) is resampled and given seeded Poisson arrivals (import_lengths). Mooncake's traces keep their
+prompts' block hashes (import_mooncake).
 """
 from __future__ import annotations
 
@@ -13,19 +15,20 @@ import io
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Iterator
 
-from .csvio import decode_text, parse_int, read_bytes
+from .csvio import decode_text, parse_hash_id, parse_int, read_bytes
 from .errors import InputError
-from .workload import Trace, length_trace, poisson_arrivals, row_draw
+from .workload import Trace, hash_error, length_trace, poisson_arrivals, row_draw
 
-MAX_PROMPT = 4096
-MAX_BUDGET = 256
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+# Mooncake's FAST'25 traces: JSON lines of a millisecond timestamp, the lengths, and one hash id per 512-token block.
+MOONCAKE_COLUMNS = ("timestamp", "input_length", "output_length")
+MOONCAKE_HASHES, MOONCAKE_BLOCK = "hash_ids", 512
 FORMATS = ("csv", "jsonl")
 # The units numeric timestamps may be in, coarsest first, each with the power of ten from it to nanoseconds.
 TIME_UNITS = {"s": 9, "ms": 6, "us": 3}
@@ -39,15 +42,15 @@ _FRACTION = re.compile(r"(?<=\d\d:\d\d:\d\d)[.,](\d+)")
 
 @dataclass(frozen=True)
 class ImportOptions:
-    max_prompt: int = MAX_PROMPT  # rows with longer prompts are dropped
-    max_budget: int = MAX_BUDGET  # longer outputs are clipped to this budget
+    max_prompt: int | None = None  # rows with longer prompts are dropped; None keeps every prompt
+    max_budget: int | None = None  # longer outputs are clipped to this budget; None keeps every output whole
     window: tuple[float, float] | None = None  # keep [start, end) seconds after the file's first timestamp
     compress: float = 1.0  # arrival times are divided by this: 2 offers the same requests at twice the rate
     time_unit: str = "s"  # the unit of numeric timestamps (s, ms or us); ISO datetimes carry their own
 
     def __post_init__(self):
         for name in ("max_prompt", "max_budget"):
-            _whole(name, getattr(self, name), 1)
+            _cap(name, getattr(self, name))
         if self.time_unit not in TIME_UNITS:
             raise InputError(f"the time unit must be one of {', '.join(TIME_UNITS)}, got {self.time_unit!r}")
         if not (math.isfinite(self.compress) and self.compress > 0):
@@ -107,22 +110,48 @@ def _whole(name: str, value, minimum: int) -> None:
         raise InputError(f"{name} must be a whole number >= {minimum}, got {value!r}")
 
 
+def _cap(name: str, value) -> None:
+    """A cap is None (none) or a whole number of tokens >= 1."""
+    if value is not None:
+        _whole(name, value, 1)
+
+
+def _over(value: int, cap: int | None) -> bool:
+    return cap is not None and value > cap
+
+
+def _clip(value: int, cap: int | None) -> int:
+    return value if cap is None else min(value, cap)
+
+
 def import_azure(path: str | Path, options: ImportOptions = ImportOptions()) -> tuple[Trace, ImportReport]:
     """The Azure LLM inference trace 2023 (conversation or code CSV: TIMESTAMP, ContextTokens, GeneratedTokens)."""
     return import_table(path, *AZURE_COLUMNS, options=options, fmt="csv", kind="azure-llm-2023")
 
 
+def import_mooncake(path: str | Path, options: ImportOptions = ImportOptions()) -> tuple[Trace, ImportReport]:
+    """A Mooncake trace (FAST'25: JSON lines of timestamp in milliseconds, input_length, output_length and
+    hash_ids, one per 512-token prompt block). Its timestamps are read as milliseconds, whatever options.time_unit
+    says; every request keeps its hash ids (hash_block 512). A row whose ids are not one per block of its prompt
+    (ceil(input_length / 512), the last block partial) is refused with its line: its hashes would say nothing."""
+    return import_table(path, *MOONCAKE_COLUMNS, options=replace(options, time_unit="ms"), fmt="jsonl",
+                        kind="mooncake", hashes=(MOONCAKE_HASHES, MOONCAKE_BLOCK))
+
+
 def import_table(path: str | Path, timestamp: str, prompt: str, output: str, options: ImportOptions = ImportOptions(),
-                 fmt: str | None = None, kind: str = "import") -> tuple[Trace, ImportReport]:
+                 fmt: str | None = None, kind: str = "import",
+                 hashes: tuple[str, int] | None = None) -> tuple[Trace, ImportReport]:
     """A CSV or JSONL file (by its suffix unless `fmt` says) whose named columns hold each request's arrival
     time (numbers in options.time_unit, or ISO datetimes), prompt tokens and output tokens; returns the trace
-    and its cap report."""
+    and its cap report. With `hashes` (a column of JSON lists of ids, and the tokens per block), each request
+    keeps its prompt's block hash ids."""
     path = Path(path)
-    fmt, data, rows = _read_rows(path, fmt, (timestamp, prompt, output))
+    columns = (timestamp, prompt, output) + ((hashes[0],) if hashes else ())
+    fmt, data, rows = _read_rows(path, fmt, columns)
     read = outside = dropped = clipped = 0
-    kept: list[tuple[int, int, int]] = []  # (timestamp ns, prompt tokens, budget)
+    kept: list[tuple[int, int, int, tuple[int, ...]]] = []  # (timestamp ns, prompt tokens, budget, hash ids)
     first = last = first_kind = None
-    for line, (t, p, o) in rows:
+    for line, (t, p, o, *h) in rows:
         read += 1
         ns, t_kind = _timestamp_ns(_text(t, path, line, timestamp), path, line, timestamp, options.time_unit)
         if first is None:
@@ -136,13 +165,14 @@ def import_table(path: str | Path, timestamp: str, prompt: str, output: str, opt
         last = ns
         n_prompt = parse_int(_text(p, path, line, prompt), path, line, prompt, 1)
         n_output = parse_int(_text(o, path, line, output), path, line, output, 1)
+        ids = _hash_ids(h[0], n_prompt, hashes, path, line) if hashes else ()
         if options.window and not options.window[0] * 1e9 <= ns - first < options.window[1] * 1e9:
             outside += 1
-        elif n_prompt > options.max_prompt:
+        elif _over(n_prompt, options.max_prompt):
             dropped += 1
         else:
-            clipped += n_output > options.max_budget
-            kept.append((ns, n_prompt, min(n_output, options.max_budget)))
+            clipped += _over(n_output, options.max_budget)
+            kept.append((ns, n_prompt, _clip(n_output, options.max_budget), ids))
 
     if not read:
         raise InputError("holds no requests", path=path)
@@ -151,16 +181,51 @@ def import_table(path: str | Path, timestamp: str, prompt: str, output: str, opt
                else f"every prompt in it is over the cap of {options.max_prompt} tokens")
         raise InputError(f"no requests left: {why}", path=path)
     t0 = kept[0][0]
-    trace = length_trace([((ns - t0) / 1e9 / options.compress, p, b) for ns, p, b in kept])
+    trace = length_trace([((ns - t0) / 1e9 / options.compress, p, b) for ns, p, b, _ in kept],
+                         hash_ids=[ids for *_, ids in kept] if hashes else None, hash_block=hashes[1] if hashes else 0)
     report = ImportReport(read, outside, dropped, clipped, len(kept), trace.span, trace.offered_rate)
+    named = {"timestamp": timestamp, "prompt": prompt, "output": output, **({"hash_ids": hashes[0]} if hashes else {})}
     trace.meta = {
         "kind": kind,
-        "source": {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(), "format": fmt,
-                   "columns": {"timestamp": timestamp, "prompt": prompt, "output": output}, "timestamps": first_kind},
+        "source": {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(), "format": fmt, "columns": named,
+                   "timestamps": first_kind, **({"hash_block": hashes[1]} if hashes else {})},
         "options": asdict(options),
         "report": asdict(report),
     }
     return trace, report
+
+
+def _hash_ids(value, prompt_tokens: int, hashes: tuple[str, int], path: Path, line: int) -> tuple[int, ...]:
+    """A row's hash ids (a JSON list), refused with its line unless they are one whole number per prompt block."""
+    column, block = hashes
+    if not isinstance(value, list):
+        shown = value if isinstance(value, str) else json.dumps(value)  # a number stays the text the file held
+        raise InputError(f"{shown} is not a list of hash ids", path=path, row=line, column=column)
+    ids = tuple(parse_hash_id(v, path, line, column) for v in value)
+    why = hash_error(prompt_tokens, ids, block)
+    if why:
+        raise InputError(why, path=path, row=line, column=column)
+    return ids
+
+
+def import_note(meta: dict) -> str | None:
+    """What an imported trace's import left out, as a line for a run's report: e.g. "412 of 3993 prompts over 4096
+    tokens dropped, 957 of 3581 outputs clipped to 256 tokens", or "full lengths (no prompt or output cap)". None
+    for a trace that was not imported (its metadata holds no import report)."""
+    report, options = meta.get("report"), meta.get("options")
+    if not (isinstance(report, dict) and isinstance(options, dict)):
+        return None
+    cap_p, cap_b = options.get("max_prompt"), options.get("max_budget")
+    outside = report.get("outside_window", 0)  # a lengths import has no window, and draws its outputs
+    parts = [f"{outside} of {report['rows_read']} rows outside the window left out"] if outside else []
+    if cap_p is None and cap_b is None:
+        return ", ".join(parts + ["full lengths (no prompt or output cap)"])
+    parts.append("no prompt cap" if cap_p is None else
+                 f"{report['dropped_prompt']} of {report['rows_read'] - outside} prompts over {cap_p} tokens dropped")
+    outputs = f"{report['drawn']} drawn" if "drawn" in report else report["kept"]
+    parts.append("no output cap" if cap_b is None else
+                 f"{report['clipped_budget']} of {outputs} outputs clipped to {cap_b} tokens")
+    return ", ".join(parts)
 
 
 def time_unit_warning(trace: Trace) -> str | None:
@@ -186,20 +251,21 @@ def time_unit_warning(trace: Trace) -> str | None:
 
 
 def import_lengths(path: str | Path, prompt: str, output: str, rate: float, n: int, seed: int = 0,
-                   max_prompt: int = MAX_PROMPT, max_budget: int = MAX_BUDGET,
+                   max_prompt: int | None = None, max_budget: int | None = None,
                    fmt: str | None = None) -> tuple[Trace, LengthsReport]:
     """A file of request lengths without arrival times (e.g. ShareGPT's prompt and output token counts) as a
     trace of n requests at `rate` per second; returns the trace and its report.
 
-    Rows with prompts over max_prompt are dropped; n rows are drawn from the rest uniformly with replacement
-    (workload.row_draw), their outputs clipped to max_budget, and given the Poisson arrivals of
-    workload.poisson_arrivals(rate, n, seed). Both come from raw PCG64 words (the same under every NumPy
+    Rows with prompts over max_prompt (when given) are dropped; n rows are drawn from the rest uniformly with
+    replacement (workload.row_draw), their outputs clipped to max_budget (when given), and given the Poisson
+    arrivals of workload.poisson_arrivals(rate, n, seed). Both come from raw PCG64 words (the same under every NumPy
     version) on separate streams, so the same (n, seed) holds the same requests at every rate.
     """
     path = Path(path)
-    for name, value, minimum in (("max_prompt", max_prompt, 1), ("max_budget", max_budget, 1), ("n", n, 1),
-                                 ("seed", seed, 0)):
+    for name, value, minimum in (("n", n, 1), ("seed", seed, 0)):
         _whole(name, value, minimum)
+    for name, cap in (("max_prompt", max_prompt), ("max_budget", max_budget)):
+        _cap(name, cap)
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
         raise InputError(f"the arrival rate must be a positive number of requests per second, got {rate!r}")
     fmt, data, rows = _read_rows(path, fmt, (prompt, output))
@@ -209,7 +275,7 @@ def import_lengths(path: str | Path, prompt: str, output: str, rate: float, n: i
         read += 1
         n_prompt = parse_int(_text(p, path, line, prompt), path, line, prompt, 1)
         n_output = parse_int(_text(o, path, line, output), path, line, output, 1)
-        if n_prompt > max_prompt:
+        if _over(n_prompt, max_prompt):
             dropped += 1
         else:
             pool.append((n_prompt, n_output))
@@ -219,8 +285,8 @@ def import_lengths(path: str | Path, prompt: str, output: str, rate: float, n: i
         raise InputError(f"no requests left: every prompt in it is over the cap of {max_prompt} tokens", path=path)
 
     drawn = [pool[i] for i in row_draw(len(pool), n, seed)]
-    trace = length_trace([(a, p, min(o, max_budget)) for a, (p, o) in zip(poisson_arrivals(rate, n, seed), drawn)])
-    report = LengthsReport(read, dropped, len(pool), n, sum(o > max_budget for _, o in drawn), trace.span,
+    trace = length_trace([(a, p, _clip(o, max_budget)) for a, (p, o) in zip(poisson_arrivals(rate, n, seed), drawn)])
+    report = LengthsReport(read, dropped, len(pool), n, sum(_over(o, max_budget) for _, o in drawn), trace.span,
                            trace.offered_rate)
     trace.meta = {
         "kind": "lengths",

@@ -4,24 +4,38 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .csvio import parse_int, read_table, write_table
+from .csvio import parse_hash_id, parse_int, read_table, write_table
 from .errors import InputError
 from .importers import AZURE_COLUMNS
 from .prompts import PROMPT_LENGTHS
-from .workload import ARRIVAL_DECIMALS, Request, Trace, arrival_limit_error
+from .workload import ARRIVAL_DECIMALS, Request, Trace, arrival_limit_error, hash_error
 
 SCHEMA = "request-trace"
-VERSION = 1
+VERSION = 1  # requests without hash ids
+HASHED_VERSION = 2  # adds each request's prompt block hashes; a reader of version 1 alone refuses it, not drops them
 COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "budget", "prompt")
+HASH_COLUMNS = ("hash_block", "hash_ids")  # tokens per block (0: none), the ids separated by spaces
+VERSION_COLUMNS = {VERSION: COLUMNS, HASHED_VERSION: COLUMNS + HASH_COLUMNS}
 
 
 def write_trace(trace: Trace, path: str | Path) -> Path:
-    """Write a trace; the same trace always gives the same bytes."""
+    """Write a trace; the same trace always gives the same bytes. A trace without hash ids is a version 1 file,
+    byte for byte what it was before hash ids existed; with any, every row carries its hash columns (version 2)."""
     path = Path(path)
-    rows = ([r.request_id, f"{r.arrival:.{ARRIVAL_DECIMALS}f}", r.prompt_tokens, r.budget, r.prompt]
-            for r in trace.requests)
-    write_table(path, SCHEMA, VERSION, COLUMNS, rows, {"trace_id": trace.trace_id, "meta": trace.meta})
+    hashed = any(r.hash_block or r.hash_ids for r in trace.requests)
+
+    def row(r: Request) -> list:
+        plain = [r.request_id, f"{r.arrival:.{ARRIVAL_DECIMALS}f}", r.prompt_tokens, r.budget, r.prompt]
+        return plain + [r.hash_block, " ".join(map(str, r.hash_ids))] if hashed else plain
+
+    version = HASHED_VERSION if hashed else VERSION
+    write_table(path, SCHEMA, version, VERSION_COLUMNS[version], map(row, trace.requests),
+                {"trace_id": trace.trace_id, "meta": trace.meta})
     return path
+
+
+def _hash_ids(text: str, path: Path, line: int) -> tuple[int, ...]:
+    return tuple(parse_hash_id(t, path, line, "hash_ids") for t in text.split(" ")) if text else ()
 
 
 def _refuse_unimported(path: Path) -> None:
@@ -49,10 +63,10 @@ def read_trace(path: str | Path) -> Trace:
     """Read and validate a trace file; any bad row is refused with its line and column."""
     path = Path(path)
     _refuse_unimported(path)
-    header, rows = read_table(path, SCHEMA, (VERSION,), COLUMNS)
+    header, rows = read_table(path, SCHEMA, tuple(VERSION_COLUMNS), VERSION_COLUMNS)
     reqs, last = [], 0.0
     first_line: dict[int, int] = {}  # request id -> the line that gave it
-    for line, (rid, arrival, ptoks, budget, prompt) in enumerate(rows, start=3):
+    for line, (rid, arrival, ptoks, budget, prompt, *hashes) in enumerate(rows, start=3):
         try:
             a = float(arrival)
         except ValueError:
@@ -63,8 +77,13 @@ def read_trace(path: str | Path) -> Trace:
             raise InputError(f"arrival {a} is earlier than the previous row's {last}: traces must be sorted by arrival",
                              path=path, row=line, column="arrival_s")
         last = a
+        hash_block, hash_ids = (parse_int(hashes[0], path, line, "hash_block", 0),
+                                _hash_ids(hashes[1], path, line)) if hashes else (0, ())
         req = Request(parse_int(rid, path, line, "request_id", 0), a, parse_int(ptoks, path, line, "prompt_tokens", 1),
-                      parse_int(budget, path, line, "budget", 1), prompt)
+                      parse_int(budget, path, line, "budget", 1), prompt, hash_ids, hash_block)
+        bad_hashes = hash_error(req.prompt_tokens, req.hash_ids, req.hash_block)
+        if bad_hashes:
+            raise InputError(bad_hashes, path=path, row=line, column="hash_ids")
         too_late = arrival_limit_error(a, req.request_id)
         if too_late:
             raise InputError(too_late, path=path, row=line, column="arrival_s")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -34,15 +35,38 @@ def arrival_limit_error(arrival: float, request_id: int) -> str | None:
 
 @dataclass(frozen=True, slots=True)  # slots: a million-request trace is a million of these
 class Request:
-    """One request of a trace: when it arrives, how long its prompt is, how many tokens it generates."""
+    """One request of a trace: when it arrives, how long its prompt is, how many tokens it generates, and (when the
+    trace knows it) which of its prompt's blocks other requests share.
+
+    hash_ids holds one id per hash_block tokens of the prompt, the last block possibly partial. The ids are chained
+    as in Mooncake's traces: an id names a block's content together with every block before it, so two requests
+    with the same id at block i have the same first i + 1 blocks."""
 
     request_id: int
     arrival: float
     prompt_tokens: int
     budget: int
     prompt: str = ""  # the named workload prompt (p16..p4096), or "" for a length-only request
-    hash_ids: tuple[int, ...] = ()  # one id per prompt block of hash_block tokens: equal ids, equal blocks
-    hash_block: int = 0  # tokens per hashed block (0: no hashes)
+    hash_ids: tuple[int, ...] = ()
+    hash_block: int = 0  # tokens per hashed block; 0 when the request has no hash ids
+
+    def at(self, arrival: float) -> Request:
+        """The same request arriving at `arrival` (every field else kept, its hash ids too)."""
+        return Request(self.request_id, arrival, self.prompt_tokens, self.budget, self.prompt, self.hash_ids,
+                       self.hash_block)
+
+
+def hash_error(prompt_tokens: int, hash_ids: Sequence[int], hash_block: int) -> str | None:
+    """Why hash ids do not describe a prompt of `prompt_tokens`, or None: ids without a block size, a block size
+    below 0, or not one id per block (the last block may be partial: ceil(prompt tokens / hash_block) ids)."""
+    if hash_block == 0:
+        return "has hash ids but no hash block size" if hash_ids else None
+    if hash_block < 0:
+        return f"hash block {hash_block} must be a number of tokens >= 1 (0 for no hash ids)"
+    need = -(-prompt_tokens // hash_block)
+    if len(hash_ids) != need:
+        return f"has {len(hash_ids)} hash ids; a prompt of {prompt_tokens} tokens in blocks of {hash_block} needs {need}"
+    return None
 
 
 @dataclass
@@ -52,10 +76,13 @@ class Trace:
 
     @property
     def trace_id(self) -> str:
-        """A stable id from the requests alone (not the metadata): same requests, same id."""
+        """A stable id from the requests alone (not the metadata): same requests, same id. A request's hash ids
+        count only when it has them, so a trace without any has the id it had before they existed."""
         h = hashlib.sha256()
         for r in self.requests:
-            h.update(f"{r.request_id},{r.arrival:.{ARRIVAL_DECIMALS}f},{r.prompt_tokens},{r.budget},{r.prompt}\n".encode())
+            hashes = f",{r.hash_block},{' '.join(map(str, r.hash_ids))}" if r.hash_block or r.hash_ids else ""
+            h.update(f"{r.request_id},{r.arrival:.{ARRIVAL_DECIMALS}f},{r.prompt_tokens},{r.budget},{r.prompt}"
+                     f"{hashes}\n".encode())
         return h.hexdigest()[:16]
 
     def __len__(self) -> int:
@@ -141,7 +168,7 @@ def _requests(draw: list[tuple[str, int]], arrivals: list[float]) -> list[Reques
     return [Request(i, a, PROMPT_LENGTHS[p], b, p) for i, ((p, b), a) in enumerate(zip(draw, arrivals))]
 
 
-def _uniform(seed: int, stream: int, n: int) -> np.ndarray:
+def uniforms(seed: int, stream: int, n: int) -> np.ndarray:
     """n uniforms in (0, 1) from raw words (the same on every NumPy version)."""
     return ((_raw(seed, stream, n) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
@@ -156,7 +183,7 @@ def synthetic_lengths(n: int, seed: int, prompts: str, budgets: str) -> list[tup
     uniform in the logarithm), "bimodal" (16 or 4096, even odds); budgets: "lattice" (64, 128, 192 or 256),
     "uniform" (1..256), "short" (exponential with mean 12, plus 1: code completion's short outputs, capped at 256),
     "fixed:N" (every request N)."""
-    u, w = _uniform(seed, 3, n), _uniform(seed, 4, n)
+    u, w = uniforms(seed, 3, n), uniforms(seed, 4, n)
     lengths = list(PROMPT_LENGTHS.values())
     if prompts == "five":
         p = [lengths[int(x * len(lengths))] for x in u]
@@ -213,7 +240,11 @@ def closed_uniform(prompt: str, n: int, budget: int = DEFAULT_BUDGET) -> Trace:
     return Trace(reqs, {"kind": "closed-uniform", "prompt": prompt, "budget": budget, "n": n})
 
 
-def length_trace(requests: list[tuple[float, int, int]], meta: dict | None = None) -> Trace:
-    """A trace from (arrival, prompt tokens, budget) triples, e.g. an imported public trace."""
-    reqs = [Request(i, round(float(a), ARRIVAL_DECIMALS), int(p), int(b)) for i, (a, p, b) in enumerate(requests)]
+def length_trace(requests: list[tuple[float, int, int]], meta: dict | None = None,
+                 hash_ids: Sequence[tuple[int, ...]] | None = None, hash_block: int = 0) -> Trace:
+    """A trace from (arrival, prompt tokens, budget) triples, e.g. an imported public trace; with `hash_ids`, one
+    tuple per request, each request's prompt blocks of hash_block tokens."""
+    hashes = [()] * len(requests) if hash_ids is None else hash_ids
+    reqs = [Request(i, round(float(a), ARRIVAL_DECIMALS), int(p), int(b), "", tuple(h), hash_block)
+            for i, ((a, p, b), h) in enumerate(zip(requests, hashes, strict=True))]
     return Trace(reqs, dict(meta or {}))

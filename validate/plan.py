@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,9 @@ from . import mechanisms
 from .points import Point, build_trace, round_rate as _round
 
 ENGINE_START_S = 40.0  # for the time estimate only
+# The public traces' points are cut to what the engine serves by default (engine/cli.py: prompts to 4096 tokens,
+# budgets to 256), as every import did before imports kept full lengths: the same rows as the plans made then.
+PUBLIC_CAPS = ImportOptions(max_prompt=4096, max_budget=256)
 # The configuration whose capacity places the points: 64 GiB stands for the engine's own (large) pool.
 LARGE_POOL = ServingConfig(pool=PoolSize(gib=64.0))
 
@@ -142,7 +146,8 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     if azure is not None:
         window = _azure_window(azure, n)
     if sharegpt is not None:
-        lengths, _ = import_lengths(sharegpt, "num_prefill_tokens", "num_decode_tokens", rate=1.0, n=n, seed=seed)
+        lengths, _ = import_lengths(sharegpt, "num_prefill_tokens", "num_decode_tokens", rate=1.0, n=n, seed=seed,
+                                    max_prompt=PUBLIC_CAPS.max_prompt, max_budget=PUBLIC_CAPS.max_budget)
     if "public" not in skip:
         for policy in public_policies:
             tag = "" if policy == "padded" else policy.replace(":", "") + "-"
@@ -213,9 +218,9 @@ def _estimate_s(points: list[Point], predictions: dict) -> float:
 
 def _azure_window(azure: Path, n: int) -> Trace:
     """The first n requests of the Azure conversation trace (its own time; the points scale it)."""
-    full, _ = import_azure(azure, ImportOptions())
+    full, _ = import_azure(azure, PUBLIC_CAPS)
     span = full.requests[n - 1].arrival + 1e-3
-    window, _ = import_azure(azure, ImportOptions(window=(0.0, span)))
+    window, _ = import_azure(azure, replace(PUBLIC_CAPS, window=(0.0, span)))
     return window
 
 
