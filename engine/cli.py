@@ -14,6 +14,7 @@ from pathlib import Path
 
 from core.block_pool import PoolSize, blocks_for_gib
 from core.config import ServingConfig
+from core.options import PREFILL_HELP, add_memory_options, policy_arg
 from costs.shapes import BACKENDS, backend_from_user
 from traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, seed_arg, slo_arg,
                         workload_from_args, workload_options)
@@ -186,6 +187,7 @@ def _run(args: argparse.Namespace) -> int:
         out = None if warm or not outs else outs[i - args.warmup]
         try:
             rec = engine.run(trace, out, args.backend, tokens=not args.no_tokens, policy=args.prefill,
+                             admission=args.admission, prefix_cache=args.prefix_cache,
                              extra_meta={"repeat": None if warm else i - args.warmup + 1, "warmup_runs": args.warmup})
         except KeyboardInterrupt:
             kept = f"; its completed rows are kept in {out} (meta.json says status running)" if out else ""
@@ -240,8 +242,9 @@ def parser() -> argparse.ArgumentParser:
                        help="replay a trace on the engine in real time and record every request, step and token")
     r.add_argument("--backend", type=lambda v: backend_from_user(v, "engine"), choices=BACKENDS, default="paged",
                    help="decode attention (default paged)")
-    r.add_argument("--prefill", default="padded", metavar="POLICY",
-                   help="prefill policy: padded, packed or chunked:N (default padded)")
+    r.add_argument("--prefill", type=policy_arg, default="padded", metavar="POLICY",
+                   help=PREFILL_HELP + " (default padded)")
+    add_memory_options(r)
     r.add_argument("--out", metavar="DIR", help="write the run record here (rows appended as they complete)")
     r.add_argument("--no-tokens", action="store_true", help="do not record per-token times")
     r.add_argument("--trace-events", metavar="FILE",

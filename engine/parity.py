@@ -33,6 +33,7 @@ from typing import Collection, Sequence
 
 import torch
 
+from core.policies import PrefillPolicy
 from traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens
 from traces.workload import Trace, length_trace
 
@@ -109,14 +110,23 @@ def _first_difference(have: list[int], want: list[int]) -> int | None:
 
 
 def gate_policies(max_prompt: int) -> tuple[str, ...]:
-    """The prefill policies the gate compares with padded: packed, and chunks small enough to split long prompts."""
-    return ("packed", f"chunked:{max(16, max_prompt // 8)}")
+    """The prefill policies the gate compares with padded: packed, chunks small enough to split long prompts, and
+    fused steps of that size (at least a batch's rows)."""
+    chunk = max(16, max_prompt // 8)
+    return ("packed", f"chunked:{chunk}", f"mixed:{max(chunk, 64)}")
+
+
+def tight_pool(trace: Trace, block_size: int) -> int:
+    """A pool that holds the largest request and a block more: on-demand admission then preempts and recomputes
+    whenever several requests run (the gate's `on-demand` variant)."""
+    return max(-(-(r.prompt_tokens + r.budget) // block_size) for r in trace.requests) + 1
 
 
 def run_gate(engine: Engine, budget: int = 12, log=print, only: Collection[str] | None = None,
-             prefill: Sequence[str] | None = None) -> tuple[list[Mismatch], int]:
+             prefill: Sequence[str] | None = None, on_demand: bool = True) -> tuple[list[Mismatch], int]:
     """Every scenario (or those named in `only`) on every compiled backend and prefill policy, against the
-    reference and against each other. `prefill`: the policies compared with padded (default gate_policies).
+    reference and against each other. `prefill`: the policies compared with padded (default gate_policies);
+    `on_demand`: also on-demand admission on a tight pool (preempted requests recompute), against padded.
 
     Returns the mismatches and the number of tokens compared.
     """
@@ -133,9 +143,15 @@ def run_gate(engine: Engine, budget: int = 12, log=print, only: Collection[str] 
             got[backend] = rec.tokens.sort_values(["request_id", "index"]).groupby("request_id").token_id.apply(list)
         base = engine.cfg.backends[0]
         policies = {}
-        for policy in prefill or gate_policies(engine.cfg.max_prompt):
-            rec = engine.run(trace, None, base, max_batch=rows, progress=False, policy=policy)
-            policies[policy] = rec.tokens.sort_values(["request_id", "index"]).groupby("request_id").token_id.apply(list)
+        variants = {p: {"policy": p} for p in prefill or gate_policies(engine.cfg.max_prompt)}
+        if on_demand:
+            variants["on-demand"] = {"admission": "on-demand",
+                                     "pool_blocks": tight_pool(trace, engine.cfg.serving.block_size)}
+        for label, kwargs in variants.items():
+            if PrefillPolicy.parse(kwargs.get("policy", "padded")).fuses and int(kwargs["policy"].split(":")[1]) < rows:
+                continue  # a fused step holds every row
+            rec = engine.run(trace, None, base, max_batch=rows, progress=False, **kwargs)
+            policies[label] = rec.tokens.sort_values(["request_id", "index"]).groupby("request_id").token_id.apply(list)
         for r in trace.requests:
             key = (r.prompt_tokens, r.budget)
             if key not in ref:

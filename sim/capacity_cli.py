@@ -26,7 +26,9 @@ _tolerance = checked(float, lambda v: 0 < v < 1, "a fraction between 0 and 1 (e.
 
 
 def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    from .cli import PREFILL_HELP, _backend, _policy, _router, _seeds, add_memory_options
+    from core.options import PREFILL_HELP, add_memory_options, policy_arg as _policy
+
+    from .cli import _backend, _router, _seeds
     p = sub.add_parser("capacity", help="the highest rate that meets the SLOs (or stays stable), or the fewest "
                                         "replicas for a rate or each window of a trace, by search", description=(
         "Search, rather than sweep, for capacity: with no --rate, the highest arrival rate at which the configuration "
@@ -37,7 +39,7 @@ def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
     p.add_argument("--backend", type=_backend, default="paged", help="decode backend (default paged)")
     p.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
     p.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY", help=PREFILL_HELP + " (default padded)")
-    add_memory_options(p, many=False)
+    add_memory_options(p)
     p.add_argument("--pool-gib", type=gib_arg, default=4.0, help="KV pool size in GiB (default %(default)s)")
     p.add_argument("--replicas", type=count_arg, default=1,
                    help="engines behind a router, for the rate search (default 1)")

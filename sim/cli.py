@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 from core.block_pool import DEFAULT_BLOCK_SIZE, PoolSize
 from core.config import ServingConfig
-from core.policies import AdmissionPolicy, PrefillPolicy
+from core.options import PREFILL_HELP, add_memory_options, policy_arg as _policy
 from core.routing import ROUTERS
 from costs.shapes import BACKENDS, backend_from_user
 from traces.arrival_options import add_arrival_options, given
@@ -51,38 +51,6 @@ def _list(item: Callable[[str], object]) -> Callable[[str], list]:
 
 _backend = checked(lambda v: backend_from_user(v, "sim"), lambda v: v in BACKENDS, f"a backend ({', '.join(BACKENDS)})")
 _router = checked(str, lambda v: v in ROUTERS, f"a router ({', '.join(ROUTERS)})")
-
-
-def _policy(text: str) -> str:
-    try:
-        return str(PrefillPolicy.parse(text))
-    except InputError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _admission(text: str) -> str:
-    try:
-        return str(AdmissionPolicy.parse(text))
-    except InputError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-_on_off = checked(lambda v: {"on": True, "off": False}.get(v, v), lambda v: isinstance(v, bool), "on or off")
-PREFILL_HELP = ("prefill policy: padded (each group padded to its widest prompt), packed (true lengths), chunked:N "
-                "(N prompt tokens a step between decode steps) or mixed:N (every decode row and prompt tokens fused "
-                "in one step of N tokens, N >= max batch)")
-
-
-def add_memory_options(p: argparse.ArgumentParser, many: bool) -> None:
-    """--admission and --prefix-cache: one value (run, capacity) or a list, each a sweep axis."""
-    kind, meta = (_list, "A1,A2") if many else ((lambda f: f), "POLICY")
-    p.add_argument("--admission", type=kind(_admission), default=["reserve"] if many else "reserve", metavar=meta,
-                   help="KV admission: reserve (prompt + whole budget at admission) or on-demand (blocks as tokens "
-                        "are written, preempting the newest request by recompute when none is free) "
-                        "(default reserve)")
-    p.add_argument("--prefix-cache", type=kind(_on_off), default=[False] if many else False,
-                   metavar="off,on" if many else "on|off",
-                   help="share full prompt blocks by the trace's hash ids (default off)")
 
 
 def _seeds(text: str) -> list[int]:
@@ -137,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
     run.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY",
                      help=PREFILL_HELP + " (default padded)")
-    add_memory_options(run, many=False)
+    add_memory_options(run)
     pool = run.add_mutually_exclusive_group()
     pool.add_argument("--pool-gib", type=gib_arg, help="KV pool size in GiB")
     pool.add_argument("--pool-blocks", type=blocks_arg, help="KV pool size in blocks (default: enough that it never binds)")
@@ -182,7 +150,7 @@ def parser() -> argparse.ArgumentParser:
                        help="decode backends (default paged,dense; padded is the old name of dense)")
     sweep.add_argument("--prefill", type=_list(_policy), default=["padded"], metavar="P1,P2,...",
                        help="prefill policies: padded, packed, chunked:N, mixed:N (default padded)")
-    add_memory_options(sweep, many=True)
+    add_memory_options(sweep, many=_list)
     sweep.add_argument("--replicas", type=_list(count_arg), default=[1], metavar="N1,N2,...",
                        help="fleet sizes: engines behind a router (default 1); with more than one, the sweep also "
                             "says the fewest replicas that hold each rate")

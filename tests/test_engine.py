@@ -53,7 +53,8 @@ def _same_lengths_throughout(trace, rows: int) -> bool:
 def test_paged_engine_matches_hf_generate_token_for_token(engine, paged_engine, scenario, progress):
     trace, rows = GATE[scenario]
     on = paged_engine if _same_lengths_throughout(trace, rows) else engine
-    mismatches, compared = run_gate(on, budget=GATE_BUDGET, log=progress, only={scenario}, prefill=GATE_PREFILL)
+    mismatches, compared = run_gate(on, budget=GATE_BUDGET, log=progress, only={scenario}, prefill=GATE_PREFILL,
+                                    on_demand=False)  # on-demand and fused steps: tests/test_engine_mechanisms.py
     # Each request's tokens against the reference on each backend, paged against padded (where both run), and
     # packed and chunked prefill against padded.
     pairs = len(on.cfg.backends) + (len(on.cfg.backends) == 2) + 2

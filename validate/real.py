@@ -78,22 +78,26 @@ def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = 
         return
     bar = tqdm(total=sum(map(len, todo)), desc=f"real runs (shard {i + 1}/{n})", unit="run")
     for runs in todo:
+        traces = {p.id: build_trace(p.trace, out) for p, _ in runs}
+        reqs = [r for t in traces.values() for r in t.requests]
         engine = Engine(EngineConfig(ServingConfig(max_batch=max(p.serving.max_batch for p, _ in runs)),
-                                     expect_gpu=expect_gpu))
+                                     max_prompt=max(4096, *(r.prompt_tokens for r in reqs)),
+                                     max_budget=max(256, *(r.budget for r in reqs)), expect_gpu=expect_gpu))
         for p, k in runs:
-            trace = build_trace(p.trace, out)
+            trace = traces[p.id]
+            memory = dict(admission=str(p.serving.admission), prefix_cache=p.serving.prefix_cache)
             pool = None if p.serving.pool.unbounded else p.serving.pool.num_blocks(
                 engine.cfg.serving.block_size, engine.kv_bytes_per_token, p.serving.max_batch, engine.cfg.max_tokens)
             if k == 1:
                 for _ in range(p.warmup):
-                    engine.run(trace, None, p.serving.backend, tokens=False, pool_blocks=pool, max_batch=p.serving.max_batch,
-                               policy=str(p.serving.prefill), progress=False)
+                    engine.run(trace, None, p.serving.backend, tokens=False, pool_blocks=pool,
+                               max_batch=p.serving.max_batch, policy=str(p.serving.prefill), progress=False, **memory)
             d = run_dir(out, p, k)
             if d.exists():  # an interrupted run: start the point again
                 for f in d.iterdir():
                     f.unlink()
             engine.run(trace, d, p.serving.backend, tokens=p.tokens, pool_blocks=pool, max_batch=p.serving.max_batch,
-                       policy=str(p.serving.prefill), progress=False,
+                       policy=str(p.serving.prefill), progress=False, **memory,
                        extra_meta={"validation_point": p.id, "repeat": k, "warmup_runs": p.warmup,
                                    "plan_table_id": plan["table"]["id"], "fresh_engine": p.fresh and (p, k) == runs[0]})
             bar.update()
