@@ -68,5 +68,21 @@ def load_model(checkpoint: str | Path | None = None, spec: dict = QWEN25_1P5B, s
         return LoadedModel(hf.eval(), loaded, f"checkpoint:{path.resolve()}")
     torch.manual_seed(seed)
     with torch.device(device):
-        hf = Qwen2ForCausalLM(hf_config(spec)).to(dtype)
-    return LoadedModel(hf.eval(), dict(spec), f"random(seed={seed})")
+        hf = Qwen2ForCausalLM(hf_config(spec))
+    return LoadedModel(cast_weights(hf, dtype).eval(), dict(spec), f"random(seed={seed})")
+
+
+def cast_weights(hf: Qwen2ForCausalLM, dtype: torch.dtype) -> Qwen2ForCausalLM:
+    """hf with its weights in `dtype` and its float buffers as built: in float32, as from_pretrained leaves them.
+
+    `Module.to(dtype)` casts every floating buffer too, and the one a Qwen2 has is RoPE's inv_freq: in fp16 its
+    64 frequencies (1 down to 1e6 ** -(126/128) ~ 1.2e-6, deep in fp16's subnormals) are off by up to 0.9%, so
+    the angle pos * inv_freq drifts by up to 0.7 rad at position 4095 and HF's attention over a long prompt is not
+    Qwen2's (results/engine/parity-fp32/CAUSE.md). A later .float() cannot undo the rounding.
+    """
+    buffers = {name: b.clone() for name, b in hf.named_buffers() if b.is_floating_point()}
+    hf = hf.to(dtype)
+    for name, b in buffers.items():
+        owner, _, leaf = name.rpartition(".")
+        setattr(hf.get_submodule(owner), leaf, b)  # a registered buffer's name: replaces the buffer, keeps its flags
+    return hf
