@@ -104,12 +104,14 @@ def interp(knots: list[list[float]], length):
     return _interp(np.array([k[0] for k in knots], float), np.array([k[1] for k in knots], float), length)
 
 
-def _interp(x: np.ndarray, y: np.ndarray, length):
+def _interp(x: np.ndarray, y: np.ndarray, length, min_slope: float = 0.0):
+    """interp; past the last knot the end segment's slope, never below `min_slope` (a decode step's K/V reads:
+    a noisy last segment must not carry the cost down past the measured lengths)."""
     if len(x) == 1:
         return np.full_like(np.asarray(length, float), y[0])
     length = np.asarray(length, float)
     lo = y[0] + (length - x[0]) * (y[1] - y[0]) / (x[1] - x[0])
-    hi = y[-1] + (length - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2])
+    hi = y[-1] + (length - x[-1]) * max((y[-1] - y[-2]) / (x[-1] - x[-2]), min_slope)
     return np.where(length < x[0], lo, np.where(length > x[-1], hi, np.interp(length, x, y)))
 
 
@@ -119,16 +121,17 @@ class _Knots:
     numpy (whose per-call overhead is most of the cost of a stretch of a few steps). The values are interp's own,
     computed by it on arrays, so a lookup equals interp at that length to the bit."""
 
-    def __init__(self, knots: list[list[float]]):
+    def __init__(self, knots: list[list[float]], min_slope: float = 0.0):
         self.x = np.array([k[0] for k in knots], float)
         self.y = np.array([k[1] for k in knots], float)
+        self.min_slope = min_slope
         self._at: list[float] = []  # interp at lengths 0, 1, 2, ...
 
     def upto(self, end: int) -> list[float]:
         """interp at lengths 0, 1, ..., at least up to end - 1."""
         if end > len(self._at):  # grown by doubling: a run asks for a few thousand lengths in all
             new = np.arange(len(self._at), max(end, 2 * len(self._at), 1024)).astype(float)
-            self._at += _interp(self.x, self.y, new).tolist()
+            self._at += _interp(self.x, self.y, new, self.min_slope).tolist()
         return self._at
 
 
@@ -137,8 +140,10 @@ class _DecodeFit:
 
     def __init__(self, d: dict):
         self.rows: list[int] = d["rows"]
-        self.knots = [_Knots(ks) for ks in d["knots"]]
         self.per_token = [float(v) for v in d["per_token_s"]]
+        # Past the longest measured length a uniform step grows at least by its rows' K/V reads (rows * per_token
+        # a token of length), the fit's own marginal cost.
+        self.knots = [_Knots(ks, max(0.0, p) * r) for ks, p, r in zip(d["knots"], self.per_token, self.rows)]
         self.top = max(k[-1][0] for k in d["knots"])  # the longest length measured at any row count
         self.weights: dict[int, tuple] = {}  # rows -> how decode() weighs the measured row counts (row_weights)
 

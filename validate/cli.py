@@ -145,6 +145,11 @@ def parser() -> argparse.ArgumentParser:
     cov.add_argument("--force", action="store_true", help="replace an existing coverage report")
     cov.add_argument("--allow-nonstationary", action="store_true", help="as for report")
 
+    mech = sub.add_parser("mechanisms", parents=[common],
+                          help="graded report of a plan's --mechanisms points: blind, re-calibrated, real (CPU)")
+    mech.add_argument("--table", type=Path, help="the plan's cost table (default: the shipped H200 table)")
+    mech.add_argument("--force", action="store_true", help="replace an existing mechanisms.md")
+
     report = sub.add_parser("report", parents=[common], help="predicted beside measured (CPU)")
     report.add_argument("--table", type=Path, help="the plan's cost table (default: the shipped H200 table)")
     report.add_argument("--force", action="store_true", help="replace an existing report")
@@ -191,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                 doc = search(args.table, args.out, jobs=args.jobs, force=args.force,
                              progress=lambda m: print(m, file=sys.stderr))
                 print(f"wrote {write_report(doc, args.out)}, search.json, candidates.json and sag.png")
+            elif args.step == "mechanisms":
+                from .mechanisms_report import grade
+                print(f"wrote {grade(args.out, args.table, args.force)}")
             elif args.step == "plan":
                 from .plan import make_plan
                 points = make_plan(args.table, args.out, n=args.n, seed=args.seed, azure=args.azure,
