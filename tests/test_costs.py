@@ -55,3 +55,22 @@ def test_the_simulator_side_imports_no_torch_and_no_scipy():
     code = ("import sys, costs, costs.model, costs.table, costs.shapes, sim, sim.simulator, sim.cli, sim.sweep; "
             "sys.exit(('torch' in sys.modules) or ('scipy.optimize' in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_decode_past_the_longest_measured_length_never_falls():
+    """Knots whose last segment falls (noise) must not price a long decode step below a shorter one: past the
+    measured lengths a step grows at least by its rows' K/V reads (a long-context run measured 19.6x and negative
+    real / model before: results/long-shapes)."""
+    import warnings
+
+    from costs.model import ExtrapolationWarning
+    cost = CostModel(linear_table())
+    fit = cost._fit("paged")
+    for knots in fit.knots:
+        knots.y[-1] = knots.y[-2] - 1e-3 * (knots.x[-1] - knots.x[-2]) * 1e-3  # falling: -1 us a token
+        knots._at.clear()
+    top = int(fit.top)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        steps = [cost.decode("paged", 4, 4 * n, n) for n in (top, 2 * top, 8 * top)]
+    assert steps[0] < steps[1] < steps[2]
