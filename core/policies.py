@@ -234,8 +234,9 @@ class OnDemand(AdmissionPolicy):
         return int(self.WATERMARK * pool.num_blocks)
 
     def most_blocks(self, req: Request, pool: BlockPool) -> int:
-        return max(pool.blocks_for(req.prompt_tokens + req.budget),
-                   self.blocks_to_admit(req, req.prompt_tokens, pool) + self.watermark(pool))
+        # A preempted request is readmitted with up to its whole prompt and budget to recompute, beside the
+        # watermark: were that more than the pool, it could never come back.
+        return pool.blocks_for(req.prompt_tokens + req.budget) + self.watermark(pool)
 
 
 ADMISSION: dict[str, type[AdmissionPolicy]] = {c.name: c for c in (Reserve, OnDemand)}

@@ -241,8 +241,11 @@ class Scheduler:
     def next_admission(self, arrivals: Arrivals) -> float:
         """The earliest time an admission can happen before the running rows change: never while the queue head
         waits for blocks or no row is free; else when the arrivals' next candidate comes, unless it is a known
-        request that does not fit in the free blocks (it would block everything behind it)."""
-        if self.queue or len(self.running) >= self.max_batch:
+        request that does not fit in the free blocks (it would block everything behind it). With prefix caching a
+        waiting head can fit once this pass's prefill has cached the prefix it shares: then at once."""
+        if self.queue:
+            return -math.inf if self.caching and self.can_admit() else math.inf
+        if len(self.running) >= self.max_batch:
             return math.inf
         when, req = arrivals.next_candidate(self)
         if req is not None and self._need(self._seq(req))[0] + self._watermark > self.pool.free:
