@@ -25,6 +25,8 @@ def prefill_shape(row, groups: dict[int, list[int]] | None = None) -> PrefillSha
     prompt lengths (`groups`: group id -> prompt lengths, from the requests) add up to the step's tokens and work.
     A chunk step of several sequences keeps only totals: None."""
     rows, tokens, attn, width = int(row.rows), int(row.tokens), int(row.attn), int(row.padded_len)
+    if getattr(row, "kind", "prefill") == "mixed":
+        return fused_shape(row)
     if rows == 1:
         return PrefillShape.of([tokens], [(attn // tokens - tokens) // 2])
     if tokens == rows * width and attn == rows * width * width:
@@ -33,6 +35,23 @@ def prefill_shape(row, groups: dict[int, list[int]] | None = None) -> PrefillSha
     if prompts and len(prompts) == rows and sum(prompts) == tokens and sum(n * n for n in prompts) == attn:
         return PrefillShape.of(prompts)
     return None
+
+
+def fused_shape(row) -> PrefillShape | None:
+    """A fused step's shape where the record determines it: its decode rows (one position each; their prefixes sum
+    to kv_tokens less one a row, and a one-position sequence's price is linear in its prefix, so their spread does
+    not matter) and at most one chunk (its prefix follows from the step's attention work)."""
+    d, rows = int(row.decode_rows), int(row.rows)
+    if rows - d > 1:
+        return None
+    prefix_sum = int(row.kv_tokens) - d
+    decode = [prefix_sum // d + (i < prefix_sum % d) for i in range(d)]
+    computed, prefix = [1] * d, decode
+    if rows > d:
+        n = int(row.tokens) - d
+        work = int(row.attn) - sum(1 + 2 * p for p in decode)
+        computed, prefix = computed + [n], prefix + [(work // n - n) // 2]
+    return PrefillShape.of(computed, prefix)
 
 
 def _groups(requests) -> dict[int, list[int]]:

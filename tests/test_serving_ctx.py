@@ -389,3 +389,23 @@ def test_a_plan_point_gets_its_band_over_the_points_seeds(tmp_path):
     pred = predict(table, p, tmp_path)
     assert band["served_rate"]["lo"] <= pred["served_rate"] <= band["served_rate"]["hi"]
     assert band["ttft_p50"]["lo"] < band["ttft_p50"]["hi"]
+
+
+def test_a_fused_step_is_priced_from_its_record_as_the_simulator_priced_it():
+    """A fused step's row keeps totals only, yet with at most one chunk it determines the step's price: the shape
+    rebuilt from the record (costs/recorded.fused_shape) costs exactly what the simulator charged for it."""
+    from helpers import linear_table, sim_config
+
+    from costs.model import CostModel
+    from costs.recorded import prefill_shape
+    from sim.simulator import simulate
+    from traces.workload import length_trace
+
+    cost = CostModel(linear_table())
+    trace = length_trace([(0.01 * i, 100 + 53 * i % 700, 30 + i % 50) for i in range(60)])
+    rec = simulate(trace, cost, sim_config(detail="steps", max_batch=8, prefill="mixed:256")).record
+    fused = rec.steps[rec.steps.kind == "mixed"]
+    shapes = [(prefill_shape(r), r.end - r.start) for r in fused.itertuples()]
+    priced = [(s, d) for s, d in shapes if s is not None]
+    assert len(priced) >= 0.8 * len(fused) > 0
+    assert all(abs(cost.prefill(s) - d) < 1e-12 for s, d in priced)
