@@ -148,6 +148,8 @@ def parser() -> argparse.ArgumentParser:
     mech = sub.add_parser("mechanisms", parents=[common],
                           help="graded report of a plan's --mechanisms points: blind, re-calibrated, real (CPU)")
     mech.add_argument("--table", type=Path, help="the plan's cost table (default: the shipped H200 table)")
+    mech.add_argument("--recalibrated", type=Path, metavar="TABLE",
+                      help="also predict every point from this table (calibrate --from-runs of real runs)")
     mech.add_argument("--force", action="store_true", help="replace an existing mechanisms.md")
 
     report = sub.add_parser("report", parents=[common], help="predicted beside measured (CPU)")
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {write_report(doc, args.out)}, search.json, candidates.json and sag.png")
             elif args.step == "mechanisms":
                 from .mechanisms_report import grade
-                print(f"wrote {grade(args.out, args.table, args.force)}")
+                print(f"wrote {grade(args.out, args.table, args.recalibrated, args.force)}")
             elif args.step == "plan":
                 from .plan import make_plan
                 points = make_plan(args.table, args.out, n=args.n, seed=args.seed, azure=args.azure,
