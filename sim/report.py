@@ -39,7 +39,11 @@ CSV_COLUMNS = ("backend", "prefill", "max_batch", "pool_gib", "replicas", "route
                "head_blocked_frac", "sim_events")
 # sweep.run.json: how this run of the sweep went (host time, where, when): kept out of sweep.csv and sweep.json so
 # that the same sweep writes the same bytes every time
-RUN_POINT_KEYS = ("backend", "prefill", "max_batch", "pool_gib", "replicas", "router", "rate", "seed", "sim_wall_s")
+RUN_POINT_KEYS = ("backend", "prefill", "admission", "prefix_cache", "max_batch", "pool_gib", "replicas", "router",
+                  "rate", "seed", "sim_wall_s")
+# The admission and cache axes and what they did (traces.metrics.memory_figures; empty for reserve without a cache)
+MEMORY_COLUMNS = ("admission", "prefix_cache", "preemptions", "preempted_frac", "recompute_time_frac",
+                  "prefix_hit_rate")
 # (heading, row key, format) for the printed table; the latencies' columns (in ms) come from _latency_columns.
 # `rate` is the nominal rate the trace was scaled to; `offered` what the trace's sample actually offered
 # (traces/metrics.py: expected), which the served rate keeps up with.
@@ -66,7 +70,8 @@ _SLO_TABLE = (("goodput", "goodput", "{:.2f}"), ("SLOs", "slo_ok", None))
 BANDED = ("expected_rate", "served_rate", "queue_wait_p50")  # the quantities sweep.bands.csv and the figure give a band
 SLO_BANDED = ("goodput",)  # and with SLOs
 BAND_COLUMNS = ("backend", "prefill", "max_batch", "pool_gib", "replicas", "router", "pool_blocks", "rate", "seeds",
-                "stable_seeds", *(f"{k}_{s}" for k in BANDED for s in ("mean", "sd", "min", "max")))
+                "stable_seeds", *(f"{k}_{s}" for k in BANDED for s in ("mean", "sd", "min", "max")), "admission",
+                "prefix_cache")
 SLO_BAND_COLUMNS = ("slo_ok_seeds", *(f"{k}_{s}" for k in SLO_BANDED for s in ("mean", "sd", "min", "max")))
 
 
@@ -311,7 +316,7 @@ def write_files(out_dir: Path, results: list[ConfigResult], meta: dict, run: dic
     holds `run` (provenance: when, where, the command) and each point's host wall time."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [r for res in results for r in _by_rate(res)]
-    columns = CSV_COLUMNS + tuple(slo_keys(slos)) + tuple(latency_keys(percentiles))  # new columns last
+    columns = CSV_COLUMNS + tuple(slo_keys(slos)) + tuple(latency_keys(percentiles)) + MEMORY_COLUMNS  # new last
     atomic_write_text(out_dir / "sweep.csv", _csv(rows, columns))
     groups = by_config(results)
     files = [out_dir / "sweep.csv", out_dir / "sweep.json", out_dir / "sweep.png"]

@@ -18,7 +18,8 @@ from .sweep import ConfigResult
 # (axis, its value for a configuration)
 AXES: tuple[tuple[str, Callable[[ServingConfig], object]], ...] = (
     ("pool", lambda c: c.pool.gib), ("max batch", lambda c: c.max_batch), ("backend", lambda c: c.backend),
-    ("prefill", lambda c: c.prefill), ("fleet", lambda c: (c.replicas, c.router)))
+    ("prefill", lambda c: c.prefill), ("admission", lambda c: c.admission), ("prefix cache", lambda c: c.prefix_cache),
+    ("fleet", lambda c: (c.replicas, c.router)))
 MARKERS = "osD^vP*Xp"
 LINESTYLES = ("-", "--", ":", "-.")
 FILLS = ("full", "none", "left", "top")
