@@ -27,7 +27,7 @@ from traces.outpath import check_out_file, refuse_special
 
 from .accuracy import report
 from .measure import STATIONARY_SETTLE_S
-from .plan import FULL, H200_SPEEDS, QUICK, describe, make_plan, max_rows, run_plan
+from .plan import FULL, H200_SPEEDS, LONG, QUICK, describe, make_plan, max_rows, run_plan
 from .store import PointsFile, points_path
 
 
@@ -92,9 +92,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-1.5b", help="model shapes (default %(default)s)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cuda (default), or cpu: Triton's interpreter, for trying the path with --model tiny --quick")
-    p.add_argument("--quick", action="store_true", help=(
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help=(
         f"a smoke test of the whole path: at most {QUICK.max_rows} rows, prompts up to {QUICK.max_prompt} tokens, "
         "a handful of shapes; its table is not for simulation"))
+    size.add_argument("--long", action="store_true", help=(
+        f"full length: prompts to {LONG.max_prompt} tokens and decode contexts to the model's positions, at up to "
+        f"{LONG.max_rows} rows (a table for long-context traces)"))
     return p
 
 
@@ -128,7 +132,7 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         raise InputError("--out TABLE.json is required (the cost table to write), except with --check-stationary")
     elif args.out.exists() and not args.force:
         raise InputError("already exists; pass --force to replace it", path=args.out)
-    plan = QUICK if args.quick else FULL
+    plan = QUICK if args.quick else LONG if args.long else FULL
     serving = ServingConfig(model=args.model, dtype="float16" if args.device == "cuda" else "float32",
                             max_batch=max_rows(plan, args.max_batch))
     cfg = EngineConfig(serving, max_prompt=plan.max_prompt, max_budget=plan.max_budget, backends=args.backend,

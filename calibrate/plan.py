@@ -60,6 +60,12 @@ FULL = Plan("full", max_prompt=4096, max_budget=256, widths=WIDTHS, lengths=LENG
             decode_rows=DECODE_ROWS, decode_lengths=(16, 256, 1024, 2048), mixed_runs=3, decode_budget=64, window=32,
             max_rows=None, policy_runs=24, chunk=512, check_prefill=16, check_decode=8, check_reps=3,
             stationary_prefill=24, stationary_decode=6)
+# Full length: prompts and decode contexts to the model's 32768 positions (less a budget), at up to 4 rows, where
+# long requests run (a prefill step of 32 x 32k tokens is not one any engine here plans)
+LONG = Plan("long", max_prompt=32256, max_budget=512, widths=(1, 2, 4), lengths=LENGTHS + (8192, 16384, 32256),
+            prefill_reps=3, decode_rows=(1, 2, 3, 4), decode_lengths=(16, 1024, 4096, 8192, 16384, 32256), mixed_runs=3,
+            decode_budget=64, window=32, max_rows=4, policy_runs=8, chunk=512, check_prefill=12, check_decode=6,
+            check_reps=2, stationary_prefill=12, stationary_decode=4)
 QUICK = Plan("quick", max_prompt=32, max_budget=5, widths=(1, 2), lengths=(16, 32), prefill_reps=2,
              decode_rows=(1, 2), decode_lengths=(16,), mixed_runs=1, decode_budget=5, window=32, max_rows=2,
              policy_runs=1, chunk=16, check_prefill=2, check_decode=1, check_reps=2, stationary_prefill=2,
