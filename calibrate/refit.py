@@ -17,7 +17,7 @@ from costs.table import load_cost_table, save_cost_table
 from traces.errors import InputError
 from traces.provenance import git_commit
 
-from .plan import FULL, QUICK, make_plan
+from .plan import FULL, LONG, QUICK, make_plan
 from .store import PointsFile, points_path
 from .table import build_table
 
@@ -29,7 +29,7 @@ def refit(source: Path, out: Path, points: Path | None, argv: list[str]) -> str:
     old = load_cost_table(source, allow_nonstationary=True)
     raw = old.raw
     cal = raw.get("calibration", {})
-    plan = {"full": FULL, "quick": QUICK}.get(cal.get("plan"))
+    plan = {p.name: p for p in (FULL, LONG, QUICK)}.get(cal.get("plan"))
     if plan is None:
         raise InputError(f"cost table {old.table_id} does not say which calibration plan made it", path=source)
     points = Path(points) if points else points_path(source)
@@ -37,7 +37,8 @@ def refit(source: Path, out: Path, points: Path | None, argv: list[str]) -> str:
         raise InputError("the table's measured runs are not there (its points file); give it with --points", path=points)
     store = PointsFile(points, None)
     store.close()
-    policies = tuple(str(PREFILL[p].sample(plan.chunk)) for p in raw.get("engine", {}).get("policies", ["padded"]))
+    policies = tuple(str(PREFILL[p].sample(plan.chunk)) for p in raw.get("engine", {}).get("policies", ["padded"])
+                     if not PREFILL[p].fuses)  # closed runs do not measure fused steps (core.policies.every_policy)
     runs = make_plan(plan, raw["max_batch"], tuple(cal.get("backends") or raw["decode"]), policies)
     missing = [r.label for r in runs if r.key not in store]
     if missing:

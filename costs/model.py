@@ -3,7 +3,10 @@
 - Prefill (a PrefillShape: each sequence's positions computed, after its prefix in the pool): a smooth surface
   from the engine's two regimes. Small steps are bound by a floor (the host's work per step, graph launch) that
   grows a little with the rows; large ones by the GPU's work, linear in the positions computed and in the
-  attention work: g = base + per_token * tokens + per_token2 * attention. The step costs the smooth maximum of
+  attention work: g = base + per_token * tokens + per_token2 * attention (+ per_prefix_token2 * the attention over
+  K/V read from the pool, where the table prices it apart: a chunk's queries read their prefix through block tables,
+  which costs more a unit of work than keys in the step; 32k-token calibrations show it, 4k ones do not). The step
+  costs the smooth maximum of
   the two, (floor^k + g^k)^(1/k). Where the table records how the engine rounds a step (its token buckets and
   the prefill kernel's query tile), tokens is the bucket the step runs at, and attention is counted as the
   kernel does it: whole query tiles, each over the prefix and the keys up to the tile's end, plus the bucket's
@@ -45,7 +48,7 @@ from traces.errors import InputError
 
 from .context import Correction, decode_kind, prefill_kind
 from .shapes import PrefillShape, backend_named
-from .table import PREFILL_PARAMS, CostTable, as_cost_table, table_id
+from .table import PREFILL_PARAMS, PREFIX_PARAM, CostTable, as_cost_table, table_id
 
 
 class ExtrapolationWarning(UserWarning):
@@ -59,10 +62,11 @@ def _whole(x) -> int:
     return int(x)
 
 
-def prefill_time(params, rows, tokens, span):
-    """The fitted prefill surface (numbers or numpy arrays); params in PREFILL_PARAMS order."""
+def prefill_time(params, rows, tokens, span, prefix=0.0):
+    """The fitted prefill surface (numbers or numpy arrays); params in PREFILL_PARAMS order. `prefix`: the step's
+    priced attention over K/V read from the pool (tables that price it apart; 0 leaves the older sum as it was)."""
     floor_s, floor_per_row_s, base_s, per_token_s, per_token2_s, k = params
-    gpu = base_s + per_token_s * tokens + per_token2_s * tokens * span
+    gpu = base_s + per_token_s * tokens + per_token2_s * tokens * span + prefix
     floor = floor_s + floor_per_row_s * rows
     top = np.maximum(floor, gpu)  # scaled by the larger term so that no power overflows
     return top * ((floor / top) ** k + (gpu / top) ** k) ** (1 / k)
@@ -87,6 +91,17 @@ class PrefillRounding:
     def known(self) -> bool:
         return self.buckets.size > 0 and bool(self.block_m)
 
+    def split(self, shape: PrefillShape) -> tuple[int, float, float]:
+        """(tokens, attention work per token within the step's sequences, per token over their prefixes in the
+        pool): features() with the prefix's part apart (a query tile's keys from the pool, 2 * block_m * p each)."""
+        tokens, span = self.features(shape)
+        if self.known:
+            t = [-(-n // self.block_m) for n in shape.computed]
+            prefix = sum(2 * self.block_m * k * p for k, p in zip(t, shape.prefix))
+        else:
+            prefix = sum(2 * n * p for n, p in zip(shape.computed, shape.prefix))
+        return tokens, span - prefix / tokens, prefix / tokens
+
     def features(self, shape: PrefillShape) -> tuple[int, float]:
         """(tokens, attention work per token) the fitted surface takes for this step."""
         if not self.known:  # a table from before the engine recorded its rounding: the step's own work
@@ -104,14 +119,19 @@ def interp(knots: list[list[float]], length):
     return _interp(np.array([k[0] for k in knots], float), np.array([k[1] for k in knots], float), length)
 
 
-def _interp(x: np.ndarray, y: np.ndarray, length, min_slope: float = 0.0):
-    """interp; past the last knot the end segment's slope, never below `min_slope` (a decode step's K/V reads:
-    a noisy last segment must not carry the cost down past the measured lengths)."""
+def _interp(x: np.ndarray, y: np.ndarray, length, min_slope: float = 0.0, floor_from: float = math.inf):
+    """interp; past the last knot the end segment's slope, and past `floor_from` (the table's own range) never
+    below `min_slope` (a decode step's K/V reads: a noisy last segment must not carry the cost down, or below zero,
+    at lengths the table never measured)."""
     if len(x) == 1:
         return np.full_like(np.asarray(length, float), y[0])
     length = np.asarray(length, float)
     lo = y[0] + (length - x[0]) * (y[1] - y[0]) / (x[1] - x[0])
-    hi = y[-1] + (length - x[-1]) * max((y[-1] - y[-2]) / (x[-1] - x[-2]), min_slope)
+    slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+    hi = y[-1] + (length - x[-1]) * slope
+    if min_slope > slope:
+        edge = max(floor_from, x[-1])
+        hi = np.where(length > edge, y[-1] + (edge - x[-1]) * slope + (length - edge) * min_slope, hi)
     return np.where(length < x[0], lo, np.where(length > x[-1], hi, np.interp(length, x, y)))
 
 
@@ -121,29 +141,30 @@ class _Knots:
     numpy (whose per-call overhead is most of the cost of a stretch of a few steps). The values are interp's own,
     computed by it on arrays, so a lookup equals interp at that length to the bit."""
 
-    def __init__(self, knots: list[list[float]], min_slope: float = 0.0):
+    def __init__(self, knots: list[list[float]], min_slope: float = 0.0, floor_from: float = math.inf):
         self.x = np.array([k[0] for k in knots], float)
         self.y = np.array([k[1] for k in knots], float)
-        self.min_slope = min_slope
+        self.min_slope, self.floor_from = min_slope, floor_from
         self._at: list[float] = []  # interp at lengths 0, 1, 2, ...
 
     def upto(self, end: int) -> list[float]:
         """interp at lengths 0, 1, ..., at least up to end - 1."""
         if end > len(self._at):  # grown by doubling: a run asks for a few thousand lengths in all
             new = np.arange(len(self._at), max(end, 2 * len(self._at), 1024)).astype(float)
-            self._at += _interp(self.x, self.y, new, self.min_slope).tolist()
+            self._at += _interp(self.x, self.y, new, self.min_slope, self.floor_from).tolist()
         return self._at
 
 
 class _DecodeFit:
     """One backend's decode fit, read from the table once (not on every step)."""
 
-    def __init__(self, d: dict):
+    def __init__(self, d: dict, max_tokens: float = math.inf):
         self.rows: list[int] = d["rows"]
         self.per_token = [float(v) for v in d["per_token_s"]]
-        # Past the longest measured length a uniform step grows at least by its rows' K/V reads (rows * per_token
-        # a token of length), the fit's own marginal cost.
-        self.knots = [_Knots(ks, max(0.0, p) * r) for ks, p, r in zip(d["knots"], self.per_token, self.rows)]
+        # Past the table's range a uniform step grows at least by its rows' K/V reads (rows * per_token a token of
+        # length), the fit's own marginal cost.
+        self.knots = [_Knots(ks, max(0.0, p) * r, max_tokens) for ks, p, r in zip(d["knots"], self.per_token,
+                                                                                self.rows)]
         self.top = max(k[-1][0] for k in d["knots"])  # the longest length measured at any row count
         self.weights: dict[int, tuple] = {}  # rows -> how decode() weighs the measured row counts (row_weights)
 
@@ -185,11 +206,12 @@ class CostModel:
         self.strict = False  # check_positive looks past the measured range on purpose
         p = table.fit["prefill"]
         self._prefill_params = tuple(p[k] for k in PREFILL_PARAMS)
+        self._per_prefix = p.get(PREFIX_PARAM)  # None: prefix attention priced as the rest (older tables)
         self._ranges = prefill_ranges(table)
         self.rounding = PrefillRounding(table.raw.get("engine"))
         self.prefill_sigma = p["sigma"]
         decode = table.fit["decode"]
-        self._decode = {b: _DecodeFit(d) for b, d in decode.items()}
+        self._decode = {b: _DecodeFit(d, table.max_tokens or math.inf) for b, d in decode.items()}
         self.decode_sigma = {b: d["sigma"] for b, d in decode.items()}
         self.retire_s = table.retire_s
         self.correction = Correction(table.correction) if table.correction else None
@@ -236,7 +258,10 @@ class CostModel:
         r = self._ranges
         if rows > r["rows"][1] or tokens > r["tokens"][1] or span > r["span"][1]:
             self._outside(f"prefill of {rows} rows x {tokens} tokens (span {span:.0f})")
-        return float(prefill_time(self._prefill_params, rows, *self.rounding.features(shape)))
+        if self._per_prefix is None:
+            return float(prefill_time(self._prefill_params, rows, *self.rounding.features(shape)))
+        tokens, own, prefix = self.rounding.split(shape)
+        return float(prefill_time(self._prefill_params, rows, tokens, own, self._per_prefix * tokens * prefix))
 
     def _fit(self, backend: str) -> _DecodeFit:
         d = self._decode.get(backend_named(backend))  # a record or command may give the backend's old name

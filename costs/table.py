@@ -39,6 +39,7 @@ _STAT_KEYS = ("median_s", "p10_s", "p90_s", "n")
 # max_batch) would take minutes, and token counts would leave int64.
 SIZE_LIMITS = {"block_size": 2 ** 16, "max_batch": 1024, "max_tokens": 2 ** 24}
 PREFILL_PARAMS = ("floor_s", "floor_per_row_s", "base_s", "per_token_s", "per_token2_s", "sharpness")
+PREFIX_PARAM = "per_prefix_token2_s"  # optional: attention over pool K/V priced apart (costs/model.py)
 
 
 class StationarityWarning(UserWarning):
@@ -98,6 +99,8 @@ def _check_fit(table: dict, path) -> None:
     for k in PREFILL_PARAMS:
         _number(_need(p, k, "fit.prefill.", path), f"fit.prefill.{k}", path,
                 positive=k == "sharpness")
+    if PREFIX_PARAM in p:
+        _number(p[PREFIX_PARAM], f"fit.prefill.{PREFIX_PARAM}", path)
     for k in (("widths", "lengths") if table["version"] == 1 else ("rows", "tokens", "span")):
         _check_range(_need(p, k, "fit.prefill.", path), f"fit.prefill.{k}", path)
     _number(_need(p, "sigma", "fit.prefill.", path), "fit.prefill.sigma", path)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 
 
+import pytest
+
 from costs.model import CostModel, tile_work
 from costs.shapes import DecodeShape, PrefillShape
 from costs.synthetic import linear_table
@@ -74,3 +76,29 @@ def test_decode_past_the_longest_measured_length_never_falls():
         warnings.simplefilter("ignore", ExtrapolationWarning)
         steps = [cost.decode("paged", 4, 4 * n, n) for n in (top, 2 * top, 8 * top)]
     assert steps[0] < steps[1] < steps[2]
+
+
+def test_attention_over_the_pool_gets_its_own_coefficient_where_points_have_it():
+    """Points whose chunks read a prefix from the pool at 3x the cost a unit of in-step attention: the fit prices
+    the pool's part apart (and recovers both kinds); points without any prefix keep the one coefficient."""
+    from costs.fit import fit_prefill
+    from costs.table import PREFIX_PARAM
+
+    def point(computed, prefix):
+        own = sum(n * n for n in computed)
+        pool = sum(2 * n * p for n, p in zip(computed, prefix))
+        t = 1e-3 + 2e-7 * sum(computed) + 1e-10 * own + 3e-10 * pool
+        return {"rows": len(computed), "tokens": sum(computed), "computed": list(computed), "prefix": list(prefix),
+                "median_s": t, "p10_s": t * 0.98, "p90_s": t * 1.02}
+
+    whole = [point([n] * w, [0] * w) for w in (1, 2, 4) for n in (64, 512, 2048, 8192, 16384)]
+    chunks = [point([512], [p]) for p in (512, 4096, 8192, 16384, 30000)]
+    plain = fit_prefill(whole)
+    assert PREFIX_PARAM not in plain
+    both = fit_prefill(whole + chunks)
+    assert both[PREFIX_PARAM] > 2 * both["per_token2_s"]
+    base = linear_table()
+    cost = CostModel({**base, "fit": {**base["fit"], "prefill": both}})
+    for p in whole + chunks:
+        shape = PrefillShape.of(p["computed"], p["prefix"])
+        assert cost.prefill(shape) == pytest.approx(p["median_s"], rel=0.05)

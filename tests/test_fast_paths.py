@@ -58,7 +58,8 @@ def _numpy_decode(cost: CostModel, backend: str, rows: int, kv_tokens, kv_max):
     short = rows * kv_max - kv_tokens
 
     def at(i: int):
-        return _interp(d.knots[i].x, d.knots[i].y, kv_max, d.knots[i].min_slope) - d.per_token[i] * short
+        k = d.knots[i]
+        return _interp(k.x, k.y, kv_max, k.min_slope, k.floor_from) - d.per_token[i] * short
     if len(r) == 1:
         return at(0)
     i = int(np.clip(np.searchsorted(r, rows), 1, len(r) - 1))
