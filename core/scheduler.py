@@ -84,9 +84,9 @@ class PrefillWork:
 
     def __post_init__(self):
         self.shape = PrefillShape(tuple(self.computed), tuple(self.prefix))  # the scheduler's ints: no conversion
-        self.done = [p + n == s.target for s, p, n in zip(self.seqs, self.prefix, self.new)]
+        self.done = [p + n == s.req.prompt_tokens + s.generated for s, p, n in zip(self.seqs, self.prefix, self.new)]
         self.recomputed = sum([max(0, min(p + n, s.peak) - p) for s, p, n in zip(self.seqs, self.prefix, self.new)
-                               if s.peak])
+                               if s.peak]) if any(s.peak for s in self.seqs) else 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -253,8 +253,11 @@ class Scheduler:
         return when
 
     def can_admit(self) -> bool:
-        return bool(self.queue) and len(self.running) < self.max_batch and \
-            self._need(self.queue[0])[0] + self._watermark <= self.pool.free
+        if not self.queue or len(self.running) >= self.max_batch:
+            return False
+        head = self.queue[0]
+        need = self._need(head)[0] if head.keys else head.blocks_needed  # most passes: no cache, no call
+        return need + self._watermark <= self.pool.free
 
     def _need(self, seq: Seq) -> tuple[int, list[int]]:
         """The free blocks the sequence takes at admission, and the cached blocks it shares (prefix caching): its
