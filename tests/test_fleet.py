@@ -131,7 +131,7 @@ def _bad_and_good() -> Trace:
     """The engine-reference case of test_sim (shape-dependent costs, a 2 ms retire cost, groups, a head waiting
     for blocks) with a request beyond the model's positions, which the engine refuses."""
     trace = poisson_trace(3.0, 100, 1)
-    big = Request(100, trace.requests[50].arrival, 4300, 256)
+    big = Request(100, trace.requests[50].arrival, 32600, 256)  # past the model's 32768 positions
     return Trace(sorted(trace.requests + [big], key=lambda r: r.arrival), trace.meta)
 
 
