@@ -125,6 +125,7 @@ class StepPlan(NamedTuple):
 
 
 _plan = tuple.__new__  # StepPlan's fields as one tuple, without the named tuple's keyword-taking __new__
+_NONE: list = []  # an empty list no one appends to (no preemption, no first tokens): not made anew every pass
 
 
 class Scheduler:
@@ -143,6 +144,7 @@ class Scheduler:
         self._seen: set[int] = set()
         self._groups = 0
         self._watermark = admission.watermark(pool)
+        self._grows, self._fuses = admission.grows, policy.fuses  # asked every pass
         self.caching = isinstance(pool, CachingBlockPool)
         self.preemptions = 0
         policy.check(max_batch)
@@ -184,17 +186,17 @@ class Scheduler:
         every decode step's, are set once they have run (the loop's, advance). With `lookahead` (a timer that
         can price a stretch of decode steps), the stretch is bounded by the next point where this scheduler has
         something to decide: a row finishing, a chunk step due, or an arrival it could admit."""
-        preempted = self._grow() if self.admission.grows else []
-        group = [] if preempted else self.admit(now, step)
-        work, first = None, []
+        preempted = self._grow() if self._grows else _NONE
+        group = self.admit(now, step) if not preempted else []
+        work, first = None, _NONE
         if self.prefilling:
-            if self.policy.fuses:
+            if self._fuses:
                 decoding = self.decode_rows()
                 work = PrefillWork(*self.policy.select(self.prefilling, decoding), len(decoding))
             else:
-                work = PrefillWork(*self.policy.select(self.prefilling, []))
+                work = PrefillWork(*self.policy.select(self.prefilling, _NONE))
             first = self._prefilled(work)
-        rows = [] if work is not None and self.policy.fuses else self.decode_rows()
+        rows = [] if self._fuses and work is not None else self.decode_rows()
         if not rows:
             return _plan(StepPlan, (step, group, work, first, rows, None, 0, math.inf, preempted))
         limit = self.max_decode_steps(rows) if lookahead is not None else 1
@@ -248,8 +250,11 @@ class Scheduler:
         if len(self.running) >= self.max_batch:
             return math.inf
         when, req = arrivals.next_candidate(self)
-        if req is not None and self._need(self._seq(req))[0] + self._watermark > self.pool.free:
-            return math.inf
+        if req is not None:
+            need = self._need(self._seq(req))[0] if self.caching else \
+                self.admission.blocks_to_admit(req, req.prompt_tokens, self.pool)
+            if need + self._watermark > self.pool.free:
+                return math.inf
         return when
 
     def can_admit(self) -> bool:
@@ -329,7 +334,7 @@ class Scheduler:
         if self.prefilling:
             return 1
         k = max(1, min([s.budget - s.generated for s in self.running]))  # each row's remaining, inlined
-        if k > 1 and self.admission.grows:
+        if k > 1 and self._grows:
             k = self._steps_in_free_blocks(rows, k)
         return k
 
@@ -358,7 +363,7 @@ class Scheduler:
             s.kv_len += steps
             s.generated += steps
             s.last_token = t
-        if steps > 1 and self.admission.grows:
+        if steps > 1 and self._grows:
             pool, bs = self.pool, self.pool.block_size
             for s in rows:
                 more = -(-s.kv_len // bs) - len(s.block_table)
