@@ -16,6 +16,7 @@ from helpers import linear_table, run_cli, write_table
 from sim import remote
 from sim.cli import main
 from sim.fleet_report import fewest_lines, fewest_replicas
+from sim.report import MEMORY_COLUMNS
 from core.block_pool import PoolSize
 from core.config import ServingConfig
 from sim.sweep import ConfigResult, Workload, run_sweep
@@ -70,8 +71,10 @@ def test_cli_sweep_answers_the_fewest_replicas(capsys, table, tmp_path):
     points = pd.read_csv(out / "sweep.csv")
     assert list(points.columns[:7]) == ["backend", "prefill", "max_batch", "pool_gib", "replicas", "router",
                                         "pool_blocks"]
-    assert list(points.columns[-6 - len(latency_keys()):-len(latency_keys())]) == [
+    tail = len(latency_keys()) + len(MEMORY_COLUMNS)  # the latencies, then the admission and cache axes, come last
+    assert list(points.columns[-6 - tail:-tail]) == [
         "sim_events", "goodput", "good_fraction", "slo_ok", "attain_ttft", "ttft_p99"]
+    assert tuple(points.columns[-len(MEMORY_COLUMNS):]) == MEMORY_COLUMNS
     # One engine has no router: it runs once, not once per router
     assert len(points) == 9 and sorted(set(zip(points["replicas"], points["router"]))) == [
         (1, "round-robin"), (2, "least-outstanding"), (2, "round-robin")]
@@ -356,3 +359,17 @@ def test_cli_sweep_on_modal_resumes_a_local_one_and_writes_its_files(capsys, mon
     code, _, err = cli(capsys, *FLEET_SWEEP, "--on", "modal", "--jobs", "2", "--table", str(table), "--out",
                        str(tmp_path / "jobs"))
     assert code == 2 and "--jobs does nothing with --on modal" in err and not (tmp_path / "jobs").exists()
+
+
+def test_a_sweep_keeps_the_admission_and_cache_axes_apart(capsys, table, tmp_path):
+    """Each admission policy and cache setting is its own configuration, in sweep.csv under its own name (they had
+    once been dropped from the file, so two configurations read as one)."""
+    out = tmp_path / "sweep"
+    code, _, _ = cli(capsys, "sweep", "--admission", "reserve,on-demand", "--prefix-cache", "off,on", "--rates", "4",
+                     "--pool-gib", "0.5", "--max-batch", "8", "--backend", "paged", "--n", "60", "--jobs", "1",
+                     "--table", str(table), "--out", str(out))
+    assert code == 0
+    points = pd.read_csv(out / "sweep.csv")
+    assert sorted(zip(points["admission"], points["prefix_cache"])) == [
+        ("on-demand", False), ("on-demand", True), ("reserve", False), ("reserve", True)]
+    assert points.loc[points["admission"] == "on-demand", "preemptions"].notna().all()
