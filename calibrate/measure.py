@@ -68,8 +68,10 @@ def measure(engine, run: Run, settle_s: float = STATIONARY_SETTLE_S) -> dict:
         with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
             rec = engine.run(trace, Path(tmp) / "run", backend=run.backend, policy=run.policy, progress=False,
                              telemetry=False)  # the calibration records it through all of its runs
-        pre, dec = rec.steps[rec.steps.kind == "prefill"], rec.steps[rec.steps.kind == "decode"]
-        if pre.n_admitted.iloc[0] != run.width or (dec.rows != run.width).any():
+        # A fused run's steps with decode rows in them are its prefill steps too (kind `mixed`); its rows retire
+        # apart, as they finished their prompts apart, so only decode runs hold every row to the end.
+        pre, dec = rec.steps[rec.steps.kind.isin(("prefill", "mixed"))], rec.steps[rec.steps.kind == "decode"]
+        if pre.n_admitted.iloc[0] != run.width or (run.kind.endswith("decode") and (dec.rows != run.width).any()):
             raise RuntimeError(f"{run.label}: the engine did not admit the run as one group of {run.width} "
                                f"(admitted {pre.n_admitted.tolist()}); is its KV pool too small?")
         if stationary:

@@ -132,8 +132,9 @@ class Run:
         return self.count * (self.budget - 1)
 
 
-def _on(backend: str, policy: str = "padded") -> ServingConfig:
-    return ServingConfig(backend=backend, prefill=policy)
+def _on(backend: str, policy: str = "padded", rows: int | None = None) -> ServingConfig:
+    """The serving configuration of a run on `rows` rows at most (a fused policy's budget must hold them all)."""
+    return ServingConfig(backend=backend, prefill=policy, **({"max_batch": rows} if rows else {}))
 
 
 def _rows(r: int) -> str:
@@ -183,24 +184,42 @@ def policy_runs(plan: Plan, max_batch: int, backend: str, policies: Sequence[str
                 seed: int) -> list[Run]:
     """Prefill runs of the other policies, seeded: packed groups of random width with random prompt lengths;
     chunked prompts of random lengths, alone (its chunks attend to longer and longer prefixes) or several short
-    ones together (a chunk spans them)."""
+    ones together (a chunk spans them); fused (mixed) groups of random width and lengths whose budget outlasts
+    their prefill, so that the prompts prefilled first decode beside the later ones' chunks: a fused step's decode
+    rows measured in a closed run, at the prefixes their prompts give them."""
     rng = np.random.default_rng([plan.seed, seed])
     rows_max = max_rows(plan, max_batch)
     lo, hi = np.log(16), np.log(plan.max_prompt)
     runs = []
     for policy in policies:
         for i in range(count):
+            budget = 1
             if policy == "packed":
                 w = int(rng.integers(1, rows_max + 1))
                 prompts = tuple(int(round(np.exp(x))) for x in rng.uniform(lo, hi, w))
+            elif policy.startswith("mixed"):
+                w = int(rng.integers(2, max(2, rows_max) + 1))
+                prompts, budget = fused_group(rng.uniform(lo, hi, w), plan.chunk, plan.max_budget)
             else:
                 w = 1 if i % 2 == 0 else int(rng.integers(2, max(3, rows_max // 4) + 1))
                 top = hi if w == 1 else np.log(max(17, plan.chunk))
                 prompts = tuple(int(round(np.exp(x))) for x in rng.uniform(lo, top, w))
             reps = plan.prefill_reps if kind == "prefill" else plan.check_reps
-            runs.append(Run(kind, prompts, 1, _on(backend, policy), reps=reps, warmup=1,
+            runs.append(Run(kind, prompts, budget, _on(backend, policy, rows_max), reps=reps, warmup=1,
                             label=f"{kind} {policy} {_rows(w)} ({sum(prompts)} tokens)"))
     return runs
+
+
+def fused_group(log_lengths: np.ndarray, chunk: int, max_budget: int) -> tuple[tuple[int, ...], int]:
+    """A fused run's prompts (from their log lengths) and a budget that outlasts its prefill: each step after the
+    first computes at least chunk - rows prompt positions, so the last prompt has its first token within
+    ceil(total / (chunk - rows)) + 1 steps. Prompts are scaled down to fit that into max_budget - 1 steps."""
+    w = len(log_lengths)
+    prompts = [max(1, int(round(np.exp(x)))) for x in log_lengths]
+    room = (max_budget - 3) * (chunk - w)
+    if sum(prompts) > room:
+        prompts = [max(1, p * room // sum(prompts)) for p in prompts]
+    return tuple(prompts), min(max_budget, -(-sum(prompts) // (chunk - w)) + 3)
 
 
 def check_runs(plan: Plan, max_batch: int, backends: Sequence[str], policies: Sequence[str] = ()) -> list[Run]:
@@ -244,7 +263,7 @@ def stationarity_runs(plan: Plan, max_batch: int, backends: Sequence[str], polic
         seen.add((w, n))
         prompts = (n, *(int(p) for p in rng.integers(1, n + 1, w - 1)))
         runs.append(Run("stationary-prefill", prompts, 1, _on(backends[0]), reps=3, label=f"stationarity prefill {w} x {n}"))
-    runs += [Run("stationary-prefill", r.prompts, 1, r.serving, reps=3,
+    runs += [Run("stationary-prefill", r.prompts, r.budget, r.serving, reps=3,
                  label=r.label.replace("stationary-prefill", "stationarity"))
              for r in policy_runs(plan, max_batch, backends[0], policies, "stationary-prefill", min(2, plan.policy_runs),
                                   seed=4)]

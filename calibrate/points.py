@@ -12,8 +12,9 @@ from collections import defaultdict
 import numpy as np
 
 from costs.shapes import PrefillShape, kv_read
-from core.block_pool import BlockPool, unbounded_pool
-from core.scheduler import Scheduler
+from core.block_pool import unbounded_pool
+from core.scheduler import PrefillWork
+from core.step_loop import StepLoop, TraceArrivals, drive
 from traces.workload import Request
 
 from .plan import Run
@@ -28,18 +29,62 @@ def stats(durations) -> dict:
     return {"median_s": float(med), "p10_s": float(p10), "p90_s": float(p90), "n": int(d.size)}
 
 
+class _ReplayTimer:
+    """The step loop's timer for a closed run replayed off the GPU: unit step times (a closed run's steps do not
+    depend on when they end), keeping every prefill or fused step's shape in order."""
+
+    fast_forward = False
+
+    def __init__(self):
+        self.t, self.shapes = 0.0, []
+
+    def now(self) -> float:
+        return self.t
+
+    def wait_until(self, t: float) -> None:
+        self.t = max(self.t, t)
+
+    def prefill(self, work: PrefillWork, start: float) -> tuple[None, float]:
+        self.shapes.append(work.shape)
+        self.t = start + 1.0
+        return None, self.t
+
+    def decode(self, rows, shape, start: float, limit: int, stop: float) -> tuple[None, list[float]]:
+        self.t = start + 1.0
+        return None, [self.t]
+
+    def retired(self, n: int) -> None:
+        pass
+
+
+class _NoLog:
+    """A run log that keeps nothing: the replay wants the shapes only."""
+
+    tokens = keep_decode = False
+
+    def prefill(self, *args) -> None:
+        pass
+
+    def decode_steps(self, *args) -> None:
+        pass
+
+    def finish(self, seqs) -> None:
+        pass
+
+    def reject(self, req: Request, reason: str) -> None:
+        raise ValueError(f"a calibration run's request was refused: {reason}")
+
+
 def step_shapes(run: Run) -> list[PrefillShape]:
-    """The prefill steps the engine's scheduler makes of a closed run, in order (several for a chunked prompt):
-    the same scheduler code replayed here, so a measured duration gets its exact step."""
+    """The prefill (and fused) steps the engine's scheduler and step loop make of a closed run, in order (several
+    for a chunked prompt; a fused run's steps hold its decode rows): the same code replayed here, so a measured
+    duration gets its exact step."""
     serving = run.serving
     pool = unbounded_pool(run.width, max(run.prompts) + run.budget, serving.block_size)
-    sched = Scheduler(run.width, BlockPool(pool, serving.block_size), None, serving.prefill)
-    for i, n in enumerate(run.prompts):
-        sched.submit(Request(i, 0.0, n, run.budget))
-    shapes = []
-    while (plan := sched.schedule(0.0, 0)).prefill is not None:  # the first plan admits them all
-        shapes.append(plan.prefill.shape)
-    return shapes
+    timer = _ReplayTimer()
+    requests = [Request(i, 0.0, n, run.budget) for i, n in enumerate(run.prompts)]
+    drive(StepLoop(serving.scheduler(pool, None, run.width), _NoLog(), timer, TraceArrivals(requests)), timer)
+    return timer.shapes
 
 
 def prefill_steps(run: Run, sample: dict) -> dict[PrefillShape, list[float]]:

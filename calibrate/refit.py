@@ -8,6 +8,7 @@ token buckets and query tile) from this version's engine, which must be the one 
 """
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from pathlib import Path
@@ -37,8 +38,10 @@ def refit(source: Path, out: Path, points: Path | None, argv: list[str]) -> str:
         raise InputError("the table's measured runs are not there (its points file); give it with --points", path=points)
     store = PointsFile(points, None)
     store.close()
+    # Tables made before calibration measured fused steps have no fused runs: their plan is refitted without them.
+    fused = any(json.loads(k).get("policy", "").startswith("mixed") for k in store.samples)
     policies = tuple(str(PREFILL[p].sample(plan.chunk)) for p in raw.get("engine", {}).get("policies", ["padded"])
-                     if not PREFILL[p].fuses)  # closed runs do not measure fused steps (core.policies.every_policy)
+                     if fused or not PREFILL[p].fuses)
     runs = make_plan(plan, raw["max_batch"], tuple(cal.get("backends") or raw["decode"]), policies)
     missing = [r.label for r in runs if r.key not in store]
     if missing:

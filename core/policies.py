@@ -171,10 +171,9 @@ def policy_choices() -> str:
 
 
 def every_policy(chunk: int) -> tuple[PrefillPolicy, ...]:
-    """One of each registered prefill policy (sized ones with `chunk`) that closed runs can measure: calibration's.
-    A fused policy is left out: a closed prefill run has no decode rows, so its steps would be chunked's; fused
-    steps are measured in serving (calibrate --from-runs)."""
-    return tuple(c.sample(chunk) for c in PREFILL.values() if not c.fuses)
+    """One of each registered prefill policy (sized ones with `chunk`): the ones calibration measures. A fused
+    policy's closed runs have decode rows in flight (calibrate/plan.py's fused_group)."""
+    return tuple(c.sample(chunk) for c in PREFILL.values())
 
 
 class AdmissionPolicy:

@@ -40,6 +40,7 @@ _STAT_KEYS = ("median_s", "p10_s", "p90_s", "n")
 SIZE_LIMITS = {"block_size": 2 ** 16, "max_batch": 1024, "max_tokens": 2 ** 24}
 PREFILL_PARAMS = ("floor_s", "floor_per_row_s", "base_s", "per_token_s", "per_token2_s", "sharpness")
 PREFIX_PARAM = "per_prefix_token2_s"  # optional: attention over pool K/V priced apart (costs/model.py)
+ROW_KV_PARAM = "per_row_kv_token_s"  # optional: a fused step's decode rows' pool K/V reads priced apart (same)
 
 
 class StationarityWarning(UserWarning):
@@ -99,8 +100,11 @@ def _check_fit(table: dict, path) -> None:
     for k in PREFILL_PARAMS:
         _number(_need(p, k, "fit.prefill.", path), f"fit.prefill.{k}", path,
                 positive=k == "sharpness")
-    if PREFIX_PARAM in p:
-        _number(p[PREFIX_PARAM], f"fit.prefill.{PREFIX_PARAM}", path)
+    for k in (PREFIX_PARAM, ROW_KV_PARAM):
+        if k in p:
+            _number(p[k], f"fit.prefill.{k}", path)
+    if ROW_KV_PARAM in p and PREFIX_PARAM not in p:
+        raise InputError(f"fit.prefill.{ROW_KV_PARAM} comes with {PREFIX_PARAM}", path=path)
     for k in (("widths", "lengths") if table["version"] == 1 else ("rows", "tokens", "span")):
         _check_range(_need(p, k, "fit.prefill.", path), f"fit.prefill.{k}", path)
     _number(_need(p, "sigma", "fit.prefill.", path), "fit.prefill.sigma", path)
@@ -170,8 +174,9 @@ def check_table(table: dict, path: str | Path | None = None) -> dict:
     _check_points(points, _POINT_KEYS[version]["prefill"], "prefill.points", path)
     if version >= 2:
         for i, p in enumerate(points):
-            if p.get("policy") not in ("padded", "packed", "chunked"):
-                raise InputError(f"prefill.points[{i}].policy must be padded, packed or chunked, got {p.get('policy')!r}",
+            # The name of the policy whose step it measured; which names exist is core.policies' registry's to say.
+            if not (isinstance(p.get("policy"), str) and p["policy"].isidentifier()):
+                raise InputError(f"prefill.points[{i}].policy must name a prefill policy, got {p.get('policy')!r}",
                                  path=path)
     decode = _need(table, "decode", "", path, dict)
     if not decode:

@@ -1,20 +1,28 @@
 """Prediction intervals: a band around every predicted metric (served rate, queue wait, TTFT and TPOT
-percentiles, a closed run's wall time) that combines the three things a real run can differ by.
+percentiles, a closed run's wall time) that combines the things a real run can differ by.
 
 1. Trace sampling: the point simulated on each of several trace seeds (a seeded workload's draws; a trace file is
-   one sample, as in a sweep's --seeds).
-2. The cost model: each simulated run's step costs multiplied by one factor F = exp(sigma_cost * z), z at the
-   (j + 0.5) / COST_DRAWS quantiles of the standard normal (quantile-spaced draws: reproducible, no random
-   generator), with sigma_cost = sqrt(held^2 + gpu^2): `held` the table's held-out residual at the level of a whole
-   run (a corrected table's correction.residual_sigma["all"], the RMS over held-out runs of the log of the summed
-   step time error; else the RMS of the log error of the calibration's held-out shapes), `gpu` the GPU-to-GPU spread
-   a refresh measured (the RMS of the log of a refreshed table's factors), where the table was refreshed.
-3. The engine's run-to-run noise, measured from repeated real runs (costs/data/run_to_run.json, written by
-   `python -m validate noise` with its sources): per metric and regime (closed, arrival), the sd of the log.
+   one sample, as in a sweep's --seeds). A validation point replays one fixed trace, so its band has one sample.
+2. The cost level of a run: each simulated run's step costs multiplied by one factor F = exp(sigma_cost * z), z at
+   the (j + 0.5) / COST_DRAWS quantiles of the standard normal (quantile-spaced draws: reproducible, no random
+   generator; the band's edges are read at the same plotting positions, numpy's "hazen" percentiles, so that for a
+   metric monotone in F they fall at z = -/+ z_level). sigma_cost is
+   - a corrected table's held-out residual at the level of a whole run (correction.residual_sigma["all"], the RMS
+     over held-out runs of the log of the summed step time error): those runs were made on other GPUs and other
+     days, so the term already holds the GPU-to-GPU and run-to-run differences of the cost level; or else
+   - sqrt(held^2 + gpu^2 + run^2): `held` the RMS of the log error of the calibration's held-out shapes, `gpu` the
+     GPU-to-GPU spread a refresh measured (the RMS of the log of a refreshed table's factors) where the table was
+     refreshed, `run` the run-to-run spread of a run's speed measured from repeated real runs (below).
+   Near capacity a percent of speed moves TTFT by tens of percent; drawing it as a cost factor lets the simulator
+   say how much, point by point, instead of one spread for every point.
+3. What the run-to-run noise leaves beyond speed, measured from repeated real runs (costs/data/run_to_run.json,
+   written by `python -m validate noise --table` with its sources): per metric and regime (closed, arrival), the
+   sd over repeats of log(measured / simulated at the run's own speed) (a file without it: the sd of the log of the
+   metric itself).
 
 Combined: the Monte-Carlo samples over seeds x cost factors give the band's quantiles around their median m; each
 side's log half-width is then widened in quadrature by z_level * sigma_noise: lo = m exp(-sqrt(log(m / q_lo)^2 +
-(z s)^2)), and so for hi (the three sources taken as independent). The point prediction is not changed.
+(z s)^2)), and so for hi (the sources taken as independent). The point prediction is not changed.
 """
 from __future__ import annotations
 
@@ -30,7 +38,7 @@ from costs.table import CORRECTED_VERSION, CostTable
 from traces.errors import InputError
 
 METRICS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s")
-COST_DRAWS = 8
+COST_DRAWS = 16
 SEEDS = 5
 NOISE = Path(__file__).resolve().parent.parent / "costs" / "data" / "run_to_run.json"
 
@@ -40,20 +48,27 @@ def _rms_log(values) -> float | None:
     return math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else None
 
 
-def cost_sigma(table: CostTable) -> dict:
-    """sigma_cost and its two terms, each with where it came from."""
+def cost_sigma(table: CostTable, noise: dict | None = None) -> dict:
+    """sigma_cost and its terms, each with where it came from (module docstring); `noise` the run-to-run file."""
     c = table.correction or {}
     held = (c.get("residual_sigma") or {}).get("all")
-    if held is not None:
+    per_run = held is not None
+    if per_run:
         held_from = "the correction's held-out runs (summed step time, RMS of the log error)"
     else:
         errors = [1 + p["error"] for p in (table.raw.get("accuracy") or {}).get("points", [])]
         held, held_from = _rms_log(errors), "the calibration's held-out shapes (RMS of the log error)"
     factors = (table.raw.get("refresh") or {}).get("factors") or {}
     gpu = _rms_log(factors.values())
+    pooled = (noise or {}).get("pooled", {})
+    speed = (pooled.get("arrival") or pooled.get("closed") or {}).get("speed")
+    run = None if per_run or speed is None else speed["sigma"]
     terms = {"held_out": {"sigma": held, "from": held_from if held is not None else "none in the table"},
              "gpu_to_gpu": {"sigma": gpu, "from": "the table's refresh factors" if gpu is not None else
-                            "not measured (the table was not refreshed)"}}
+                            "not measured (the table was not refreshed)"},
+             "run_to_run": {"sigma": run, "from": "held in the held-out runs' term" if per_run else
+                            "repeated real runs' speed (run_to_run.json)" if run is not None else
+                            "not measured (the noise file has no speeds)"}}
     return {"sigma": math.sqrt(sum(t["sigma"] ** 2 for t in terms.values() if t["sigma"] is not None)),
             "terms": terms}
 
@@ -81,11 +96,11 @@ class Intervals:
     def __init__(self, table: CostTable, level: float, noise: dict | None = None):
         self.table, self.level = table, level
         self.z = NormalDist().inv_cdf(0.5 + level / 200)
-        self.cost = cost_sigma(table)
+        self.noise = noise if noise is not None else load_noise()
+        self.cost = cost_sigma(table, self.noise)
         zs = [NormalDist().inv_cdf((j + 0.5) / COST_DRAWS) for j in range(COST_DRAWS)]
         self.factors = [math.exp(self.cost["sigma"] * z) for z in zs]
         self.models = [scaled(table, f) for f in self.factors]
-        self.noise = noise if noise is not None else load_noise()
 
     def band(self, traces: list, run) -> dict:
         """Every metric's band for a point: `run(trace, cost_model)` simulates and scores one run (a summary dict);
@@ -99,8 +114,8 @@ class Intervals:
             if not len(v) or not np.all(np.isfinite(v) & (v > 0)):
                 continue
             m = float(np.median(v))
-            q_lo, q_hi = np.percentile(v, [50 - self.level / 2, 50 + self.level / 2])
-            s = noise.get(k, {}).get("sigma", 0.0)
+            q_lo, q_hi = np.percentile(v, [50 - self.level / 2, 50 + self.level / 2], method="hazen")
+            s = noise.get(k, {}).get("residual_sigma", noise.get(k, {}).get("sigma", 0.0))
             lo = m * math.exp(-math.hypot(math.log(m / q_lo), self.z * s))
             hi = m * math.exp(math.hypot(math.log(q_hi / m), self.z * s))
             out[k] = {"lo": lo, "hi": hi, "median": m}
@@ -110,9 +125,9 @@ class Intervals:
         """What a band was made of, for a plan or a printout."""
         return {"level": self.level, "cost_sigma": self.cost, "cost_factors": self.factors,
                 "noise": {"source": str(NOISE.name), "pooled": self.noise["pooled"],
-                          "points": [g["point"] for g in self.noise["groups"]]},
-                "method": "Monte-Carlo over trace seeds x quantile-spaced cost factors, widened in quadrature in log "
-                          "space by the measured run-to-run spread (sim/intervals.py)"}
+                          "points": [g["point"] for g in self.noise["groups"]], "table": self.noise.get("table")},
+                "method": "Monte-Carlo over trace seeds x quantile-spaced cost factors (hazen percentiles), widened in "
+                          "quadrature in log space by the measured run-to-run spread beyond speed (sim/intervals.py)"}
 
 
 def seeded(trace_of, seed: int, n: int = SEEDS) -> list:
@@ -153,7 +168,8 @@ def lines(bands: dict, iv: Intervals, samples: int) -> list[str]:
     terms = iv.cost["terms"]
     out = [f"interval {iv.level:g}%: {samples} trace sample(s) x {COST_DRAWS} cost factors (cost sigma "
            f"{iv.cost['sigma']:.1%}: held-out {_pct(terms['held_out']['sigma'])}, GPU-to-GPU "
-           f"{_pct(terms['gpu_to_gpu']['sigma'])}), widened by the measured run-to-run noise"]
+           f"{_pct(terms['gpu_to_gpu']['sigma'])}, run-to-run speed {_pct(terms['run_to_run']['sigma'])}), widened by "
+           f"the measured run-to-run noise beyond speed"]
     for k, b in bands.items():
         name, unit, spec = NAMES[k]
         out.append(f"  {name:15s} {format(b['lo'], spec)} .. {format(b['hi'], spec)} {unit}")

@@ -78,6 +78,35 @@ def test_decode_past_the_longest_measured_length_never_falls():
     assert steps[0] < steps[1] < steps[2]
 
 
+def test_a_fused_steps_decode_rows_are_priced_by_the_kv_they_read_where_fused_steps_were_measured():
+    """Fused points whose decode rows (one-position sequences) cost 5e-9 s a K/V token of their prefix, beside
+    chunks: the fit prices those reads apart (a row's tile holds one query), recovers them, and a table without
+    fused points keeps the older form."""
+    from costs.fit import fit_prefill
+    from costs.table import PREFIX_PARAM, ROW_KV_PARAM
+
+    def point(computed, prefix, policy):
+        rows = [(n, p) for n, p in zip(computed, prefix) if n == 1]
+        own = sum(n * n for n in computed)
+        pool = sum(2 * n * p for n, p in zip(computed, prefix) if n > 1)
+        t = 1e-3 + 2e-7 * sum(computed) + 1e-10 * own + 3e-10 * pool + 5e-9 * sum(p for _, p in rows)
+        return {"rows": len(computed), "tokens": sum(computed), "computed": list(computed), "prefix": list(prefix),
+                "median_s": t, "p10_s": t * 0.98, "p90_s": t * 1.02, "policy": policy}
+
+    whole = [point([n] * w, [0] * w, "padded") for w in (1, 2, 4) for n in (64, 512, 2048, 8192)]
+    chunks = [point([512], [p], "chunked") for p in (512, 4096, 8192, 16384)]
+    fused = [point([1] * d + [512 - d], [k] * d + [p], "mixed") for d in (4, 16, 32) for k in (256, 2048, 8192)
+             for p in (0, 2048)]
+    without = fit_prefill(whole + chunks)
+    assert ROW_KV_PARAM not in without
+    both = fit_prefill(whole + chunks + fused)
+    assert PREFIX_PARAM in both and both[ROW_KV_PARAM] == pytest.approx(5e-9, rel=0.15)
+    base = linear_table()
+    cost = CostModel({**base, "fit": {**base["fit"], "prefill": both}})
+    for p in whole + chunks + fused:
+        assert cost.prefill(PrefillShape.of(p["computed"], p["prefix"])) == pytest.approx(p["median_s"], rel=0.05)
+
+
 def test_attention_over_the_pool_gets_its_own_coefficient_where_points_have_it():
     """Points whose chunks read a prefix from the pool at 3x the cost a unit of in-step attention: the fit prices
     the pool's part apart (and recovers both kinds); points without any prefix keep the one coefficient."""

@@ -280,6 +280,44 @@ def test_the_cost_sigma_combines_the_held_out_residual_and_the_refresh_spread():
     assert both["sigma"] == pytest.approx(math.hypot(plain["sigma"], gpu))
 
 
+def test_the_run_to_run_speed_joins_the_cost_sigma_unless_held_out_runs_already_hold_it():
+    import math
+    from costs.synthetic import linear_table
+    from costs.table import as_cost_table, table_id
+    from sim.intervals import cost_sigma
+    raw = linear_table()
+    raw["accuracy"] = {"points": [{"error": 0.03}, {"error": -0.03}]}
+    noise = {"pooled": {"arrival": {"speed": {"sigma": 0.011}}, "closed": {"speed": {"sigma": 0.004}}}}
+    shapes = cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}), noise)
+    assert shapes["terms"]["run_to_run"]["sigma"] == 0.011  # serving runs' spread, the wider
+    held = math.sqrt((math.log(1.03) ** 2 + math.log(0.97) ** 2) / 2)
+    assert shapes["sigma"] == pytest.approx(math.hypot(held, 0.011))
+    raw.update(version=3, correction={"factors": {}, "residual_sigma": {"all": 0.017}})
+    runs = cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}), noise)
+    assert runs["sigma"] == pytest.approx(0.017) and runs["terms"]["run_to_run"]["sigma"] is None
+
+
+def test_a_band_on_one_trace_reads_a_monotone_metric_near_the_levels_z():
+    import math
+    from statistics import NormalDist
+    from costs.synthetic import linear_table
+    from costs.table import as_cost_table, table_id
+    from sim.intervals import Intervals
+    raw = linear_table()
+    raw["accuracy"] = {"points": [{"error": 0.05}, {"error": -0.05}]}
+    table = as_cost_table({**raw, "table_id": table_id(raw)})
+    iv = Intervals(table, 90, NO_NOISE)
+    # A "metric" equal to the cost draw's own factor: its band must sit at exp(-/+ z90 sigma), within the
+    # plotting positions' interpolation between draws.
+    from traces.workload import poisson_trace
+    band = iv.band([poisson_trace(8.0, 10, 0)], lambda trace, model: {"wall_time_s": model.correction.scale})
+    band = band["wall_time_s"]
+    z = NormalDist().inv_cdf(0.95)
+    sigma = iv.cost["sigma"]
+    assert math.log(band["hi"]) / sigma == pytest.approx(z, rel=0.05)
+    assert math.log(band["lo"]) / sigma == pytest.approx(-z, rel=0.05)
+
+
 def test_bands_hold_the_seed_and_cost_spread_and_widen_by_the_measured_noise():
     import math
     from costs.synthetic import linear_table
@@ -319,6 +357,41 @@ def test_run_to_run_noise_is_measured_from_the_committed_repeats():
     assert {g["regime"] for g in doc["groups"]} == {"arrival", "closed"}
 
 
+def test_with_a_table_the_noise_splits_into_each_runs_speed_and_what_speed_leaves():
+    import math
+    from pathlib import Path
+
+    import numpy as np
+    from costs.model import CostModel
+    from costs.recorded import contextual, priced_steps
+    from sim import inputs
+    from sim.intervals import scaled, simulated
+    from traces.metrics import summary
+    from traces.records import read_run
+    from validate.noise import measure
+    from validate.plan import point_config
+    from validate.points import build_trace, load_plan
+    out = Path("results/validation-recheck")
+    table = inputs.load_table(Path("results/calibration/t2/h200-t2.json"), allow_nonstationary=True)
+    doc = measure([out], table)
+    group = next(g for g in doc["groups"] if g["point"] == "rate-44")
+    cost = CostModel(table)
+    runs = [read_run(p) for p in group["source"]]
+    speeds = []
+    for rec in runs:
+        steps = priced_steps(rec, cost)
+        speeds.append(float(steps.real_s.sum() / contextual(steps, cost.correction).sum()))
+    assert group["speed"] == pytest.approx(speeds)
+    assert group["speed_log_sd"] == pytest.approx(float(np.std(np.log(speeds), ddof=1)))
+    _, points = load_plan(out)
+    p = next(q for q in points if q.id == "rate-44")
+    trace = build_trace(p.trace, out)
+    sims = [simulated(point_config(p), 44.0)(trace, scaled(table, f)) for f in speeds]
+    res = [math.log(summary(r, 44.0)["ttft_p50"] / s["ttft_p50"]) for r, s in zip(runs, sims)]
+    assert group["residual_log_sd"]["ttft_p50"] == pytest.approx(float(np.std(res, ddof=1)))
+    assert doc["pooled"]["arrival"]["speed"]["runs"] == 2 and "residual_sigma" in doc["pooled"]["arrival"]["ttft_p50"]
+
+
 def test_coverage_counts_every_repeat_inside_its_band():
     from validate.coverage import coverage
     from validate.points import Point
@@ -338,7 +411,7 @@ def test_sim_run_interval_prints_a_band_per_metric_and_refuses_a_bad_level(capsy
     import sim.cli
     assert sim.cli.main(["run", "--rate", "10", "--n", "60", "--interval", "90"]) == 0
     out = capsys.readouterr().out
-    assert "interval 90%: 5 trace sample(s) x 8 cost factors" in out and "TTFT p50" in out.split("interval")[-1]
+    assert "interval 90%: 5 trace sample(s) x 16 cost factors" in out and "TTFT p50" in out.split("interval")[-1]
     with pytest.raises(SystemExit) as e:
         sim.cli.main(["run", "--rate", "10", "--interval", "100"])
     assert e.value.code == 2
@@ -376,19 +449,25 @@ def test_the_clock_term_is_fitted_where_the_runs_recorded_telemetry():
     assert f.factor("decode paged padded", "decode", 0.0, 32) == c["factors"]["decode paged padded|decode|r17-32"]["factor"]
 
 
-def test_a_plan_point_gets_its_band_over_the_points_seeds(tmp_path):
+def test_a_plan_point_gets_its_band_on_the_one_trace_its_runs_replay(tmp_path):
     from costs.synthetic import linear_table
     from costs.table import as_cost_table, table_id
     from sim.intervals import Intervals
     from validate.plan import point_band, predict
     from validate.points import Point
     raw = linear_table()
+    raw["accuracy"] = {"points": [{"error": 0.04}, {"error": -0.04}]}
     table = as_cost_table({**raw, "table_id": table_id(raw)})
     p = Point("rate-8", "near", {"kind": "poisson", "rate": 8.0, "n": 60, "seed": 0}, serving=ServingConfig(max_batch=8))
-    band = point_band(Intervals(table, 90, NO_NOISE), table, p, tmp_path)
+    iv = Intervals(table, 90, NO_NOISE)
+    band = point_band(iv, table, p, tmp_path)
     pred = predict(table, p, tmp_path)
-    assert band["served_rate"]["lo"] <= pred["served_rate"] <= band["served_rate"]["hi"]
+    for k in ("served_rate", "ttft_p50", "wall_time_s"):
+        assert band[k]["lo"] <= pred[k] <= band[k]["hi"], k
     assert band["ttft_p50"]["lo"] < band["ttft_p50"]["hi"]
+    # One trace: the samples are the cost draws alone (another seed's trace would move the band's median).
+    other = point_band(iv, table, Point("rate-8", "near", {**p.trace, "seed": 1}, serving=p.serving), tmp_path)
+    assert other["ttft_p50"] != band["ttft_p50"]
 
 
 def test_a_fused_step_is_priced_from_its_record_as_the_simulator_priced_it():

@@ -92,6 +92,10 @@ def parser() -> argparse.ArgumentParser:
     noise.add_argument("validations", type=Path, nargs="+", metavar="VALIDATION", help="validation directories")
     noise.add_argument("--out", type=Path, default=Path("costs/data/run_to_run.json"), help="(default %(default)s)")
     noise.add_argument("--force", action="store_true", help="replace an existing file")
+    noise.add_argument("--table", type=Path, help="a cost table: also each run's speed, and what speed leaves "
+                       "unexplained (the intervals then propagate speed through the simulator)")
+    noise.add_argument("--allow-nonstationary", action="store_true", help="accept a table whose stationarity "
+                       "check failed")
 
     plan = sub.add_parser("plan", parents=[common], help="choose the points and write their predictions (CPU)")
     plan.add_argument("--table", type=Path, help="the frozen cost table (default: the shipped H200 table)")
@@ -186,9 +190,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {write_coverage(args.out, args.table, args.interval, args.allow_nonstationary, args.force)}")
             elif args.step == "noise":
                 from .noise import write
-                doc = write(args.validations, args.out, args.force)
+                from sim import inputs
+                table = args.table and inputs.load_table(args.table, allow_nonstationary=args.allow_nonstationary)
+                doc = write(args.validations, args.out, args.force, table)
                 print(f"wrote {args.out}: {len(doc['groups'])} repeated points; " + "; ".join(
-                    f"{regime}: " + ", ".join(f"{k} {v['sigma']:.1%}" for k, v in m.items())
+                    f"{regime}: " + ", ".join(f"{k} {v['sigma']:.1%}" + (f" ({v['residual_sigma']:.1%} beyond speed)"
+                                                                          if "residual_sigma" in v else "")
+                                              for k, v in m.items())
                     for regime, m in doc["pooled"].items()))
             elif args.step == "sag" and args.compare:
                 from .sag import compare_real

@@ -62,13 +62,12 @@ def point_config(p: Point) -> SimConfig:
 
 
 def point_band(iv, table, p: Point, root: Path) -> dict:
-    """Point p's prediction interval (sim/intervals.py): a seeded trace over its seeds, any other as one sample."""
-    from sim.intervals import seeded, simulated
+    """Point p's prediction interval (sim/intervals.py) on the one trace its real runs replay: what the band is
+    graded against is that trace's outcome, so other seeds' traces are not among its samples."""
+    from sim.intervals import simulated
     trace = build_trace(p.trace, root)
-    traces = seeded(lambda s: build_trace({**p.trace, "seed": s}, root), p.trace["seed"]) \
-        if "seed" in p.trace else [trace]
     rate = trace.meta.get("rate") or trace.offered_rate
-    return iv.band(traces, simulated(point_config(p), rate))
+    return iv.band([trace], simulated(point_config(p), rate))
 
 
 def predict(table, p: Point, root: Path) -> dict:
