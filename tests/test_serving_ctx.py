@@ -403,6 +403,9 @@ def test_coverage_counts_every_repeat_inside_its_band():
              "rate-22": {"ttft_p50": {"lo": 0.005, "hi": 0.02, "median": 0.01}}}
     cov = coverage(cs, bands)
     assert (cov["inside"], cov["graded"]) == (2, 3)
+    # A mechanism point is near or past capacity by the word its id carries.
+    assert Point("mixed512-azure-conv-near-33", "mixed", {}).load == "near"
+    assert Point("mixed512-closed-mixed-32", "mixed", {}).load is None
     assert cov["width_vs_real_spread"] == [{"point": "rate-44", "metric": "ttft_p50", "width": pytest.approx(0.15),
                                             "real_spread": pytest.approx(0.15)}]
 

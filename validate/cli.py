@@ -111,9 +111,10 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--force", action="store_true", help="replace an existing plan")
     plan.add_argument("--public-policies", type=_policies, default=("padded",), metavar="P1,P2",
                       help="plan the public-trace points for each of these prefill policies (default padded)")
-    plan.add_argument("--public-repeats", type=count_arg, default=1, metavar="K",
-                      help="fresh runs at each public point near and past capacity, each on a newly started engine, "
-                           "so that the engine's own spread is measured there (default 1)")
+    plan.add_argument("--repeats", type=count_arg, metavar="K",
+                      help="K runs at every point near and past capacity (public traces and mechanisms), each on a "
+                           "newly started engine, so that the engine's own spread is measured there (default: one at "
+                           "the public points, the mechanisms' own counts)")
     plan.add_argument("--mechanisms", type=_mechanisms, default=(), metavar="M1,M2",
                       help="also plan the points of these mechanisms, each beside the policy it replaces: on-demand "
                            "(admission with preemption), mixed (fused steps), prefix-cache (validate/mechanisms.py)")
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                                    sharegpt=args.sharegpt, skip=args.skip, sag=args.sag,
                                    predictions=args.predictions, force=args.force,
                                    allow_nonstationary=args.allow_nonstationary, interval=args.interval,
-                                   public_policies=args.public_policies, public_repeats=args.public_repeats,
+                                   public_policies=args.public_policies, repeats=args.repeats,
                                    mechanisms=args.mechanisms, cache_traces=dict(args.cache_trace or []) or None)
                 print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
                 for p in points:

@@ -49,7 +49,7 @@ def coverage(results: list[Compared], bands: dict) -> dict:
                 continue
             per.setdefault(k, []).extend(b["lo"] <= v <= b["hi"] for v in measured)
             widths.setdefault(k, []).append((b["hi"] - b["lo"]) / b["median"])
-            if c.point.role in ("near", "past") and len(measured) > 1 and max(measured) > min(measured):
+            if c.point.load in ("near", "past") and len(measured) > 1 and max(measured) > min(measured):
                 versus_spread.append({"point": c.point.id, "metric": k, "width": b["hi"] - b["lo"],
                                       "real_spread": max(measured) - min(measured)})
     inside = sum(sum(v) for v in per.values())

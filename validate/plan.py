@@ -92,11 +92,12 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
               sharegpt: Path | None = None, skip: tuple[str, ...] = (), sag: Path | None = None,
               predictions: Path | None = None, force: bool = False, allow_nonstationary: bool = False,
               interval: float | None = None, public_policies: tuple[str, ...] = ("padded",),
-              public_repeats: int = 1, mechanisms: tuple[str, ...] = (),
+              repeats: int | None = None, mechanisms: tuple[str, ...] = (),
               cache_traces: dict[str, Path] | None = None) -> list[Point]:
     """Points chosen the way a user would: from the simulator's own sweep of the table. The public traces are
-    planned for each of `public_policies`, with `public_repeats` fresh runs at their near and past points (the
-    engine's own run-to-run spread is measured there). `mechanisms` adds validate/mechanisms.py's groups (the
+    planned for each of `public_policies`. `repeats` K: K fresh runs at every near- and past-capacity point,
+    public and mechanism (the engine's own run-to-run spread is measured there); None: one at the public points,
+    the mechanisms' own counts (validate/mechanisms.py). `mechanisms` adds validate/mechanisms.py's groups (the
     prefix cache's on the trace files of `cache_traces`, by name)."""
     out = Path(out)
     if (out / "plan.json").exists() and not force:
@@ -153,18 +154,18 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
             wcap = capacity(table, LARGE_POOL.but(prefill=policy), Workload(base=window))
             for f, role in ((0.6, "below"), (1.0, "near"), (1.5, "past")):
                 points.append(_scaled(window, f * wcap, f"{tag}azure-conv-{role}", traces_dir, "public",
-                                      ServingConfig(prefill=policy), 1 if role == "below" else public_repeats))
+                                      ServingConfig(prefill=policy), 1 if role == "below" else repeats or 1))
             scap = capacity(table, LARGE_POOL.but(prefill=policy), Workload(base=lengths))
             for f, role in ((0.7, "below"), (1.3, "past")):
                 points.append(_scaled(lengths, f * scap, f"{tag}sharegpt-{role}", traces_dir, "public",
-                                      ServingConfig(prefill=policy), 1 if role == "below" else public_repeats))
+                                      ServingConfig(prefill=policy), 1 if role == "below" else repeats or 1))
     blind = {}
     if "policies" not in skip:
         added, blind = _blind_points(Path(predictions), traces_dir)
         points += added
     if mechanisms:
         points += _mechanism_points(table, mechanisms, poisson, workload, window, lengths, cache_traces, traces_dir,
-                                    seed)
+                                    seed, repeats)
     if sag is not None:
         points += _sag_points(sag)
     if "fleet" not in skip:
@@ -189,22 +190,25 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
 
 def _mechanism_points(table, groups: tuple[str, ...], poisson, workload: Workload, window: Trace | None,
                       lengths: Trace | None, cache_traces: dict[str, Path] | None, traces_dir: Path,
-                      seed: int) -> list[Point]:
+                      seed: int, repeats: int | None) -> list[Point]:
     from traces.trace_io import read_trace
+    k = mechanisms.Repeats(repeats, repeats, True) if repeats else mechanisms.Repeats()
 
     def cap(config: ServingConfig, w: Workload) -> float:
         return capacity(table, config, w)
 
-    def scaled(base: Trace, rate: float, name: str, role: str, serving: ServingConfig, repeats: int = 1) -> Point:
-        return _scaled(base, rate, name, traces_dir, role, serving, repeats)
+    def scaled(base: Trace, rate: float, name: str, role: str, serving: ServingConfig, n: int = 1,
+               fresh: bool = False) -> Point:
+        return _scaled(base, rate, name, traces_dir, role, serving, n, fresh)
 
     points = []
     if "on-demand" in groups:
-        points += mechanisms.on_demand_points(cap, poisson, workload, window, scaled)
+        points += mechanisms.on_demand_points(cap, poisson, workload, window, scaled, k)
     if "mixed" in groups:
-        points += mechanisms.mixed_points(cap, poisson, workload, window, lengths, scaled, seed)
+        points += mechanisms.mixed_points(cap, poisson, workload, window, lengths, scaled, seed, k)
     if "prefix-cache" in groups:
-        points += mechanisms.prefix_cache_points(cap, {k: read_trace(p) for k, p in cache_traces.items()}, scaled)
+        points += mechanisms.prefix_cache_points(cap, {name: read_trace(p) for name, p in cache_traces.items()},
+                                                 scaled, k)
     return points
 
 
@@ -224,15 +228,15 @@ def _azure_window(azure: Path, n: int) -> Trace:
 
 
 def _scaled(base: Trace, rate: float, name: str, traces_dir: Path, role: str,
-            serving: ServingConfig = ServingConfig(), repeats: int = 1) -> Point:
-    """A point on `base` scaled to `rate`, its trace file written beside the plan (a public point runs on a freshly
-    started engine: the first pass of its trace)."""
+            serving: ServingConfig = ServingConfig(), repeats: int = 1, fresh: bool = False) -> Point:
+    """A point on `base` scaled to `rate`, its trace file written beside the plan (a public point, or any where
+    `fresh`, runs on a freshly started engine: the first pass of its trace)."""
     rate = _round(rate)
     trace = inputs.at_rate(base, rate)
     path = traces_dir / f"{name}.csv"
     write_trace(trace, path)
     return Point(f"{name}-{rate:g}", role, {"kind": "file", "path": str(path.relative_to(traces_dir.parent))},
-                 serving, fresh=role == "public", repeats=repeats)
+                 serving, fresh=fresh or role == "public", repeats=repeats)
 
 
 FLEET = dict(replicas=2, n_factor=2, routers=("round-robin", "least-outstanding", "least-tokens"),

@@ -40,11 +40,20 @@ class Point:
         serving["pool"] = PoolSize(gib=serving.pop("pool_gib", None))
         return cls(**d, serving=ServingConfig(**serving))
 
+    @property
+    def load(self) -> str | None:
+        """below / near / past capacity: the capacity curve's role, or the word the plan put in a public or
+        mechanism point's id (None: a closed control, a fleet or a sag point)."""
+        if self.role in LOADS:
+            return self.role
+        return next((w for w in LOADS if f"-{w}-" in f"-{self.id}-"), None)
+
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "serving"}
         return {**d, **{k: v for k, v in self.serving.axes().items() if k in SERVING_KEYS}}
 
 
+LOADS = ("below", "near", "past")
 # plan.json's names (a plan made before admission and prefix_cache were knobs has neither: the defaults)
 SERVING_KEYS = ("backend", "max_batch", "pool_gib", "prefill", "admission", "prefix_cache", "replicas", "router")
 
