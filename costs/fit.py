@@ -12,9 +12,9 @@ from scipy.optimize import least_squares, lsq_linear
 
 from traces.errors import InputError
 
-from .model import PrefillRounding, interp, prefill_time
+from .model import PrefillRounding, interp, longest_context, prefill_time
 from .shapes import PrefillShape
-from .table import PREFILL_PARAMS, PREFIX_PARAM, ROW_KV_PARAM
+from .table import PATH_PARAM, PREFILL_PARAMS, PREFIX_PARAM
 
 Z90 = 1.2815515655446004  # the 90th percentile of a standard normal
 
@@ -36,37 +36,37 @@ def fit_prefill(points: list[dict], engine: dict | None = None) -> dict:
     rounding = PrefillRounding(engine)
     shapes = [point_shape(p) for p in points]
     # Attention over the pool's K/V gets a coefficient of its own where points have any (chunks after a prefix), and
-    # a fused step's decode rows' reads one more where the points include fused steps.
+    # the longest program's keys one more where the points include fused steps (costs/model.py).
     apart = any(any(s.prefix) for s in shapes)
-    rows_apart = apart and any(p.get("policy") == "mixed" for p in points)
-    feats = [rounding.split(s, rows_apart) if apart else (*rounding.features(s), 0.0, 0) for s in shapes]
+    path = apart and any(p.get("policy") == "mixed" for p in points)
+    feats = [rounding.split(s) if apart else (*rounding.features(s), 0.0) for s in shapes]
     rows = np.array([p["rows"] for p in points], float)
     tokens = np.array([f[0] for f in feats], float)
     span = np.array([f[1] for f in feats], float)
     prefix = np.array([f[2] for f in feats], float) * tokens
-    kv = np.array([f[3] for f in feats], float)
+    longest = np.array([longest_context(s) for s in shapes], float)
     y = np.array([p["median_s"] for p in points], float)
     big = np.argmax(tokens)
     # Start from the floor at the smallest shape and the throughput of the largest; positive through exp().
     x0 = [y.min(), y.min() * 1e-3, y.min() * 0.05, y[big] / tokens[big], y[big] / (tokens[big] * span[big]) * 0.05,
           4.0] + ([y[big] / (tokens[big] * span[big]) * 0.05] if apart else [])
-    if rows_apart:  # a K/V token's read: of the order of a decode step's per token
-        x0.append(y.min() * 1e-5)
+    if path:  # a key on the critical path: of the order of a decode step's per token
+        x0.append(y.min() * 1e-4)
     n = len(x0)
     bounds = ([-np.inf] * n, [np.inf] * n)
     bounds[0][5], bounds[1][5] = 0.0, np.log(50.0)  # the sharpness: between a plain sum and a hard max
 
     def model(x):
         e = np.exp(x)
-        return prefill_time(e[:6], rows, tokens, span, (e[6] * prefix if apart else 0.0) + (e[7] * kv if rows_apart
-                                                                                          else 0.0))
+        extra = e[6] * prefix if apart else 0.0
+        return prefill_time(e[:6], rows, tokens, span, extra + (e[7] * longest if path else 0.0))
 
     res = least_squares(lambda x: np.log(model(x)) - np.log(y), np.log(x0), bounds=bounds, loss="soft_l1",
                         f_scale=0.05)
     e = np.exp(res.x).tolist()
     real = shapes
     return {"method": "smooth-max", **dict(zip(PREFILL_PARAMS, e[:6])), **({PREFIX_PARAM: e[6]} if apart else {}),
-            **({ROW_KV_PARAM: e[7]} if rows_apart else {}),
+            **({PATH_PARAM: e[7]} if path else {}),
             "rows": [int(rows.min()), int(rows.max())], "tokens": [min(s.tokens for s in real), max(s.tokens for s in real)],
             "span": [min(s.span for s in real), max(s.span for s in real)], "sigma": sigma(points)}
 

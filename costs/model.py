@@ -5,10 +5,11 @@
   grows a little with the rows; large ones by the GPU's work, linear in the positions computed and in the
   attention work: g = base + per_token * tokens + per_token2 * attention (+ per_prefix_token2 * the attention over
   K/V read from the pool, where the table prices it apart: a chunk's queries read their prefix through block tables,
-  which costs more a unit of work than keys in the step; 32k-token calibrations show it, 4k ones do not; + per_row_kv
-  * the K/V tokens a fused step's decode rows read, where the table measured fused steps: a one-position sequence
-  runs a query tile of its own holding one query, so it costs the keys it loads, which tile work overprices when
-  the prefix coefficient is fitted on chunks' full tiles and underprices when it is not). The step
+  which costs more a unit of work than keys in the step; 32k-token calibrations show it, 4k ones do not; + per_path
+  * the longest sequence's context, prefix and positions, where the table measured fused steps: the kernel runs a
+  program per query tile, all at once, so a step of few tiles lasts as long as its longest one, whose keys are its
+  sequence's whole context, and a fused step's decode rows are each a tile of one query over a long prefix, which
+  the sum of tile work alone cannot price). The step
   costs the smooth maximum of
   the two, (floor^k + g^k)^(1/k). Where the table records how the engine rounds a step (its token buckets and
   the prefill kernel's query tile), tokens is the bucket the step runs at, and attention is counted as the
@@ -51,7 +52,7 @@ from traces.errors import InputError
 
 from .context import Correction, decode_kind, prefill_kind
 from .shapes import PrefillShape, backend_named
-from .table import PREFILL_PARAMS, PREFIX_PARAM, ROW_KV_PARAM, CostTable, as_cost_table, table_id
+from .table import PATH_PARAM, PREFILL_PARAMS, PREFIX_PARAM, CostTable, as_cost_table, table_id
 
 
 class ExtrapolationWarning(UserWarning):
@@ -75,6 +76,11 @@ def prefill_time(params, rows, tokens, span, prefix=0.0):
     return top * ((floor / top) ** k + (gpu / top) ** k) ** (1 / k)
 
 
+def longest_context(shape: PrefillShape) -> int:
+    """The keys the step's longest-running attention program reads: its longest sequence's prefix and positions."""
+    return max(p + n for n, p in zip(shape.computed, shape.prefix))
+
+
 def tile_work(n: int, prefix: int, block_m: int) -> int:
     """Attention work of n query positions after `prefix` as the prefill kernel does it: ceil(n / block_m) query
     tiles of block_m rows, tile j over the prefix and the keys up to its end (counted twice, as PrefillShape.attn)."""
@@ -94,22 +100,16 @@ class PrefillRounding:
     def known(self) -> bool:
         return self.buckets.size > 0 and bool(self.block_m)
 
-    def split(self, shape: PrefillShape, rows_apart: bool = False) -> tuple[int, float, float, int]:
+    def split(self, shape: PrefillShape) -> tuple[int, float, float]:
         """(tokens, attention work per token within the step's sequences, per token over their prefixes in the
-        pool, K/V tokens read by rows apart): features() with the prefix's part apart (a query tile's keys from the
-        pool, 2 * block_m * p each). With `rows_apart`, a one-position sequence (a fused step's decode row) is not
-        counted as tile work at all but as the p K/V tokens its single query reads: its tile holds one query, so its
-        cost follows the keys it loads, not a full tile's arithmetic."""
+        pool): features() with the prefix's part apart (a query tile's keys from the pool, 2 * block_m * p each)."""
         tokens, span = self.features(shape)
         if self.known:
-            work = [2 * self.block_m * -(-n // self.block_m) * p for n, p in zip(shape.computed, shape.prefix)]
+            t = [-(-n // self.block_m) for n in shape.computed]
+            prefix = sum(2 * self.block_m * k * p for k, p in zip(t, shape.prefix))
         else:
-            work = [2 * n * p for n, p in zip(shape.computed, shape.prefix)]
-        one = [rows_apart and n == 1 for n in shape.computed]
-        prefix = sum(w for w, o in zip(work, one) if not o)
-        rows = sum(w for w, o in zip(work, one) if o)
-        kv = sum(p for p, o in zip(shape.prefix, one) if o)
-        return tokens, span - (prefix + rows) / tokens, prefix / tokens, kv
+            prefix = sum(2 * n * p for n, p in zip(shape.computed, shape.prefix))
+        return tokens, span - prefix / tokens, prefix / tokens
 
     def features(self, shape: PrefillShape) -> tuple[int, float]:
         """(tokens, attention work per token) the fitted surface takes for this step."""
@@ -216,7 +216,7 @@ class CostModel:
         p = table.fit["prefill"]
         self._prefill_params = tuple(p[k] for k in PREFILL_PARAMS)
         self._per_prefix = p.get(PREFIX_PARAM)  # None: prefix attention priced as the rest (older tables)
-        self._per_row_kv = p.get(ROW_KV_PARAM)  # None: decode rows in a fused step priced as tile work (older tables)
+        self._per_path = p.get(PATH_PARAM)  # None: no critical-path term (tables without fused steps)
         self._ranges = prefill_ranges(table)
         self.rounding = PrefillRounding(table.raw.get("engine"))
         self.prefill_sigma = p["sigma"]
@@ -270,10 +270,10 @@ class CostModel:
             self._outside(f"prefill of {rows} rows x {tokens} tokens (span {span:.0f})")
         if self._per_prefix is None:
             return float(prefill_time(self._prefill_params, rows, *self.rounding.features(shape)))
-        tokens, own, prefix, kv = self.rounding.split(shape, self._per_row_kv is not None)
+        tokens, own, prefix = self.rounding.split(shape)
         pool = self._per_prefix * tokens * prefix
-        if kv:
-            pool += self._per_row_kv * kv
+        if self._per_path is not None:
+            pool += self._per_path * longest_context(shape)
         return float(prefill_time(self._prefill_params, rows, tokens, own, pool))
 
     def _fit(self, backend: str) -> _DecodeFit:

@@ -39,13 +39,14 @@ def prefill_shape(row, groups: dict[int, list[int]] | None = None) -> PrefillSha
 
 def fused_shape(row) -> PrefillShape | None:
     """A fused step's shape where the record determines it: its decode rows (one position each; their prefixes sum
-    to kv_tokens less one a row, and a one-position sequence's price is linear in its prefix, so their spread does
-    not matter) and at most one chunk (its prefix follows from the step's attention work)."""
+    to kv_tokens less one a row, the longest is kv_max less one, and a one-position sequence's price is otherwise
+    linear in its prefix, so how the rest spread does not matter) and at most one chunk (its prefix follows from the
+    step's attention work)."""
     d, rows = int(row.decode_rows), int(row.rows)
     if rows - d > 1:
         return None
-    prefix_sum = int(row.kv_tokens) - d
-    decode = [prefix_sum // d + (i < prefix_sum % d) for i in range(d)]
+    longest, rest = int(row.kv_max) - 1, int(row.kv_tokens) - d - (int(row.kv_max) - 1)
+    decode = [longest] + [rest // (d - 1) + (i < rest % (d - 1)) for i in range(d - 1)] if d > 1 else [longest]
     computed, prefix = [1] * d, decode
     if rows > d:
         n = int(row.tokens) - d

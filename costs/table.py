@@ -40,7 +40,7 @@ _STAT_KEYS = ("median_s", "p10_s", "p90_s", "n")
 SIZE_LIMITS = {"block_size": 2 ** 16, "max_batch": 1024, "max_tokens": 2 ** 24}
 PREFILL_PARAMS = ("floor_s", "floor_per_row_s", "base_s", "per_token_s", "per_token2_s", "sharpness")
 PREFIX_PARAM = "per_prefix_token2_s"  # optional: attention over pool K/V priced apart (costs/model.py)
-ROW_KV_PARAM = "per_row_kv_token_s"  # optional: a fused step's decode rows' pool K/V reads priced apart (same)
+PATH_PARAM = "per_path_key_s"  # optional: the longest attention program's keys (tables with fused steps; same)
 
 
 class StationarityWarning(UserWarning):
@@ -100,11 +100,11 @@ def _check_fit(table: dict, path) -> None:
     for k in PREFILL_PARAMS:
         _number(_need(p, k, "fit.prefill.", path), f"fit.prefill.{k}", path,
                 positive=k == "sharpness")
-    for k in (PREFIX_PARAM, ROW_KV_PARAM):
+    for k in (PREFIX_PARAM, PATH_PARAM):
         if k in p:
             _number(p[k], f"fit.prefill.{k}", path)
-    if ROW_KV_PARAM in p and PREFIX_PARAM not in p:
-        raise InputError(f"fit.prefill.{ROW_KV_PARAM} comes with {PREFIX_PARAM}", path=path)
+    if PATH_PARAM in p and PREFIX_PARAM not in p:
+        raise InputError(f"fit.prefill.{PATH_PARAM} comes with {PREFIX_PARAM}", path=path)
     for k in (("widths", "lengths") if table["version"] == 1 else ("rows", "tokens", "span")):
         _check_range(_need(p, k, "fit.prefill.", path), f"fit.prefill.{k}", path)
     _number(_need(p, "sigma", "fit.prefill.", path), "fit.prefill.sigma", path)

@@ -78,18 +78,19 @@ def test_decode_past_the_longest_measured_length_never_falls():
     assert steps[0] < steps[1] < steps[2]
 
 
-def test_a_fused_steps_decode_rows_are_priced_by_the_kv_they_read_where_fused_steps_were_measured():
-    """Fused points whose decode rows (one-position sequences) cost 5e-9 s a K/V token of their prefix, beside
-    chunks: the fit prices those reads apart (a row's tile holds one query), recovers them, and a table without
-    fused points keeps the older form."""
+def test_where_fused_steps_were_measured_a_step_also_pays_for_its_longest_attention_program():
+    """Points whose cost grows 8e-7 s a key of the step's longest sequence context (its critical path: a fused
+    step's decode rows are one-query tiles over long prefixes, run all at once) beside chunks and whole prompts:
+    the fit recovers that term where fused steps are among the points, and a table without them keeps the older
+    form."""
     from costs.fit import fit_prefill
-    from costs.table import PREFIX_PARAM, ROW_KV_PARAM
+    from costs.table import PATH_PARAM, PREFIX_PARAM
 
     def point(computed, prefix, policy):
-        rows = [(n, p) for n, p in zip(computed, prefix) if n == 1]
         own = sum(n * n for n in computed)
-        pool = sum(2 * n * p for n, p in zip(computed, prefix) if n > 1)
-        t = 1e-3 + 2e-7 * sum(computed) + 1e-10 * own + 3e-10 * pool + 5e-9 * sum(p for _, p in rows)
+        pool = sum(2 * n * p for n, p in zip(computed, prefix))
+        longest = max(n + p for n, p in zip(computed, prefix))
+        t = 1e-3 + 2e-7 * sum(computed) + 1e-10 * own + 3e-10 * pool + 8e-7 * longest
         return {"rows": len(computed), "tokens": sum(computed), "computed": list(computed), "prefix": list(prefix),
                 "median_s": t, "p10_s": t * 0.98, "p90_s": t * 1.02, "policy": policy}
 
@@ -98,9 +99,9 @@ def test_a_fused_steps_decode_rows_are_priced_by_the_kv_they_read_where_fused_st
     fused = [point([1] * d + [512 - d], [k] * d + [p], "mixed") for d in (4, 16, 32) for k in (256, 2048, 8192)
              for p in (0, 2048)]
     without = fit_prefill(whole + chunks)
-    assert ROW_KV_PARAM not in without
+    assert PATH_PARAM not in without
     both = fit_prefill(whole + chunks + fused)
-    assert PREFIX_PARAM in both and both[ROW_KV_PARAM] == pytest.approx(5e-9, rel=0.15)
+    assert PREFIX_PARAM in both and both[PATH_PARAM] == pytest.approx(8e-7, rel=0.15)
     base = linear_table()
     cost = CostModel({**base, "fit": {**base["fit"], "prefill": both}})
     for p in whole + chunks + fused:

@@ -483,11 +483,17 @@ def test_a_fused_step_is_priced_from_its_record_as_the_simulator_priced_it():
     from sim.simulator import simulate
     from traces.workload import length_trace
 
-    cost = CostModel(linear_table())
+    from costs.table import PATH_PARAM, PREFIX_PARAM
+    raw = linear_table()
+    # Also with the terms a table that measured fused steps has: the longest program's keys are the record's
+    # kv_max (or the chunk's context), the rest is linear in each decode row's prefix.
+    path = {**raw, "fit": {**raw["fit"], "prefill": {**raw["fit"]["prefill"], PREFIX_PARAM: 3e-10,
+                                                          PATH_PARAM: 8e-7}}}
     trace = length_trace([(0.01 * i, 100 + 53 * i % 700, 30 + i % 50) for i in range(60)])
-    rec = simulate(trace, cost, sim_config(detail="steps", max_batch=8, prefill="mixed:256")).record
-    fused = rec.steps[rec.steps.kind == "mixed"]
-    shapes = [(prefill_shape(r), r.end - r.start) for r in fused.itertuples()]
-    priced = [(s, d) for s, d in shapes if s is not None]
-    assert len(priced) >= 0.8 * len(fused) > 0
-    assert all(abs(cost.prefill(s) - d) < 1e-12 for s, d in priced)
+    for cost in (CostModel(raw), CostModel(path)):
+        rec = simulate(trace, cost, sim_config(detail="steps", max_batch=8, prefill="mixed:256")).record
+        fused = rec.steps[rec.steps.kind == "mixed"]
+        shapes = [(prefill_shape(r), r.end - r.start) for r in fused.itertuples()]
+        priced = [(s, d) for s, d in shapes if s is not None]
+        assert len(priced) >= 0.8 * len(fused) > 0
+        assert all(abs(cost.prefill(s) - d) < 1e-12 for s, d in priced)
