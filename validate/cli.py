@@ -17,7 +17,8 @@ from traces.command import Parser, command
 from traces.errors import InputError
 from traces.outpath import check_out_dir
 
-GROUPS = ("curve", "closed", "public", "policies", "fleet")
+# "public-below": the public traces' below-capacity points (the rest of the group stays)
+GROUPS = ("curve", "closed", "public", "public-below", "policies", "fleet")
 
 
 def _shard(text: str) -> tuple[int, int]:

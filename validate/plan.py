@@ -151,14 +151,13 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     if "public" not in skip:
         for policy in public_policies:
             tag = "" if policy == "padded" else policy.replace(":", "") + "-"
-            wcap = capacity(table, LARGE_POOL.but(prefill=policy), Workload(base=window))
-            for f, role in ((0.6, "below"), (1.0, "near"), (1.5, "past")):
-                points.append(_scaled(window, f * wcap, f"{tag}azure-conv-{role}", traces_dir, "public",
-                                      ServingConfig(prefill=policy), 1 if role == "below" else repeats or 1))
-            scap = capacity(table, LARGE_POOL.but(prefill=policy), Workload(base=lengths))
-            for f, role in ((0.7, "below"), (1.3, "past")):
-                points.append(_scaled(lengths, f * scap, f"{tag}sharegpt-{role}", traces_dir, "public",
-                                      ServingConfig(prefill=policy), 1 if role == "below" else repeats or 1))
+            for base, name, loads in ((window, "azure-conv", ((0.6, "below"), (1.0, "near"), (1.5, "past"))),
+                                      (lengths, "sharegpt", ((0.7, "below"), (1.3, "past")))):
+                bcap = capacity(table, LARGE_POOL.but(prefill=policy), Workload(base=base))
+                for f, role in loads:
+                    if role != "below" or "public-below" not in skip:
+                        points.append(_scaled(base, f * bcap, f"{tag}{name}-{role}", traces_dir, "public",
+                                              ServingConfig(prefill=policy), 1 if role == "below" else repeats or 1))
     blind = {}
     if "policies" not in skip:
         added, blind = _blind_points(Path(predictions), traces_dir)
