@@ -7,12 +7,15 @@ percentiles, a closed run's wall time) that combines the things a real run can d
    the (j + 0.5) / COST_DRAWS quantiles of the standard normal (quantile-spaced draws: reproducible, no random
    generator; the band's edges are read at the same plotting positions, numpy's "hazen" percentiles, so that for a
    metric monotone in F they fall at z = -/+ z_level). sigma_cost is
-   - a corrected table's held-out residual at the level of a whole run (correction.residual_sigma["all"], the RMS
-     over held-out runs of the log of the summed step time error): those runs were made on other GPUs and other
-     days, so the term already holds the GPU-to-GPU and run-to-run differences of the cost level; or else
-   - sqrt(held^2 + gpu^2 + run^2): `held` the RMS of the log error of the calibration's held-out shapes, `gpu` the
-     GPU-to-GPU spread a refresh measured (the RMS of the log of a refreshed table's factors) where the table was
-     refreshed, `run` the run-to-run spread of a run's speed measured from repeated real runs (below).
+   sqrt(held^2 + gpu^2 + run^2):
+   - held: a corrected table's held-out residual at the level of a whole run (correction.residual_sigma["all"], the
+     RMS over held-out runs of the log of the summed step time error), which holds each held-out run's own noise, so
+     that `run` is then left out; else the RMS of the log error of the calibration's held-out shapes;
+   - gpu: the GPU-to-GPU spread, from a refresh (the RMS of the log of a refreshed table's factors) where the
+     table was refreshed, else from the repeated real runs' sessions (the sd of their mean log speeds, below): the
+     held-out runs were held out run by run within the sessions the correction was fitted on, so the GPU a run
+     lands on is not in `held`;
+   - run: the run-to-run spread of a run's speed measured from repeated real runs (below).
    Near capacity a percent of speed moves TTFT by tens of percent; drawing it as a cost factor lets the simulator
    say how much, point by point, instead of one spread for every point.
 3. What the run-to-run noise leaves beyond speed, measured from repeated real runs (costs/data/run_to_run.json,
@@ -60,12 +63,16 @@ def cost_sigma(table: CostTable, noise: dict | None = None) -> dict:
         held, held_from = _rms_log(errors), "the calibration's held-out shapes (RMS of the log error)"
     factors = (table.raw.get("refresh") or {}).get("factors") or {}
     gpu = _rms_log(factors.values())
+    gpu_from = "the table's refresh factors"
+    if gpu is None and (noise or {}).get("sessions"):
+        gpu, gpu_from = noise["sessions"]["sigma"], (f"the sd of {len(noise['sessions']['mean_log_speed'])} "
+                                                     "sessions' mean run speed (run_to_run.json)")
     pooled = (noise or {}).get("pooled", {})
     speed = (pooled.get("arrival") or pooled.get("closed") or {}).get("speed")
     run = None if per_run or speed is None else speed["sigma"]
     terms = {"held_out": {"sigma": held, "from": held_from if held is not None else "none in the table"},
-             "gpu_to_gpu": {"sigma": gpu, "from": "the table's refresh factors" if gpu is not None else
-                            "not measured (the table was not refreshed)"},
+             "gpu_to_gpu": {"sigma": gpu, "from": gpu_from if gpu is not None else
+                            "not measured (the table was not refreshed, the noise file has no sessions)"},
              "run_to_run": {"sigma": run, "from": "held in the held-out runs' term" if per_run else
                             "repeated real runs' speed (run_to_run.json)" if run is not None else
                             "not measured (the noise file has no speeds)"}}

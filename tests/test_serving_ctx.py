@@ -390,6 +390,20 @@ def test_with_a_table_the_noise_splits_into_each_runs_speed_and_what_speed_leave
     res = [math.log(summary(r, 44.0)["ttft_p50"] / s["ttft_p50"]) for r, s in zip(runs, sims)]
     assert group["residual_log_sd"]["ttft_p50"] == pytest.approx(float(np.std(res, ddof=1)))
     assert doc["pooled"]["arrival"]["speed"]["runs"] == 2 and "residual_sigma" in doc["pooled"]["arrival"]["ttft_p50"]
+    assert "sessions" not in doc  # one session: no GPU-to-GPU spread from it
+
+
+def test_the_gpu_to_gpu_spread_is_the_sd_of_the_sessions_mean_speed():
+    import math
+
+    import numpy as np
+    from validate.noise import _sessions
+    groups = [{"validation": v, "gpus": [g], "speed": speeds} for v, g, speeds in
+              (("a", "GPU-1", [1.00, 1.02]), ("a", "GPU-1", [0.99]), ("b", "GPU-2", [1.05, 1.03]), ("c", "GPU-3", [0.97]))]
+    s = _sessions(groups)
+    means = [np.mean(np.log(v)) for v in ([1.00, 1.02, 0.99], [1.05, 1.03], [0.97])]
+    assert s["sigma"] == pytest.approx(float(np.std(means, ddof=1)))
+    assert _sessions(groups[:3]) is None and math.isfinite(s["sigma"])
 
 
 def test_coverage_counts_every_repeat_inside_its_band():

@@ -169,8 +169,9 @@ def parser() -> argparse.ArgumentParser:
 @command("validate")
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    # Every step writes into --out (policies: into --predictions): an unwritable one is found before minutes of work.
-    check_out_dir(args.out)
+    # Every step writes into --out (noise: the file --out; policies: into --predictions): an unwritable one is found
+    # before minutes of work.
+    check_out_dir(args.out.parent if args.step == "noise" else args.out)
     if args.step == "policies":
         check_out_dir(args.predictions)
     said: set[str] = set()

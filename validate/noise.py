@@ -9,7 +9,8 @@ table's price for them in their serving context (costs/recorded.py); repeats of 
 or two, and near capacity that alone moves TTFT by tens of percent, as the simulator shows when it replays the
 point at each run's own speed. What speed does not explain: the sd over the repeats of log(measured / simulated at
 the run's speed), per metric. The intervals propagate the first through the simulator (a cost factor) and widen
-by the second, so that neither is counted twice.
+by the second, so that neither is counted twice. And the speed's spread from GPU to GPU: the sd of the sessions'
+mean log speeds (a session is one validation directory on one GPU).
 
     python -m validate noise results/validation results/validation-v2 ... --table T --out costs/data/run_to_run.json
 """
@@ -128,13 +129,28 @@ def measure(validations: list[Path], table=None) -> dict:
         speed = [(len(g["speed"]) - 1, g["speed_log_sd"]) for g in mine if "speed" in g]
         if speed:
             pooled.setdefault(regime, {})["speed"] = _pool(speed)
+    sessions = _sessions(groups)
     return {"schema": "run-to-run-noise", "version": 2 if table is not None else 1, "pooled": pooled,
             "groups": groups, **({"table": table.table_id} if table is not None else {}),
+            **({"sessions": sessions} if sessions else {}),
             "method": "per metric, the sd of log(metric) over the repeats of one point, pooled over points by "
                       "degrees of freedom, per regime" + ("; speed: the sd of the log of each run's summed step "
                       "time over the table's contextual price; residual_sigma: the same pooling of log(measured / "
                       "simulated at the run's own speed)" if table is not None else ""),
             "created_at": now_iso(), "git_commit": git_commit()}
+
+
+def _sessions(groups: list[dict]) -> dict | None:
+    """The GPU-to-GPU spread of a run's speed: each session's (one validation directory on one GPU) mean log speed
+    over its repeated runs, and the sd of those means (None with fewer than three sessions)."""
+    means: dict[str, list[float]] = {}
+    for g in groups:
+        if "speed" in g and len(g["gpus"]) == 1:
+            means.setdefault(f"{g['validation']} {g['gpus'][0]}", []).extend(math.log(f) for f in g["speed"])
+    if len(means) < 3:
+        return None
+    m = {k: float(np.mean(v)) for k, v in means.items()}
+    return {"sigma": _sd(list(m.values())), "mean_log_speed": m}
 
 
 def write(validations: list[Path], out: Path, force: bool = False, table=None) -> dict:
