@@ -34,10 +34,10 @@ class Recorder:
         s, d = work.shape, work.decode
         if d:
             kv = s.prefix[:d]
-            kind, kv_tokens, kv_max, group = "mixed", sum(kv) + d, max(kv) + 1, work.seqs[-1].group_id
+            kv_tokens, kv_max, group = sum(kv) + d, max(kv) + 1, work.seqs[-1].group_id
         else:
-            kind, kv_tokens, kv_max, group = "prefill", 0, 0, work.seqs[0].group_id
-        self.writer.add("steps", _row(StepRow, (step, kind, s.rows, work.padded_len, work.prompt_tokens, s.tokens,
+            kv_tokens, kv_max, group = 0, 0, work.seqs[0].group_id
+        self.writer.add("steps", _row(StepRow, (step, work.kind, s.rows, work.padded_len, work.prompt_tokens, s.tokens,
                                                 s.attn, kv_tokens, kv_max, kv_tokens, start, end, group, n_admitted,
                                                 0, self.replica, n_preempted, work.recomputed, d)))
 

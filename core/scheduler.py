@@ -89,6 +89,11 @@ class PrefillWork:
                                if s.peak]) if any(s.peak for s in self.seqs) else 0
 
     @property
+    def kind(self) -> str:
+        """The step's kind as records name it (and as a serving-context correction keys the step after it)."""
+        return "mixed" if self.decode else "prefill"
+
+    @property
     def prompt_tokens(self) -> int:
         """Positions computed for prompts (and recomputes), not for decode rows."""
         return sum(self.new) - self.decode

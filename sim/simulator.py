@@ -128,7 +128,7 @@ class SimTimer:
             d *= float(self.noise[0].factors(self.prefills, 1)[0])
         self.prefills += 1
         self.t = start + d
-        self.last_kind, self.last_end = "prefill", self.t
+        self.last_kind, self.last_end = work.kind, self.t  # a fused step is `mixed` to the next, as in records
         return None, self.t
 
     def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int, stop: float):

@@ -511,3 +511,36 @@ def test_a_fused_step_is_priced_from_its_record_as_the_simulator_priced_it():
         priced = [(s, d) for s, d in shapes if s is not None]
         assert len(priced) >= 0.8 * len(fused) > 0
         assert all(abs(cost.prefill(s) - d) < 1e-12 for s, d in priced)
+
+
+@pytest.mark.parametrize("prefill", ["mixed:256", "chunked:128", "padded"])
+def test_a_simulated_record_priced_in_its_context_gives_back_the_simulators_durations(prefill):
+    """The step after a fused step sees `mixed` before it in the simulator, as the record says: pricing the
+    simulator's own record step by step in its context (costs/recorded.py) returns the durations it simulated, with
+    a correction whose factors differ by the previous step's kind."""
+    import numpy as np
+    from helpers import linear_table, sim_config
+
+    from costs.model import CostModel
+    from costs.recorded import contextual, priced_steps
+    from sim.simulator import simulate
+    from traces.workload import length_trace
+    raw = linear_table()
+    kinds = {"prefill mixed": 1.3, "prefill chunked": 1.2, "prefill padded": 1.1, "decode paged mixed": 0.9,
+             "decode paged chunked": 0.95, "decode paged padded": 1.05}
+    factors = {f"{k}|{prev}": {"factor": f * (1.25 if prev == "mixed" else 1.0), "n": 100}
+               for k, f in kinds.items() for prev in ("prefill", "decode", "mixed", "idle")}
+    raw.update(version=3, correction={"factors": factors, "min_steps": 30})
+    cost = CostModel(raw)
+    trace = length_trace([(0.004 * i, 100 + 53 * i % 700, 30 + i % 50) for i in range(80)])
+    rec = simulate(trace, cost, sim_config(detail="steps", max_batch=8, prefill=prefill, fast_forward=False)).record
+    steps = priced_steps(rec, cost)
+    retire = rec.steps.retired.to_numpy()
+    assert len(steps) > 0.8 * len(rec.steps)
+    priced = contextual(steps, cost.correction)
+    # A decode step's record spans its retirement too, which priced_steps adds unscaled by the context factor.
+    real = steps.real_s.to_numpy()
+    ok = np.isclose(priced, real, rtol=1e-9) | (steps.step_kind.to_numpy() == "decode")
+    assert ok.all()
+    dec = steps[steps.step_kind == "decode"]
+    assert np.isclose(contextual(dec, cost.correction), dec.real_s, rtol=0.05).mean() > 0.9
