@@ -1,1 +1,1 @@
-"""The serving engine. The scheduler and block pool here import no torch, so the simulator runs them too."""
+"""`python -m engine` from a checkout's root: runs `python -m servecap.engine` (the code is in servecap/engine/)."""

@@ -1,5 +1,3 @@
-import sys
+import runpy
 
-from .cli import main
-
-sys.exit(main())
+runpy.run_module("servecap.engine", run_name="__main__", alter_sys=True)

@@ -20,10 +20,10 @@
 # policy (padded, packed, chunked:512) at one configuration, over several trace seeds.
 #
 # A rate is **stable** when the served rate keeps up with what the trace offered and the queue wait does not
-# trend upward over the run (traces/metrics.py). A configuration's **capacity** is bracketed between its
+# trend upward over the run (servecap/traces/metrics.py). A configuration's **capacity** is bracketed between its
 # highest stable rate and the lowest unstable one; a second, finer pass of rates narrows the bracket.
 #
-# Data: the table in `SERVECAP_TABLE` (default `costs/data/h200.json`). Figures: `FIGURES_DIR`. Design notes:
+# Data: the table in `SERVECAP_TABLE` (default `servecap/costs/data/h200.json`). Figures: `FIGURES_DIR`. Design notes:
 # docs/DESIGN.md.
 
 # %%
@@ -34,12 +34,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from core.block_pool import PoolSize
-from core.config import ServingConfig
-from core.policies import STUDIED, PrefillPolicy
-from sim.bands import Band, exceeds_seed_spread
-from sim.report import band_rows, by_config, capacity_bands, mean_result, mechanism
-from sim.sweep import Workload, run_sweep
+from servecap.core.block_pool import PoolSize
+from servecap.core.config import ServingConfig
+from servecap.core.policies import STUDIED, PrefillPolicy
+from servecap.sim.bands import Band, exceeds_seed_spread
+from servecap.sim.report import band_rows, by_config, capacity_bands, mean_result, mechanism
+from servecap.sim.sweep import Workload, run_sweep
 
 table, table_file = S.load_table()
 BACKENDS = sorted(table.backends, key=lambda b: (b != "paged", b))
@@ -198,7 +198,7 @@ S.save(fig, "01_capacity_summary",
 # seeds, at the same rates from 0.7x to 1.6x that configuration's capacity, close enough together (about 6%
 # apart) to tell the policies' brackets apart. Lines are the mean over seeds, shaded bands the lowest to the
 # highest seed. A table that measured only
-# padded prefill steps prices packed and chunked steps from them by their shape (costs/model.py); the figure
+# padded prefill steps prices packed and chunked steps from them by their shape (servecap/costs/model.py); the figure
 # says so where it does.
 
 # %%

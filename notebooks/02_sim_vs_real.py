@@ -39,13 +39,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from costs.model import CostModel
-from sim import SimConfig, simulate
-from sim.fleet import simulate_fleet
-from traces.errors import InputError
-from traces.metrics import summary
-from validate.points import build_trace
-from validate.report import KEYS, beyond_spread, compare, targets
+from servecap.costs.model import CostModel
+from servecap.sim import SimConfig, simulate
+from servecap.sim.fleet import simulate_fleet
+from servecap.traces.errors import InputError
+from servecap.traces.metrics import summary
+from servecap.validate.points import build_trace
+from servecap.validate.report import KEYS, beyond_spread, compare, targets
 
 vdir, plan, points, table, table_file = S.validation()
 t0 = time.perf_counter()

@@ -25,8 +25,8 @@
 #    late by the whole prefill. Measured on the closed run of 64 mixed requests through 8 rows, with every
 #    token's time recorded.
 #
-# Every figure reads the real validation records with the shared metrics (traces/metrics.py) and the wall-time
-# split (traces/explain.py), beside the simulator on the same traces and the cost table the validation plan
+# Every figure reads the real validation records with the shared metrics (servecap/traces/metrics.py) and the wall-time
+# split (servecap/traces/explain.py), beside the simulator on the same traces and the cost table the validation plan
 # names.
 #
 # Data: `SERVECAP_VALIDATION` (default `results/validation`) and the cost table its plan names; the sag search
@@ -41,15 +41,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from costs.model import CostModel
-from costs.shapes import PrefillShape
-from sim import SimConfig, simulate
-from traces.explain import PARTS, explain
-from traces.explain_plot import COLORS as PART_COLORS
-from traces.explain_report import PART_LABELS
-from traces.metrics import (SPIKE_FACTOR, admission_groups, groups_at_admission, groups_by_depth, prefill_spikes,
+from servecap.costs.model import CostModel
+from servecap.costs.shapes import PrefillShape
+from servecap.sim import SimConfig, simulate
+from servecap.traces.explain import PARTS, explain
+from servecap.traces.explain_plot import COLORS as PART_COLORS
+from servecap.traces.explain_report import PART_LABELS
+from servecap.traces.metrics import (SPIKE_FACTOR, admission_groups, groups_at_admission, groups_by_depth, prefill_spikes,
                             summary, token_gaps)
-from validate.points import build_trace, complete_runs, run_dir
+from servecap.validate.points import build_trace, complete_runs, run_dir
 
 vdir, plan, points, table, table_file = S.validation()
 search = S.sag_search()
@@ -112,7 +112,7 @@ print(pd.DataFrame([{"point": r.point, "rate": r.rate, **{f"{k} real/sim": f"{r.
 # ## Where the wall time goes, rate by rate
 #
 # Each bar is one run's wall time (first arrival to last finish) split by what the engine was doing
-# (traces/explain.py): decode, prefill of real prompt tokens, prefill of padding, the estimated retirement
+# (servecap/traces/explain.py): decode, prefill of real prompt tokens, prefill of padding, the estimated retirement
 # overhead, untimed gaps between steps, and idle time. Real runs plain, the simulator hatched beside them.
 
 # %%
@@ -155,7 +155,7 @@ S.save(fig, "03_time_split",
 # engine; open: the prediction the validation plan wrote before the run (the same trace, seed 0). Shaded, where
 # the sag search is there: its mean served rate over many trace seeds, ±1 sd, on the table it searched. The sag
 # is the fall from the peak served rate to the served rate at the highest rate run, over the peak (the search's
-# definition, validate/sag.py).
+# definition, servecap/validate/sag.py).
 
 # %%
 def sag(values) -> float:

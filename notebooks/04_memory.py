@@ -20,7 +20,7 @@
 # capacity at pool sizes from 0.25 to 8 GiB, at 16 and 32 rows (paged backend, the seeded mixed workload),
 # with the real small-pool validation runs laid over it when they exist.
 #
-# Data: the table in `SERVECAP_TABLE` (default `costs/data/h200.json`); real points from
+# Data: the table in `SERVECAP_TABLE` (default `servecap/costs/data/h200.json`); real points from
 # `SERVECAP_VALIDATION` (default `results/validation`), optional here, with the validation's own predictions
 # (made from the cost table its plan names). Figures: `FIGURES_DIR`.
 
@@ -32,11 +32,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from core.block_pool import PoolSize
-from core.config import ServingConfig
-from sim.sweep import Workload
-from traces.metrics import summary
-from traces.workload import poisson_trace
+from servecap.core.block_pool import PoolSize
+from servecap.core.config import ServingConfig
+from servecap.sim.sweep import Workload
+from servecap.traces.metrics import summary
+from servecap.traces.workload import poisson_trace
 
 table, table_file = S.load_table()
 POOLS = [0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 4.0, 8.0]  # GiB: log-spaced where memory binds
@@ -69,7 +69,7 @@ for p in POOLS:
 # Each (rows, pool) gets rates from 0.3x to 2x its saturated estimate and four more inside its capacity
 # bracket. Occupancy is read at the highest rate, where the engine is saturated: the mean running rows, and
 # `head_blocked_frac`, the share of the time the queue head waited for blocks while a batch row was free
-# (traces/metrics.py).
+# (servecap/traces/metrics.py).
 
 # %%
 t0 = time.perf_counter()
@@ -105,7 +105,7 @@ bound = {r: takeover(r) for r in ROWS}
 # %%
 real, plan_table = pd.DataFrame(), None
 if S.has_validation():
-    from validate.points import complete_runs
+    from servecap.validate.points import complete_runs
 
     vdir, plan, points, plan_table, _ = S.validation()
     rows = []

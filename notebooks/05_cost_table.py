@@ -16,18 +16,18 @@
 #
 # The simulator knows one thing about the GPU: how long a step takes. The cost table holds that, measured
 # on the engine in closed runs (calibrate/), as points with a median and a p10-p90 spread, plus the fitted
-# model that serves every shape between them (costs/model.py):
+# model that serves every shape between them (servecap/costs/model.py):
 #
 # - **prefill** of one step: a smooth surface over its rows, the positions it computes and their attention
 #   work (a launch-bound floor for small steps, GPU work linear in the positions plus attention's square for
 #   large ones). A padded group of w prompts padded to n is w rows of n positions; packed and chunked steps
-#   are priced by the same surface from their own shapes (costs/shapes.py);
+#   are priced by the same surface from their own shapes (servecap/costs/shapes.py);
 # - **decode** of one step: per row count, a plane in the K/V tokens of all rows and the longest row's;
 # - **held-out accuracy**: the fitted model against shapes the fit never saw;
 # - **stationarity**: each shape's first run against its repeats, which says whether a step's cost depended
 #   on its shape alone.
 #
-# Data: the table in `SERVECAP_TABLE` (default `costs/data/h200.json`). Figures: `FIGURES_DIR`
+# Data: the table in `SERVECAP_TABLE` (default `servecap/costs/data/h200.json`). Figures: `FIGURES_DIR`
 # (default `notebooks/figures`).
 
 # %%
@@ -38,9 +38,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from costs.fit import point_shape
-from costs.model import CostModel, ExtrapolationWarning
-from costs.shapes import PrefillShape
+from servecap.costs.fit import point_shape
+from servecap.costs.model import CostModel, ExtrapolationWarning
+from servecap.costs.shapes import PrefillShape
 
 table, table_file = S.load_table(allow_nonstationary=True)  # describing a table, its failed check included
 cost = CostModel(table)
@@ -190,7 +190,7 @@ S.save(fig, "05_decode",
 # %%
 acc = table.raw.get("accuracy")
 if not acc or not acc.get("points"):
-    print(f"This cost table has no held-out accuracy section (calibrate/accuracy.py writes one); "
+    print(f"This cost table has no held-out accuracy section (servecap/calibrate/accuracy.py writes one); "
           f"no accuracy figure is drawn for {S.rel(table_file)}.")
 else:
     pts = pd.DataFrame(acc["points"])

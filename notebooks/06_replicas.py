@@ -16,14 +16,14 @@
 #
 # The question after "how much does one engine carry?": how many engines does this traffic need, and how should
 # requests be routed? Each replica is one engine of the table's kind (its own rows, pool and scheduler) behind a
-# router (core/routing.py: round-robin, least-outstanding, least-tokens); the simulator's fleet (sim/fleet.py)
-# runs them on one clock. A rate is held when the run meets the SLOs below (traces/metrics.py: at most 1% of
+# router (servecap/core/routing.py: round-robin, least-outstanding, least-tokens); the simulator's fleet (servecap/sim/fleet.py)
+# runs them on one clock. A rate is held when the run meets the SLOs below (servecap/traces/metrics.py: at most 1% of
 # requests miss one, the served rate keeps up, the named tails are within their limits). Rates are multiples of
 # one engine's saturated estimate, so the notebook reads any table.
 #
 # The real two-replica runs and their predictions are in notebook 02 (the "fleet" group).
 #
-# Data: the table in `SERVECAP_TABLE` (default `costs/data/h200.json`). Figures: `FIGURES_DIR`.
+# Data: the table in `SERVECAP_TABLE` (default `servecap/costs/data/h200.json`). Figures: `FIGURES_DIR`.
 
 # %%
 import _style as S  # noqa: I001  (first: puts the repository on the path, sets the backend)
@@ -32,12 +32,12 @@ import time
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from core.block_pool import PoolSize
-from core.config import ServingConfig
-from core.routing import ROUTERS
-from sim.fleet_report import fewest_replicas
-from sim.sweep import Workload, run_sweep
-from traces.slo import parse_slos
+from servecap.core.block_pool import PoolSize
+from servecap.core.config import ServingConfig
+from servecap.core.routing import ROUTERS
+from servecap.sim.fleet_report import fewest_replicas
+from servecap.sim.sweep import Workload, run_sweep
+from servecap.traces.slo import parse_slos
 
 table, table_file = S.load_table()
 BACKEND = "paged" if "paged" in table.backends else table.backends[0]

@@ -2,7 +2,7 @@
 
 Paths resolve against the repository root (this file's parent's parent), never the working directory:
 
-    SERVECAP_TABLE       the cost table the simulator-only notebooks use (default costs/data/h200.json, the
+    SERVECAP_TABLE       the cost table the simulator-only notebooks use (default servecap/costs/data/h200.json, the
                          shipped H200 table)
     SERVECAP_VALIDATION  the validation folder (default results/validation: plan.json, real/<point>/run-<k>/)
     SERVECAP_SAG         the sag search (default results/sag: search.json)
@@ -38,11 +38,11 @@ if not IN_JUPYTER:
     matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from traces.errors import InputError  # noqa: E402
+from servecap.traces.errors import InputError  # noqa: E402
 
 TABLE_ENV, VALIDATION_ENV, SAG_ENV, FIGURES_ENV = "SERVECAP_TABLE", "SERVECAP_VALIDATION", "SERVECAP_SAG", "FIGURES_DIR"
 REQUESTS_ENV = "SERVECAP_REQUESTS"
-DEFAULT_TABLE = Path("costs/data/h200.json")
+DEFAULT_TABLE = Path("servecap/costs/data/h200.json")
 DEFAULT_VALIDATION = Path("results/validation")
 DEFAULT_SAG = Path("results/sag")
 DEFAULT_FIGURES = Path("notebooks/figures")
@@ -50,7 +50,7 @@ DEFAULT_REQUESTS = 400
 CALIBRATIONS = Path("results/calibration")  # where a plan's table is looked for by its id
 MISSING_DATA = 3
 
-MAKE_TABLE = ("it is written by the GPU calibration: `python -m calibrate --out costs/data/h200.json "
+MAKE_TABLE = ("it is written by the GPU calibration: `python -m calibrate --out servecap/costs/data/h200.json "
               "--expect-gpu 'NVIDIA H200'` (or set SERVECAP_TABLE to a cost table you have)")
 MAKE_PLAN = ("make it with `python -m validate plan --out results/validation` (CPU), then run the points with "
              "`python -m validate real --out results/validation` (GPU); or set SERVECAP_VALIDATION")
@@ -128,7 +128,7 @@ def table_label(table) -> str:
 
 
 def _load(path: Path, allow_nonstationary: bool):
-    from sim.inputs import load_table as _load_table
+    from servecap.sim.inputs import load_table as _load_table
 
     try:
         with warnings.catch_warnings():
@@ -202,7 +202,7 @@ def plan_table_path(vdir: Path, plan: dict) -> Path:
 def validation():
     """The validation folder, its plan and points, and the plan's own cost table (loaded as the validation was
     graded: a failed stationarity check allowed, and said). Returns (vdir, plan, points, table, table_path)."""
-    from validate.points import load_plan
+    from servecap.validate.points import load_plan
 
     vdir = validation_dir()
     try:
@@ -300,8 +300,8 @@ def legend_once(fig, axes, **kw) -> None:
 
 def gib_of_blocks(blocks: int) -> float:
     """A pool of `blocks` blocks in GiB of K/V, for the default serving configuration (Qwen2.5-1.5B, fp16)."""
-    from core.block_pool import gib_of
-    from core.config import ServingConfig
+    from servecap.core.block_pool import gib_of
+    from servecap.core.config import ServingConfig
 
     serving = ServingConfig()
     return gib_of(blocks, serving.block_size, serving.kv_bytes_per_token)
@@ -325,7 +325,7 @@ def capacity_sweep(table, configs: list, workload, fine: int = 4,
     `fine` more rates inside each capacity bracket."""
     import numpy as np
 
-    from sim.sweep import run_sweep
+    from servecap.sim.sweep import run_sweep
 
     results, warned = run_sweep(table, configs, rates, workload, jobs=jobs(), progress=False)
     extra_args = []

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from core.config import ServingConfig
-from costs.model import CostModel
-from sim.inputs import load_table
-from sim.simulator import SimConfig, simulate
-from traces.records import RunWriter, read_run
-from traces.workload import poisson_trace
+from servecap.core.config import ServingConfig
+from servecap.costs.model import CostModel
+from servecap.sim.inputs import load_table
+from servecap.sim.simulator import SimConfig, simulate
+from servecap.traces.records import RunWriter, read_run
+from servecap.traces.workload import poisson_trace
 
 TABLES = ("requests", "steps", "rejected")
 

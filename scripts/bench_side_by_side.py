@@ -14,13 +14,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 CHILD = """
 import json, sys, time
-from costs.model import CostModel
-from costs.table import load_cost_table
-from sim.bench import LOAD
-from sim.inputs import SHIPPED_TABLE, closed
-from sim.simulator import simulate
-from traces.metrics import served_rate
-from traces.workload import poisson_trace
+from servecap.costs.model import CostModel
+from servecap.costs.table import load_cost_table
+from servecap.sim.bench import LOAD
+from servecap.sim.inputs import SHIPPED_TABLE, closed
+from servecap.sim.simulator import simulate
+from servecap.traces.metrics import served_rate
+from servecap.traces.workload import poisson_trace
 cost = CostModel(load_cost_table(SHIPPED_TABLE))
 rate = round(LOAD * served_rate(simulate(closed(poisson_trace(1.0, 400, 0)), cost).record), 2)
 trace = poisson_trace(rate, int(sys.argv[1]), 0)

@@ -19,9 +19,9 @@ RUNS = {  # name: [(prompt, budget), ...], all arriving at t=0
 
 
 def run(out: Path) -> None:
-    from core.config import ServingConfig
-    from engine.engine import Engine, EngineConfig
-    from traces.workload import length_trace
+    from servecap.core.config import ServingConfig
+    from servecap.engine.engine import Engine, EngineConfig
+    from servecap.traces.workload import length_trace
 
     engine = Engine(EngineConfig(ServingConfig(max_batch=4), max_prompt=32256, max_budget=512, backends=("paged",)))
     for name, reqs in RUNS.items():
@@ -34,10 +34,10 @@ def run(out: Path) -> None:
 def report(out: Path, table: Path | None) -> None:
     import numpy as np
 
-    from costs.model import CostModel
-    from costs.shapes import PrefillShape
-    from sim import inputs
-    from traces.records import read_run
+    from servecap.costs.model import CostModel
+    from servecap.costs.shapes import PrefillShape
+    from servecap.sim import inputs
+    from servecap.traces.records import read_run
 
     cost = CostModel(inputs.load_table(table))
     rows = []

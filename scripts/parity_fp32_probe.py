@@ -1,7 +1,7 @@
 """Which side of a parity flip is off: the engine's and HF's first-token logits in the model's dtype, each against
 HF's in float32 (the same weights upcast), for the gate's prompt lengths. A flip where the engine is closer to the
 float32 reference than HF's own fp16 run is the reference's rounding, not an engine error.
-Both HF models must carry RoPE's exact float32 inv_freq (engine/weights.py cast_weights); the probe says so first.
+Both HF models must carry RoPE's exact float32 inv_freq (servecap/engine/weights.py cast_weights); the probe says so first.
 Usage (GPU): python scripts/parity_fp32_probe.py [--lengths 16,1024,4096] [--device cuda|cpu --model tiny]
 [--dtype float16] (default: float16 on cuda, float32 on cpu)"""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import copy
 
 import torch
 
-from core.config import ServingConfig
-from engine.engine import Engine, EngineConfig
-from traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens
+from servecap.core.config import ServingConfig
+from servecap.engine.engine import Engine, EngineConfig
+from servecap.traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens
 
 
 def main() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.metrics import summary
-from traces.records import read_run
+from servecap.traces.metrics import summary
+from servecap.traces.records import read_run
 
 
 def main(out: Path) -> None:

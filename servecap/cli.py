@@ -27,4 +27,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"servecap: error: unknown command {name!r}; choose {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     sys.argv = [f"servecap {name}", *rest]
-    return importlib.import_module(f"{name}.cli").main(rest)
+    return importlib.import_module(f"servecap.{name}.cli").main(rest)

@@ -1,5 +1,3 @@
-import sys
+import runpy
 
-from .cli import main
-
-sys.exit(main())
+runpy.run_module("servecap.sim", run_name="__main__", alter_sys=True)

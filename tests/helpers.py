@@ -3,18 +3,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from costs.model import CostModel
-from costs.synthetic import constant_table, linear_table
-from costs.table import save_cost_table
-from core.block_pool import PoolSize
-from core.config import ServingConfig
-from core.recorder import Recorder
-from core.policies import PADDED, PrefillPolicy
-from core.scheduler import decode_shape
-from engine.serve import serve
-from sim.simulator import SimConfig
-from traces.records import RunRecord, RunWriter
-from traces.workload import Trace
+from servecap.costs.model import CostModel
+from servecap.costs.synthetic import constant_table, linear_table
+from servecap.costs.table import save_cost_table
+from servecap.core.block_pool import PoolSize
+from servecap.core.config import ServingConfig
+from servecap.core.recorder import Recorder
+from servecap.core.policies import PADDED, PrefillPolicy
+from servecap.core.scheduler import decode_shape
+from servecap.engine.serve import serve
+from servecap.sim.simulator import SimConfig
+from servecap.traces.records import RunRecord, RunWriter
+from servecap.traces.workload import Trace
 
 __all__ = ["constant_table", "linear_table", "write_table", "serve_virtual", "sim_config"]
 

@@ -14,17 +14,23 @@ from pathlib import Path
 import pytest
 from helpers import linear_table, run_cli, write_table
 
-import calibrate.cli
-import engine.cli
-import sim.cli
-import traces.cli
-import validate.cli
-from sim.store import FILE
-from traces.csvio import atomic_write_text
-from traces.errors import InputError
-from traces.records import read_run
-from traces.trace_io import read_trace, write_trace
-from traces.workload import Request, Trace
+import servecap.calibrate.cli
+
+from servecap import calibrate
+import servecap.engine.cli
+from servecap import engine
+import servecap.sim.cli
+from servecap import sim
+import servecap.traces.cli
+from servecap import traces
+import servecap.validate.cli
+from servecap import validate
+from servecap.sim.store import FILE
+from servecap.traces.csvio import atomic_write_text
+from servecap.traces.errors import InputError
+from servecap.traces.records import read_run
+from servecap.traces.trace_io import read_trace, write_trace
+from servecap.traces.workload import Request, Trace
 
 REPO = Path(__file__).resolve().parents[1]
 T2 = REPO / "results/calibration/t2/h200-t2.json"  # the table the committed validation was planned from
@@ -210,7 +216,7 @@ def test_force_never_replaces_a_symlink_or_a_special_file(capsys, tmp_path, kind
 
 
 def test_calibrate_force_never_replaces_a_symlink_and_says_so_before_the_engine(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr("engine.engine.Engine", lambda cfg: pytest.fail("the engine was started"))
+    monkeypatch.setattr("servecap.engine.engine.Engine", lambda cfg: pytest.fail("the engine was started"))
     out = tmp_path / "table.json"
     out.symlink_to(tmp_path / "elsewhere.json")
     code, _, err = run_cli(calibrate.cli.main, capsys, "--device", "cpu", "--model", "tiny", "--quick", "--out", out,
@@ -224,7 +230,7 @@ def test_calibrate_force_never_replaces_a_symlink_and_says_so_before_the_engine(
 def test_report_refuses_a_real_run_made_before_the_plan(tmp_path):
     """The committed validation's first point, its run dated after table T2 (23:01:31) but before the plan (23:02:40):
     a run of an earlier plan kept after `validate plan --force`."""
-    from validate.report import compare
+    from servecap.validate.report import compare
     plan = json.loads((REPO / "results/validation/plan.json").read_text())
     first = plan["points"][0]["id"]
     shutil.copy(REPO / "results/validation/plan.json", tmp_path)
@@ -278,8 +284,8 @@ def test_engine_run_refuses_a_request_past_max_prompt_or_max_budget(capsys, no_e
 # --- S5: calibrate --refresh and another model's table ----------------------------------------------------
 
 def test_refresh_refuses_a_table_of_another_model_before_the_engine_starts(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr("engine.engine.Engine", lambda cfg: pytest.fail("the engine was started"))
-    code, _, err = run_cli(calibrate.cli.main, capsys, "--refresh", REPO / "costs/data/h200.json", "--device", "cpu",
+    monkeypatch.setattr("servecap.engine.engine.Engine", lambda cfg: pytest.fail("the engine was started"))
+    code, _, err = run_cli(calibrate.cli.main, capsys, "--refresh", REPO / "servecap/costs/data/h200.json", "--device", "cpu",
                            "--model", "tiny", "--quick", "--out", tmp_path / "refreshed.json")
     refused(code, err, "h200.json", "was measured on Qwen2.5-1.5B float16", "--model qwen2.5-1.5b")
     assert not (tmp_path / "refreshed.json").exists()

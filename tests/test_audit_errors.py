@@ -16,15 +16,21 @@ from pathlib import Path
 import pytest
 from helpers import linear_table, run_cli, write_table
 
-import calibrate.cli
-import engine.cli
-import sim.cli
-import traces.cli
-import validate.cli
-from calibrate.store import PointsFile
-from traces.errors import InputError
-from traces.trace_io import write_trace
-from traces.workload import poisson_trace
+import servecap.calibrate.cli
+
+from servecap import calibrate
+import servecap.engine.cli
+from servecap import engine
+import servecap.sim.cli
+from servecap import sim
+import servecap.traces.cli
+from servecap import traces
+import servecap.validate.cli
+from servecap import validate
+from servecap.calibrate.store import PointsFile
+from servecap.traces.errors import InputError
+from servecap.traces.trace_io import write_trace
+from servecap.traces.workload import poisson_trace
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -50,14 +56,15 @@ def refused(code: int, err: str, *words: str) -> None:
 @pytest.fixture
 def no_simulation(monkeypatch):
     """A refusal must come before any simulated work."""
-    import sim.simulator
+    import servecap.sim.simulator
+    from servecap import sim
     monkeypatch.setattr(sim.simulator, "simulate", lambda *a, **k: pytest.fail("the simulation ran"))
 
 
 @pytest.fixture
 def read_only(monkeypatch):
     """A read-only filesystem everywhere, as access(2) answers on one (even to root)."""
-    monkeypatch.setattr("traces.outpath.os.access", lambda path, mode: False)
+    monkeypatch.setattr("servecap.traces.outpath.os.access", lambda path, mode: False)
 
 
 def _record(table: Path, out: Path, *extra: str) -> Path:
@@ -122,9 +129,12 @@ def test_outputs_under_proc_are_refused_before_any_work(capsys, table, no_simula
 @pytest.mark.parametrize("step", ["plan", "sag", "predict"])
 def test_validate_out_on_a_read_only_filesystem_is_refused_before_any_work(capsys, monkeypatch, tmp_path, read_only,
                                                                            step):
-    import validate.plan
-    import validate.predict
-    import validate.sag
+    import servecap.validate.plan
+    from servecap import validate
+    import servecap.validate.predict
+    from servecap import validate
+    import servecap.validate.sag
+    from servecap import validate
     for module, name in ((validate.plan, "make_plan"), (validate.sag, "search"), (validate.predict,
                                                                                    "make_predictions")):
         monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("the work started"))
@@ -217,8 +227,8 @@ def test_an_engine_allocation_that_fails_is_one_line(tmp_path):
 
 def test_sim_run_too_large_for_this_memory_is_refused_before_making_the_trace(capsys, monkeypatch, table, tmp_path,
                                                                               no_simulation):
-    monkeypatch.setattr("traces.memory.available_bytes", lambda: 100 << 20)
-    monkeypatch.setattr("sim.inputs.poisson_trace", lambda *a, **k: pytest.fail("the trace was made"))
+    monkeypatch.setattr("servecap.traces.memory.available_bytes", lambda: 100 << 20)
+    monkeypatch.setattr("servecap.sim.inputs.poisson_trace", lambda *a, **k: pytest.fail("the trace was made"))
     code, _, err = run_cli(sim.cli.main, capsys, "run", "--table", table, "--rate", "100", "--n", "3000000")
     refused(code, err, "simulating 3,000,000 requests needs about", "--n")
     code, _, err = run_cli(sim.cli.main, capsys, "sweep", "--table", table, "--n", "3000000", "--out",
@@ -238,7 +248,8 @@ def test_sim_run_under_ulimit_is_refused_in_seconds_not_a_memory_error_in_minute
                                          (["--jobs", "0"], "argument --jobs: '0'"),
                                          (["--million-n", "0"], "argument --million-n: '0'")])
 def test_sim_bench_sizes_are_refused(capsys, args, words):
-    import sim.bench
+    import servecap.sim.bench
+    from servecap import sim
     code, _, err = run_cli(sim.bench.main, capsys, *args, "--quick")
     refused(code, err, words)
 
@@ -247,7 +258,8 @@ def test_engine_bench_without_a_gpu_is_one_line(capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the benchmark would run")
-    import engine.bench
+    import servecap.engine.bench
+    from servecap import engine
     code, _, err = run_cli(engine.bench.main, capsys, "--quick")
     refused(code, err, "engine.bench: error: no CUDA GPU is visible")
 
@@ -255,7 +267,8 @@ def test_engine_bench_without_a_gpu_is_one_line(capsys):
 @proc_only
 def test_engine_bench_out_is_checked_before_measuring(capsys, monkeypatch):
     pytest.importorskip("torch")
-    import engine.bench
+    import servecap.engine.bench
+    from servecap import engine
     monkeypatch.setattr(engine.bench, "Engine", lambda *a, **k: pytest.fail("the engine was started"))
     code, _, err = run_cli(engine.bench.main, capsys, "--quick", "--out", "/proc/bench")
     refused(code, err, "/proc/bench: cannot be written")
@@ -274,8 +287,8 @@ def _closed_stdout_run(argv: list[str], cwd: Path = REPO) -> subprocess.Complete
         os.close(w)
 
 
-ENTRY_POINTS = ("sim.cli", "traces.cli", "engine.cli", "calibrate.cli", "validate.cli", "sim.bench", "engine.bench",
-                "engine.kernels.bench")
+ENTRY_POINTS = tuple(f"servecap.{m}" for m in ("sim.cli", "traces.cli", "engine.cli", "calibrate.cli", "validate.cli",
+                                                "sim.bench", "engine.bench", "engine.kernels.bench"))
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
@@ -283,7 +296,7 @@ def test_every_command_line_entry_point_is_guarded(module):
     """Each `main` (`python -m ...` and the console scripts) runs inside traces.command's guard: one-line refusals,
     output that survives a reader that left."""
     import importlib
-    if module.startswith("engine"):
+    if module.startswith("servecap.engine"):
         pytest.importorskip("torch")
     main = importlib.import_module(module).main
     assert main.__code__.co_name == "guarded" and main.__wrapped__.__module__ == module
@@ -317,7 +330,7 @@ def test_a_sweep_piped_into_head_still_writes_its_files(table, tmp_path):
 @pytest.mark.slow
 def test_a_broken_fit_from_kept_runs_says_to_delete_them(capsys, tmp_path):
     pytest.importorskip("torch")
-    from traces.provenance import versions
+    from servecap.traces.provenance import versions
     lines = (DATA / "calibrate_fit_broken.points.jsonl").read_text().splitlines(keepends=True)
     head = json.loads(lines[0])
     head["identity"].update(versions(("torch", "triton", "transformers")))  # the kept runs, as made here
@@ -340,7 +353,7 @@ def test_traces_out_that_cannot_be_written_names_the_given_path_in_words(capsys,
     code, _, err = run_cli(traces.cli.main, capsys, "poisson", "--rate", "5", "--n", "3", "--out", f / "x.csv")
     refused(code, err, f"{f / 'x.csv'}: cannot be written: {f} is a file, not a directory")
     assert "Errno" not in err
-    monkeypatch.setattr("traces.outpath.tempfile.mkstemp",
+    monkeypatch.setattr("servecap.traces.outpath.tempfile.mkstemp",
                         lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EROFS, "Read-only file system")))
     code, _, err = run_cli(traces.cli.main, capsys, "poisson", "--rate", "5", "--n", "3", "--out", tmp_path / "y.csv")
     refused(code, err, f"{tmp_path / 'y.csv'}: cannot be written", "read-only filesystem")
@@ -372,7 +385,7 @@ def _bench(name: str):
     (lambda: engine.cli.main, ["run", "--device", "foo", "--rate", "1"], "'foo' is not a device"),
     (lambda: calibrate.cli.main, ["--max-batch", "0"], "python -m calibrate: error: argument --max-batch"),
     (lambda: validate.cli.main, ["plan", "--skip", "bogus"], "python -m validate plan: error: argument --skip"),
-    (lambda: _bench("sim.bench"), ["--jobs", "x"], "python -m sim.bench: error: argument --jobs"),
+    (lambda: _bench("servecap.sim.bench"), ["--jobs", "x"], "python -m sim.bench: error: argument --jobs"),
 ])
 def test_a_refused_option_is_one_line_that_points_to_help(capsys, main, argv, words):
     code, out, err = run_cli(main(), capsys, *argv)
@@ -381,7 +394,7 @@ def test_a_refused_option_is_one_line_that_points_to_help(capsys, main, argv, wo
 
 
 def test_every_command_line_parser_is_the_shared_one():
-    from traces.command import Parser
+    from servecap.traces.command import Parser
     for make in (sim.cli.parser, traces.cli.parser, engine.cli.parser, calibrate.cli.parser, validate.cli.parser):
         top = make()
         assert isinstance(top, Parser)

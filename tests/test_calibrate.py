@@ -12,16 +12,16 @@ import sys
 import numpy as np
 import pytest
 
-from calibrate.accuracy import report
-from calibrate.plan import FULL, H200_SPEEDS, QUICK, Run, check_runs, estimate_s, grid, make_plan, run_plan
-from calibrate.store import PointsFile, points_path
-from calibrate.table import build_table
-from costs.fit import fit
-from costs.model import CostModel, ExtrapolationWarning
-from costs.shapes import PrefillShape
-from costs.table import CostTable, check_compatible, check_table, load_cost_table, save_cost_table
-from traces.errors import InputError
-from traces.model_spec import TINY_QWEN2, config_hash
+from servecap.calibrate.accuracy import report
+from servecap.calibrate.plan import FULL, H200_SPEEDS, QUICK, Run, check_runs, estimate_s, grid, make_plan, run_plan
+from servecap.calibrate.store import PointsFile, points_path
+from servecap.calibrate.table import build_table
+from servecap.costs.fit import fit
+from servecap.costs.model import CostModel, ExtrapolationWarning
+from servecap.costs.shapes import PrefillShape
+from servecap.costs.table import CostTable, check_compatible, check_table, load_cost_table, save_cost_table
+from servecap.traces.errors import InputError
+from servecap.traces.model_spec import TINY_QWEN2, config_hash
 
 # Known costs of the model's own form: prefill the smooth maximum of a host floor and the GPU's work (linear in
 # the padded tokens plus the attention square); decode a plane in the K/V tokens and the longest row per row count.
@@ -48,7 +48,7 @@ def decode_cost(backend, rows, kv_tokens, kv_max):
 
 
 def fake_measure(run: Run, check_scale: float = 1.0) -> dict:
-    """What the engine's step log would hold if the costs were exactly the known ones (see engine/serve.py)."""
+    """What the engine's step log would hold if the costs were exactly the known ones (see servecap/engine/serve.py)."""
     scale = check_scale if run.kind.startswith("check-") else 1.0
     if run.kind.endswith("prefill"):
         s = PrefillShape.padded(run.width, run.padded_len)
@@ -245,13 +245,14 @@ def test_a_start_that_measured_nothing_does_not_block_the_next(tmp_path):
 # ---- imports, the CLI, the Modal path ----------------------------------------------------------------------
 
 def test_the_cost_model_side_imports_no_torch():
-    code = ("import sys, costs, costs.model, costs.fit, calibrate, calibrate.table, calibrate.store, calibrate.cli; "
+    code = ("import sys, servecap.costs.model, servecap.costs.fit, servecap.calibrate.table, servecap.calibrate.store, "
+            "servecap.calibrate.cli; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_a_device_other_than_the_expected_one_is_refused_before_any_work(tmp_path, capsys):
-    from calibrate.cli import main
+    from servecap.calibrate.cli import main
 
     assert main(["--out", str(tmp_path / "t.json"), "--device", "cpu", "--expect-gpu", "NVIDIA H200"]) == 2
     assert "not the expected 'NVIDIA H200'; refusing to run" in capsys.readouterr().err
@@ -262,7 +263,7 @@ def test_without_a_gpu_the_cli_points_to_modal(tmp_path, capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    from calibrate.cli import main
+    from servecap.calibrate.cli import main
 
     assert main(["--out", str(tmp_path / "t.json")]) == 2
     err = capsys.readouterr().err.strip()
@@ -270,7 +271,7 @@ def test_without_a_gpu_the_cli_points_to_modal(tmp_path, capsys):
 
 
 def test_modal_app_runs_on_an_a10_only():
-    modal_app = pytest.importorskip("calibrate.modal_app")
+    modal_app = pytest.importorskip("servecap.calibrate.modal_app")
     from modal._utils.async_utils import synchronizer  # a Function's spec holds the unwrapped image
 
     for fn in (modal_app.calibrate_remote, modal_app.arrival_remote):
@@ -284,7 +285,7 @@ def test_modal_app_runs_on_an_a10_only():
 
 
 def test_modal_results_from_another_card_are_not_written(tmp_path):
-    modal_app = pytest.importorskip("calibrate.modal_app")
+    modal_app = pytest.importorskip("servecap.calibrate.modal_app")
     with pytest.raises(InputError, match="'NVIDIA A10G', not an A10"):
         modal_app.save_result({"device": "NVIDIA A10G", "files": {"t.json": b"{}"}}, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -295,8 +296,9 @@ def test_modal_results_from_another_card_are_not_written(tmp_path):
 @pytest.mark.slow
 def test_tiny_calibration_end_to_end(tmp_path, capsys, monkeypatch):
     torch = pytest.importorskip("torch")
-    import calibrate.cli
-    from calibrate.cli import main
+    import servecap.calibrate.cli
+    from servecap import calibrate
+    from servecap.calibrate.cli import main
 
     # The quick plan's shapes and policies with one recorded repeat where it has two, and one held-out and one
     # never-run padded shape where it has two: the same path end to end, a third fewer interpreted prefill steps.

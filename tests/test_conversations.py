@@ -1,4 +1,4 @@
-"""The seeded multi-turn conversation generator (traces/conversations.py, `traces conversations`): its prompts grow
+"""The seeded multi-turn conversation generator (servecap/traces/conversations.py, `traces conversations`): its prompts grow
 turn by turn, its hash ids say exactly what the prompts share, and its draws have the stated means."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import statistics
 import numpy as np
 import pytest
 
-from traces.cli import main
-from traces.conversations import Conversations, conversation_trace
-from traces.errors import InputError
-from traces.prompts import request_token_ids
-from traces.trace_io import read_trace
-from traces.workload import hash_error, poisson_arrivals
+from servecap.traces.cli import main
+from servecap.traces.conversations import Conversations, conversation_trace
+from servecap.traces.errors import InputError
+from servecap.traces.prompts import request_token_ids
+from servecap.traces.trace_io import read_trace
+from servecap.traces.workload import hash_error, poisson_arrivals
 
 
 def _one_session(**shape) -> list:

@@ -9,14 +9,14 @@ from helpers import constant_table, linear_table, sim_config
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from core.block_pool import BlockPool, PoolSize, blocks_for  # noqa: E402
-from core.config import ServingConfig  # noqa: E402
-from core.policies import PREFILL, STUDIED, PrefillPolicy  # noqa: E402
-from core.scheduler import Scheduler  # noqa: E402
-from costs.model import CostModel  # noqa: E402
-from sim.simulator import simulate  # noqa: E402
-from traces.errors import InputError  # noqa: E402
-from traces.workload import Request, length_trace  # noqa: E402
+from servecap.core.block_pool import BlockPool, PoolSize, blocks_for  # noqa: E402
+from servecap.core.config import ServingConfig  # noqa: E402
+from servecap.core.policies import PREFILL, STUDIED, PrefillPolicy  # noqa: E402
+from servecap.core.scheduler import Scheduler  # noqa: E402
+from servecap.costs.model import CostModel  # noqa: E402
+from servecap.sim.simulator import simulate  # noqa: E402
+from servecap.traces.errors import InputError  # noqa: E402
+from servecap.traces.workload import Request, length_trace  # noqa: E402
 
 SETTINGS = settings(max_examples=60, deadline=None)
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # derived-cost notices of the synthetic tables
@@ -109,7 +109,7 @@ def test_the_loop_records_every_request_once_and_numbers_steps_in_order(triples,
     """Every request is in exactly one of requests (retired) and rejected; per replica, decode steps take
     consecutive numbers from their pass's number, a pass's prefill step carries its first decode step's number,
     and steps end in order, each at or after its start."""
-    from sim.fleet import simulate_fleet
+    from servecap.sim.fleet import simulate_fleet
     cfg = sim_config(detail="steps", max_batch=max_batch, pool_blocks=pool_blocks, prefill=policy,
                      replicas=replicas)
     trace = length_trace(triples)
@@ -157,9 +157,9 @@ def test_policies_come_from_one_registry_and_parse_in_one_place():
 def test_the_decode_backend_padded_is_now_dense_and_its_old_name_still_works(tmp_path, capsys):
     from pathlib import Path
 
-    from costs.table import load_cost_table
+    from servecap.costs.table import load_cost_table
     from helpers import run_cli, write_table
-    from sim.cli import main
+    from servecap.sim.cli import main
 
     assert ServingConfig(backend="padded").backend == "dense"
     old = load_cost_table(Path(__file__).parent / "data" / "h200-v1-59e02847ee9daee8.json")  # keyed `padded`
@@ -180,9 +180,9 @@ def test_records_of_every_version_read_with_the_current_names(tmp_path, version)
     import csv
     import json
 
-    from sim.cli import _write_record
-    from traces import records
-    from traces.records import read_run
+    from servecap.sim.cli import _write_record
+    from servecap.traces import records
+    from servecap.traces.records import read_run
 
     cfg = sim_config(detail="steps", max_batch=4)
     rec = simulate(length_trace([(0.0, 16, 3), (0.0, 40, 2), (0.5, 8, 4)]), CostModel(constant_table()), cfg).record

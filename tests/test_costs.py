@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from costs.model import CostModel, tile_work
-from costs.shapes import DecodeShape, PrefillShape
-from costs.synthetic import linear_table
-from costs.table import load_cost_table, save_cost_table
+from servecap.costs.model import CostModel, tile_work
+from servecap.costs.shapes import DecodeShape, PrefillShape
+from servecap.costs.synthetic import linear_table
+from servecap.costs.table import load_cost_table, save_cost_table
 
 
 def test_cost_table_round_trips(tmp_path):
@@ -54,7 +54,8 @@ def test_a_table_with_the_engines_rounding_prices_the_bucket_it_runs_at():
 
 
 def test_the_simulator_side_imports_no_torch_and_no_scipy():
-    code = ("import sys, costs, costs.model, costs.table, costs.shapes, sim, sim.simulator, sim.cli, sim.sweep; "
+    code = ("import sys, servecap.costs.model, servecap.costs.table, servecap.costs.shapes, servecap.sim.simulator, "
+            "servecap.sim.cli, servecap.sim.sweep; "
             "sys.exit(('torch' in sys.modules) or ('scipy.optimize' in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -65,7 +66,7 @@ def test_decode_past_the_longest_measured_length_never_falls():
     real / model before: results/long-shapes)."""
     import warnings
 
-    from costs.model import ExtrapolationWarning
+    from servecap.costs.model import ExtrapolationWarning
     cost = CostModel(linear_table())
     fit = cost._fit("paged")
     for knots in fit.knots:
@@ -83,8 +84,8 @@ def test_where_fused_steps_were_measured_a_step_also_pays_for_its_longest_attent
     step's decode rows are one-query tiles over long prefixes, run all at once) beside chunks and whole prompts:
     the fit recovers that term where fused steps are among the points, and a table without them keeps the older
     form."""
-    from costs.fit import fit_prefill
-    from costs.table import PATH_PARAM, PREFIX_PARAM
+    from servecap.costs.fit import fit_prefill
+    from servecap.costs.table import PATH_PARAM, PREFIX_PARAM
 
     def point(computed, prefix, policy):
         own = sum(n * n for n in computed)
@@ -111,8 +112,8 @@ def test_where_fused_steps_were_measured_a_step_also_pays_for_its_longest_attent
 def test_attention_over_the_pool_gets_its_own_coefficient_where_points_have_it():
     """Points whose chunks read a prefix from the pool at 3x the cost a unit of in-step attention: the fit prices
     the pool's part apart (and recovers both kinds); points without any prefix keep the one coefficient."""
-    from costs.fit import fit_prefill
-    from costs.table import PREFIX_PARAM
+    from servecap.costs.fit import fit_prefill
+    from servecap.costs.table import PREFIX_PARAM
 
     def point(computed, prefix):
         own = sum(n * n for n in computed)

@@ -1,7 +1,7 @@
 """Property tests of the cost-table loader: whatever a table file holds, loading it gives a checked table or one
 InputError naming the file, never another exception (which `sim run --table` would show as a traceback).
 
-Mutations start from the synthetic tables (costs/synthetic.py), which take the whole path a measured one does, and
+Mutations start from the synthetic tables (servecap/costs/synthetic.py), which take the whole path a measured one does, and
 change what a hand edit or a broken fit would: a value replaced by another of any JSON type, a key deleted, a list
 emptied or cut. The example counts keep the file to a few seconds on two cores.
 """
@@ -14,9 +14,9 @@ import warnings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from costs.synthetic import constant_table, linear_table
-from costs.table import CostTable, StationarityWarning, load_cost_table, table_id
-from traces.errors import InputError
+from servecap.costs.synthetic import constant_table, linear_table
+from servecap.costs.table import CostTable, StationarityWarning, load_cost_table, table_id
+from servecap.traces.errors import InputError
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 VALID = [constant_table(), linear_table(backends=("paged",), max_batch=8)]

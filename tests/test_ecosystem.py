@@ -10,20 +10,20 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from core.block_pool import PoolSize
-from core.config import ServingConfig
-from costs.model import CostModel
-from sim import capacity, sweep
-from sim.cli import main
-from sim.inputs import load_table
-from sim.simulator import SimConfig, simulate
-from sim.sweep import Workload, run_sweep
-from traces import cli as traces_cli
-from traces.latency import itl_gaps, latency_ms, parse_percentiles
-from traces.metrics import summary
-from traces.slo import parse_slo, parse_slos
-from traces.trace_io import read_trace
-from traces.workload import ARRIVAL_DECIMALS, _raw, poisson_arrivals, poisson_trace, ramped
+from servecap.core.block_pool import PoolSize
+from servecap.core.config import ServingConfig
+from servecap.costs.model import CostModel
+from servecap.sim import capacity, sweep
+from servecap.sim.cli import main
+from servecap.sim.inputs import load_table
+from servecap.sim.simulator import SimConfig, simulate
+from servecap.sim.sweep import Workload, run_sweep
+from servecap.traces import cli as traces_cli
+from servecap.traces.latency import itl_gaps, latency_ms, parse_percentiles
+from servecap.traces.metrics import summary
+from servecap.traces.slo import parse_slo, parse_slos
+from servecap.traces.trace_io import read_trace
+from servecap.traces.workload import ARRIVAL_DECIMALS, _raw, poisson_arrivals, poisson_trace, ramped
 
 
 def _exit(argv: list[str]) -> int:
@@ -215,8 +215,8 @@ def test_capacity_cli_band_and_windows(tmp_path, capsys):
     # a trace that is quiet for 100 s, then four times busier
     quiet, busy = poisson_trace(5, 450, 1), poisson_trace(20, 1800, 2)
     path = tmp_path / "day.jsonl"
-    from traces.trace_io import write_trace
-    from traces.workload import length_trace
+    from servecap.traces.trace_io import write_trace
+    from servecap.traces.workload import length_trace
     reqs = [(r.arrival, r.prompt_tokens, r.budget) for r in quiet.requests] + \
         [(100.0 + r.arrival, r.prompt_tokens, r.budget) for r in busy.requests]
     write_trace(length_trace(reqs), path)
@@ -231,8 +231,8 @@ def test_engine_run_saves_its_result_under_vllms_keys(tmp_path, capsys):
     """engine run --save-result writes the real run's figures as sim run does the simulator's (CPU, tiny model),
     and never over a result already there."""
     pytest.importorskip("torch")
-    import engine.cli
-
+    import servecap.engine.cli
+    from servecap import engine
     from helpers import run_cli
     trace = tmp_path / "t.csv"
     trace.write_text('# {"meta": {}, "schema": "request-trace", "version": 1}\n'

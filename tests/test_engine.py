@@ -6,13 +6,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from core.block_pool import PoolSize  # noqa: E402
-from core.config import ServingConfig  # noqa: E402
-from engine.engine import Engine, EngineConfig  # noqa: E402
-from engine.parity import reference, run_gate, scenarios  # noqa: E402
-from traces.errors import InputError  # noqa: E402
-from traces.records import read_run  # noqa: E402
-from traces.workload import Request, Trace, length_trace  # noqa: E402
+from servecap.core.block_pool import PoolSize  # noqa: E402
+from servecap.core.config import ServingConfig  # noqa: E402
+from servecap.engine.engine import Engine, EngineConfig  # noqa: E402
+from servecap.engine.parity import reference, run_gate, scenarios  # noqa: E402
+from servecap.traces.errors import InputError  # noqa: E402
+from servecap.traces.records import read_run  # noqa: E402
+from servecap.traces.workload import Request, Trace, length_trace  # noqa: E402
 
 TINY = ServingConfig(model="tiny", dtype="float32", block_size=16)
 
@@ -121,7 +121,7 @@ def test_another_gpu_than_the_named_one_is_refused_before_any_work():
 def test_a_prefill_bucket_longer_than_the_models_positions_stays_inside_them(monkeypatch):
     """Steps round up to a token bucket, whose padding is computed too: its positions must still index the RoPE
     table (max prompt 32 + budget 5 = 37 positions; a 21-token prompt runs in a 64-token bucket)."""
-    import engine.qwen2 as qwen2
+    import servecap.engine.qwen2 as qwen2
 
     seen = []
     real = qwen2.rope_kv

@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from core.config import ServingConfig  # noqa: E402
-from engine.engine import Engine, EngineConfig  # noqa: E402
-from traces.workload import Request, Trace, length_trace  # noqa: E402
+from servecap.core.config import ServingConfig  # noqa: E402
+from servecap.engine.engine import Engine, EngineConfig  # noqa: E402
+from servecap.traces.workload import Request, Trace, length_trace  # noqa: E402
 
 TINY = ServingConfig(model="tiny", dtype="float32", block_size=16, max_batch=4)
 

@@ -12,17 +12,19 @@ from collections import defaultdict
 import pytest
 from helpers import constant_table, write_table
 
-import sim.cli
-from costs.model import CostModel
-from core.config import ServingConfig
-from sim import SimConfig, simulate
-from traces import metrics
-from traces.cli import main
-from traces.explain import PARTS, compare, explain
-from traces.explain_report import report, report_pair
-from traces.records import RunWriter, read_run
-from traces.timeline import row_slots, timeline
-from traces.workload import poisson_trace
+import servecap.sim.cli
+
+from servecap import sim
+from servecap.costs.model import CostModel
+from servecap.core.config import ServingConfig
+from servecap.sim import SimConfig, simulate
+from servecap.traces import metrics
+from servecap.traces.cli import main
+from servecap.traces.explain import PARTS, compare, explain
+from servecap.traces.explain_report import report, report_pair
+from servecap.traces.records import RunWriter, read_run
+from servecap.traces.timeline import row_slots, timeline
+from servecap.traces.workload import poisson_trace
 
 META = {"kind": "engine", "backend": "paged", "prefill": "padded", "max_batch": 2, "pool_blocks": 100,
         "trace": {"kind": "poisson", "n": 3, "rate": 1.0, "seed": 0}}

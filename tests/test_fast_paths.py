@@ -20,15 +20,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costs.model import CostModel, ExtrapolationWarning, _interp
-from costs.shapes import DecodeShape
-from costs.synthetic import linear_table
-from costs.table import load_cost_table
-from core.block_pool import BlockPool
-from sim.simulator import SimTimer, _Noise
-from traces.records import TABLES, RunWriter, _frame
+from servecap.costs.model import CostModel, ExtrapolationWarning, _interp
+from servecap.costs.shapes import DecodeShape
+from servecap.costs.synthetic import linear_table
+from servecap.costs.table import load_cost_table
+from servecap.core.block_pool import BlockPool
+from servecap.sim.simulator import SimTimer, _Noise
+from servecap.traces.records import TABLES, RunWriter, _frame
 
-SHIPPED = Path(__file__).resolve().parents[1] / "costs" / "data" / "h200.json"
+SHIPPED = Path(__file__).resolve().parents[1] / "servecap" / "costs" / "data" / "h200.json"
 
 
 @pytest.fixture(scope="module", params=["shipped-h200", "synthetic-linear"])
@@ -50,7 +50,7 @@ def _shapes(cost: CostModel, n: int, seed: int):
 
 
 def _numpy_decode(cost: CostModel, backend: str, rows: int, kv_tokens, kv_max):
-    """The decode cost as costs/model.py first wrote it, on numpy arrays: the reference the one implementation
+    """The decode cost as servecap/costs/model.py first wrote it, on numpy arrays: the reference the one implementation
     (CostModel.decode_stretch) is held to, bit for bit."""
     d = cost._decode[backend]
     r = d.rows
@@ -177,6 +177,6 @@ def test_in_memory_records_make_the_frame_pandas_makes_of_the_rows(table, n, odd
 def test_the_cli_answers_help_without_pandas_or_simpy():
     # Importing pandas takes longer than a 400-request point takes to simulate: the commands import it when they run.
     code = ("import runpy, sys; sys.argv = ['sim', 'run', '--help']\n"
-            "try:\n    runpy.run_module('sim', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "try:\n    runpy.run_module('servecap.sim', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "sys.exit(('pandas' in sys.modules) or ('simpy' in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

@@ -12,14 +12,14 @@ import pandas as pd
 import pytest
 from helpers import constant_table, linear_table, sim_config
 
-from costs.model import CostModel
-from core.routing import ROUTERS
-from sim import simulate
-from sim.fleet import simulate_fleet
-from sim.inputs import load_table
-from traces import metrics
-from traces.errors import InputError
-from traces.workload import Request, Trace, closed_mixed, closed_uniform, length_trace, poisson_trace
+from servecap.costs.model import CostModel
+from servecap.core.routing import ROUTERS
+from servecap.sim import simulate
+from servecap.sim.fleet import simulate_fleet
+from servecap.sim.inputs import load_table
+from servecap.traces import metrics
+from servecap.traces.errors import InputError
+from servecap.traces.workload import Request, Trace, closed_mixed, closed_uniform, length_trace, poisson_trace
 
 
 def after(start: float, *costs: float) -> float:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.fleet import serve_fleet
-from core.routing import ROUTERS, Load, router
-from traces.errors import InputError
-from traces.workload import length_trace
+from servecap.engine.fleet import serve_fleet
+from servecap.core.routing import ROUTERS, Load, router
+from servecap.traces.errors import InputError
+from servecap.traces.workload import length_trace
 
 
 def test_routers_pick_by_their_rule():
@@ -27,8 +27,8 @@ def test_an_unknown_router_or_no_replica_is_refused(tmp_path):
 @pytest.mark.slow
 def test_two_tiny_engines_behind_a_router_serve_every_request_once(tmp_path):
     pytest.importorskip("torch")
-    from core.config import ServingConfig
-    from traces.records import read_run
+    from servecap.core.config import ServingConfig
+    from servecap.traces.records import read_run
 
     trace = length_trace([(0.05 * i, 8 + 5 * i, 3) for i in range(6)], {"kind": "fleet-test"})
     cfg = dict(serving=ServingConfig(model="tiny", dtype="float32", block_size=16, max_batch=2), device="cpu",

@@ -13,17 +13,17 @@ import pandas as pd
 import pytest
 from helpers import linear_table, run_cli, write_table
 
-from sim import remote
-from sim.cli import main
-from sim.fleet_report import fewest_lines, fewest_replicas
-from sim.report import MEMORY_COLUMNS
-from core.block_pool import PoolSize
-from core.config import ServingConfig
-from sim.sweep import ConfigResult, Workload, run_sweep
-from traces import metrics
-from traces.latency import latency_keys
-from traces.records import read_run
-from traces.slo import parse_slos
+from servecap.sim import remote
+from servecap.sim.cli import main
+from servecap.sim.fleet_report import fewest_lines, fewest_replicas
+from servecap.sim.report import MEMORY_COLUMNS
+from servecap.core.block_pool import PoolSize
+from servecap.core.config import ServingConfig
+from servecap.sim.sweep import ConfigResult, Workload, run_sweep
+from servecap.traces import metrics
+from servecap.traces.latency import latency_keys
+from servecap.traces.records import read_run
+from servecap.traces.slo import parse_slos
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -143,7 +143,7 @@ def _dockerfile(image) -> list[str]:
 
 
 def test_the_modal_app_holds_the_simulator_and_no_torch():
-    modal_app = pytest.importorskip("sim.modal_app")
+    modal_app = pytest.importorskip("servecap.sim.modal_app")
     from modal._utils.async_utils import synchronizer
     spec = modal_app.sweep_call._spec_
     assert spec.image is synchronizer._translate_in(modal_app.image) and spec.gpus is None and spec.cpu == 1.0
@@ -155,13 +155,14 @@ def test_the_modal_app_holds_the_simulator_and_no_torch():
 
 
 def test_the_image_sources_hold_every_package_the_simulator_imports():
-    modal_app = pytest.importorskip("sim.modal_app")
+    modal_app = pytest.importorskip("servecap.sim.modal_app")
     code = """
 import sys
 from pathlib import Path
-import sim.modal_app, sim.cli
+import servecap.sim.modal_app
+import servecap.sim.cli
 repo, env = Path.cwd().resolve(), Path(sys.prefix).resolve()  # a virtual environment may sit inside the repo
-print(sorted({m.partition(".")[0] for m, mod in list(sys.modules.items())
+print(sorted({".".join(m.split(".")[:2]) for m, mod in list(sys.modules.items())
               if getattr(mod, "__file__", None) and Path(mod.__file__).resolve().is_relative_to(repo)
               and not Path(mod.__file__).resolve().is_relative_to(env)}))
 print(sorted(m for m in sys.modules if m.partition(".")[0] in ("torch", "triton", "transformers")))
@@ -169,7 +170,9 @@ print(sorted(m for m in sys.modules if m.partition(".")[0] in ("torch", "triton"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     ours, heavy = map(eval, done.stdout.splitlines())
-    assert set(ours) <= set(modal_app.SOURCES) and "sim" in ours and heavy == []
+    # The image holds the whole package; the simulator's imports stay out of its engine.
+    assert {m.partition(".")[0] for m in ours} <= set(modal_app.SOURCES) and "servecap.sim" in ours
+    assert "servecap.engine" not in ours and heavy == []
 
 
 class PickledMap:
@@ -189,9 +192,9 @@ class PickledMap:
 
 
 def test_a_sweep_on_modal_gives_the_rows_a_local_sweep_gives(monkeypatch):
-    modal_app = pytest.importorskip("sim.modal_app")
+    modal_app = pytest.importorskip("servecap.sim.modal_app")
     monkeypatch.setattr(remote, "_ready", None)
-    from costs.table import as_cost_table
+    from servecap.costs.table import as_cost_table
     table = as_cost_table(linear_table())
     configs = [ServingConfig(max_batch=8, pool=PoolSize(gib=1.0)),
                ServingConfig(backend="padded", max_batch=8, pool=PoolSize(gib=1.0), prefill="packed", replicas=2,
@@ -220,7 +223,8 @@ class NoModal(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 
 sys.meta_path.insert(0, NoModal())
-import sim.cli
+import servecap.sim.cli
+from servecap import sim
 sys.exit(sim.cli.main(["sweep", "--on", "modal", "--rates", "1", "--n", "10", "--table", {str(table)!r},
                        "--out", {str(tmp_path / 'out')!r}]))
 """
@@ -247,14 +251,14 @@ def _same_sweep(a: Path, b: Path) -> None:
 
 def _cut(whole: Path, cut: Path, keep: int) -> None:
     """`cut` as a sweep interrupted after `keep` results, a further one cut off mid-line by the kill."""
-    from sim.store import FILE
+    from servecap.sim.store import FILE
     lines = (whole / FILE).read_text().splitlines(keepends=True)
     cut.mkdir()
     (cut / FILE).write_text("".join(lines[:1 + keep]) + lines[1 + keep][:30])
 
 
 def test_a_fleet_sweep_with_slos_and_seeds_resumes_to_the_same_results(capsys, table, tmp_path):
-    from sim.store import FILE
+    from servecap.sim.store import FILE
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     code, stdout, err = cli(capsys, *FLEET_SWEEP, "--jobs", "2", "--table", str(table), "--out", str(whole))
     assert code == 0, err
@@ -306,9 +310,9 @@ class CutMap(PickledMap):
 
 
 def test_a_sweep_on_modal_keeps_its_points_as_they_come_back_and_resumes(monkeypatch, tmp_path):
-    modal_app = pytest.importorskip("sim.modal_app")
-    from costs.table import as_cost_table
-    from sim.store import FILE, PointStore
+    modal_app = pytest.importorskip("servecap.sim.modal_app")
+    from servecap.costs.table import as_cost_table
+    from servecap.sim.store import FILE, PointStore
     monkeypatch.setattr(remote, "_ready", None)
     table = as_cost_table(linear_table())
     configs = [ServingConfig(max_batch=8, pool=PoolSize(gib=1.0), replicas=2, router="least-outstanding"),
@@ -336,7 +340,7 @@ def test_a_sweep_on_modal_keeps_its_points_as_they_come_back_and_resumes(monkeyp
 
 
 def test_cli_sweep_on_modal_resumes_a_local_one_and_writes_its_files(capsys, monkeypatch, table, tmp_path):
-    modal_app = pytest.importorskip("sim.modal_app")
+    modal_app = pytest.importorskip("servecap.sim.modal_app")
     from contextlib import contextmanager
     monkeypatch.setattr(remote, "_ready", None)
     maps = []

@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from costs.model import CostModel
-from costs.table import StationarityWarning, load_cost_table
+from servecap.costs.model import CostModel
+from servecap.costs.table import StationarityWarning, load_cost_table
 from helpers import sim_config
-from sim.fleet import simulate_fleet
-from sim.simulator import simulate
-from traces.metrics import summary
-from traces.workload import closed_mixed, length_trace, poisson_trace
+from servecap.sim.fleet import simulate_fleet
+from servecap.sim.simulator import simulate
+from servecap.traces.metrics import summary
+from servecap.traces.workload import closed_mixed, length_trace, poisson_trace
 
 DATA = Path(__file__).resolve().parent / "data"
 REQUESTS = ("request_id", "arrival", "admitted", "admit_step", "group_id", "group_size", "first_token", "finished",

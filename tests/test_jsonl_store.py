@@ -1,11 +1,11 @@
-"""The JSON-lines mechanics both points files share (traces/jsonl_store.py): whole lines, the header, entries,
+"""The JSON-lines mechanics both points files share (servecap/traces/jsonl_store.py): whole lines, the header, entries,
 appends that reach the disk at once."""
 import json
 
 import pytest
 
-from traces.errors import InputError
-from traces.jsonl_store import JsonLines, complete_lines, drop_cut_off, entries, header
+from servecap.traces.errors import InputError
+from servecap.traces.jsonl_store import JsonLines, complete_lines, drop_cut_off, entries, header
 
 
 def test_a_line_cut_off_mid_write_is_set_apart_and_can_be_dropped(tmp_path):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.kernels import (add_rms_norm, default_block_m, default_num_splits, max_programs, paged_attention,
+from servecap.engine.kernels import (add_rms_norm, default_block_m, default_num_splits, max_programs, paged_attention,
                             paged_attention_workspace, plan, prefill_attention, rms_norm, rope_cos_sin, rope_kv)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -302,7 +302,7 @@ def test_rope_kv_fp16_gpu():
 
 @pytest.mark.parametrize("rows, inter", [(3, 64), (2, 1500)])
 def test_silu_mul_matches_reference(rows, inter):
-    from engine.kernels import silu_mul
+    from servecap.engine.kernels import silu_mul
     gate_up = torch.randn(rows, 2 * inter, generator=torch.Generator().manual_seed(rows))
     gate, up = gate_up.double().chunk(2, dim=-1)
     want = gate * torch.sigmoid(gate) * up

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from traces import metrics
-from traces.records import RunWriter
+from servecap.traces import metrics
+from servecap.traces.records import RunWriter
 
 approx = pytest.approx
 

@@ -1,5 +1,5 @@
 """Mooncake's traces imported with their prompt block hashes (traces import-mooncake), and what the hashes say
-about prefix reuse (traces/prefix.py).
+about prefix reuse (servecap/traces/prefix.py).
 
 The expectations for the shared file are counted here with json alone; the rest are hand-made files."""
 from __future__ import annotations
@@ -11,12 +11,12 @@ import math
 import pytest
 from shared_data import TRACES
 
-from traces.cli import main
-from traces.errors import InputError
-from traces.importers import ImportOptions, import_mooncake, import_note
-from traces.prefix import cached_prefix_share, repeated_block_share
-from traces.trace_io import read_trace, write_trace
-from traces.workload import Request
+from servecap.traces.cli import main
+from servecap.traces.errors import InputError
+from servecap.traces.importers import ImportOptions, import_mooncake, import_note
+from servecap.traces.prefix import cached_prefix_share, repeated_block_share
+from servecap.traces.trace_io import read_trace, write_trace
+from servecap.traces.workload import Request
 
 MOONCAKE = TRACES / "synthetic_trace.jsonl"
 needs_mooncake = pytest.mark.skipif(not MOONCAKE.exists(), reason=f"{MOONCAKE} is not on this machine")

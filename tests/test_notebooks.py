@@ -28,7 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-TABLE = ROOT / "costs" / "data" / "h200.json"
+TABLE = ROOT / "servecap" / "costs" / "data" / "h200.json"
 VALIDATION = ROOT / "results" / "validation"
 SAG = ROOT / "results" / "sag"
 MISSING_DATA = 3  # notebooks/_style.py: the exit status of a notebook whose data is not there
@@ -62,7 +62,7 @@ def _prefill_s(shape) -> float:  # H200-like: a launch floor, then linear work p
 
 
 def _decode_s(backend: str, rows: int, kv_tokens, kv_max):  # the K/V read, and the longest row's walk
-    from costs.shapes import kv_read
+    from servecap.costs.shapes import kv_read
 
     kv_tokens, kv_max = np.asarray(kv_tokens, float), np.asarray(kv_max, float)
     return (0.0019 + 1.5e-5 * rows + 3.0e-9 * kv_read(backend, rows, kv_tokens, kv_max) + 2e-8 * kv_max) * \
@@ -70,9 +70,9 @@ def _decode_s(backend: str, rows: int, kv_tokens, kv_max):  # the K/V read, and 
 
 
 def _measured(runs: list, rng: np.random.Generator) -> dict:
-    """Made-up measurements of calibration runs, in calibrate/measure.py's format: the cost functions with
+    """Made-up measurements of calibration runs, in servecap/calibrate/measure.py's format: the cost functions with
     a few percent of noise."""
-    from calibrate.points import step_shapes
+    from servecap.calibrate.points import step_shapes
 
     samples = {}
     for run in runs:
@@ -92,13 +92,13 @@ def _measured(runs: list, rng: np.random.Generator) -> dict:
 
 
 def standin_table(seed: int = 7) -> dict:
-    """A synthetic cost table with the two checks a calibration adds: held-out shapes (calibrate/accuracy.py)
-    and never-run shapes first against repeats (calibrate/table.py), on made-up measurements."""
-    from calibrate.accuracy import check
-    from calibrate.plan import FULL, check_runs, stationarity_runs
-    from calibrate.table import stationarity
-    from costs.model import CostModel
-    from costs.synthetic import synthetic_table
+    """A synthetic cost table with the two checks a calibration adds: held-out shapes (servecap/calibrate/accuracy.py)
+    and never-run shapes first against repeats (servecap/calibrate/table.py), on made-up measurements."""
+    from servecap.calibrate.accuracy import check
+    from servecap.calibrate.plan import FULL, check_runs, stationarity_runs
+    from servecap.calibrate.table import stationarity
+    from servecap.costs.model import CostModel
+    from servecap.costs.synthetic import synthetic_table
 
     table = synthetic_table(_prefill_s, lambda b, r, t, m: float(_decode_s(b, r, t, m)), retire_s=1e-4, sigma=0.05,
                             name="stand-in (synthetic)")
@@ -112,7 +112,7 @@ def standin_table(seed: int = 7) -> dict:
 
 
 def _sag_candidates(n: int) -> list[dict]:
-    """Two configurations past capacity, in the form validate/sag.py writes candidates.json."""
+    """Two configurations past capacity, in the form servecap/validate/sag.py writes candidates.json."""
     trace = {"kind": "synthetic", "n": n, "seed": 0, "prompts": "five", "budgets": "fixed:32"}
     return [{"name": "five-fixed32-b16-pool-1gib-padded", "max_batch": 16, "pool_gib": 1.0, "prefill": "padded",
              "trace": trace, "rates": [40.0, 80.0, 160.0]},
@@ -123,7 +123,7 @@ def _sag_candidates(n: int) -> list[dict]:
 def _write_run(rec, out: Path, meta: dict) -> None:
     from datetime import datetime, timezone
 
-    from traces.records import RunWriter
+    from servecap.traces.records import RunWriter
 
     # stamped as the engine stamps its records: made now, after the plan (validate report refuses earlier ones)
     w = RunWriter(out, {**rec.meta, "created_at": datetime.now(timezone.utc).isoformat(), **meta})
@@ -136,12 +136,12 @@ def build_standin(out: Path, n: int = STANDIN_N) -> tuple[Path, Path, Path]:
     """out/table.json (standin_table), out/validation (the plan `validate.plan.make_plan` makes from it, public
     traces and blind policy predictions left out, sag candidates in; every point and repeat "run" by the
     simulator with step-time noise) and out/sag (the candidates, no search)."""
-    from costs.model import CostModel
-    from costs.table import load_cost_table, save_cost_table
-    from sim import SimConfig, simulate
-    from sim.fleet import simulate_fleet
-    from validate.plan import make_plan
-    from validate.points import build_trace, load_plan, run_dir
+    from servecap.costs.model import CostModel
+    from servecap.costs.table import load_cost_table, save_cost_table
+    from servecap.sim import SimConfig, simulate
+    from servecap.sim.fleet import simulate_fleet
+    from servecap.validate.plan import make_plan
+    from servecap.validate.points import build_trace, load_plan, run_dir
 
     out.mkdir(parents=True, exist_ok=True)
     save_cost_table(standin_table(), out / "table.json")

@@ -15,24 +15,24 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from core.block_pool import PoolSize
-from core.config import ServingConfig
-from costs.model import CostModel
-from costs.table import load_cost_table
+from servecap.core.block_pool import PoolSize
+from servecap.core.config import ServingConfig
+from servecap.costs.model import CostModel
+from servecap.costs.table import load_cost_table
 from helpers import linear_table, run_cli, sim_config, write_table
-from sim.cli import main as sim_main
-from sim.fleet import simulate_fleet
-from sim.fleet_report import fewest_replicas
-from sim.simulator import simulate
-from sim.sweep import ConfigResult
-from sim.sweep_plot import _styles, channels, title
-from traces import records
-from traces.cli import main as traces_main
-from traces.errors import InputError
-from traces.records import RunWriter, read_run
-from traces.timeline import timeline
-from traces.trace_io import read_trace
-from traces.workload import poisson_trace
+from servecap.sim.cli import main as sim_main
+from servecap.sim.fleet import simulate_fleet
+from servecap.sim.fleet_report import fewest_replicas
+from servecap.sim.simulator import simulate
+from servecap.sim.sweep import ConfigResult
+from servecap.sim.sweep_plot import _styles, channels, title
+from servecap.traces import records
+from servecap.traces.cli import main as traces_main
+from servecap.traces.errors import InputError
+from servecap.traces.records import RunWriter, read_run
+from servecap.traces.timeline import timeline
+from servecap.traces.trace_io import read_trace
+from servecap.traces.workload import poisson_trace
 
 REPO = Path(__file__).resolve().parents[1]
 

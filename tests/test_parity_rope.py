@@ -14,9 +14,9 @@ import copy
 import pytest
 import torch
 
-from engine.kernels import plan, prefill_attention, rope_cos_sin
-from engine.weights import load_model
-from traces.model_spec import QWEN25_1P5B, TINY_QWEN2
+from servecap.engine.kernels import plan, prefill_attention, rope_cos_sin
+from servecap.engine.weights import load_model
+from servecap.traces.model_spec import QWEN25_1P5B, TINY_QWEN2
 
 # The real model's RoPE (head_dim 128, rope_theta 1e6) on a body small enough to build on a CPU.
 ROPE_SPEC = dict(QWEN25_1P5B, name="rope-probe", hidden_size=256, num_hidden_layers=1, num_attention_heads=2,
@@ -60,7 +60,7 @@ def test_seeded_weights_are_the_same_values_as_before_the_fix():
     torch.manual_seed(0)
     from transformers import Qwen2ForCausalLM
 
-    from engine.weights import hf_config
+    from servecap.engine.weights import hf_config
     old = Qwen2ForCausalLM(hf_config(TINY_QWEN2)).to(torch.float16)
     new = load_model(None, TINY_QWEN2, seed=0, dtype=torch.float16, device="cpu").hf
     old_params, new_params = dict(old.named_parameters()), dict(new.named_parameters())

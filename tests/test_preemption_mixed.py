@@ -8,14 +8,14 @@ from helpers import constant_table, linear_table, sim_config
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from core.block_pool import BlockPool, blocks_for  # noqa: E402
-from core.config import ServingConfig  # noqa: E402
-from core.policies import ON_DEMAND, OnDemand, PrefillPolicy  # noqa: E402
-from core.scheduler import Scheduler  # noqa: E402
-from costs.model import CostModel  # noqa: E402
-from sim.simulator import simulate  # noqa: E402
-from traces.errors import InputError  # noqa: E402
-from traces.workload import Request, length_trace  # noqa: E402
+from servecap.core.block_pool import BlockPool, blocks_for  # noqa: E402
+from servecap.core.config import ServingConfig  # noqa: E402
+from servecap.core.policies import ON_DEMAND, OnDemand, PrefillPolicy  # noqa: E402
+from servecap.core.scheduler import Scheduler  # noqa: E402
+from servecap.costs.model import CostModel  # noqa: E402
+from servecap.sim.simulator import simulate  # noqa: E402
+from servecap.traces.errors import InputError  # noqa: E402
+from servecap.traces.workload import Request, length_trace  # noqa: E402
 
 SETTINGS = settings(max_examples=60, deadline=None)
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

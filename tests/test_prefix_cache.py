@@ -1,4 +1,4 @@
-"""Prefix caching (core/prefix_cache.py): keys from a trace's hash ids, blocks shared by reference count and
+"""Prefix caching (servecap/core/prefix_cache.py): keys from a trace's hash ids, blocks shared by reference count and
 evicted least recently released, and the simulator's runs with the cache on and off."""
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from helpers import constant_table, linear_table, sim_config
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from core.config import ServingConfig  # noqa: E402
-from core.prefix_cache import CachingBlockPool, block_keys  # noqa: E402
-from costs.model import CostModel  # noqa: E402
-from sim.simulator import simulate  # noqa: E402
-from traces.workload import Request, Trace  # noqa: E402
+from servecap.core.config import ServingConfig  # noqa: E402
+from servecap.core.prefix_cache import CachingBlockPool, block_keys  # noqa: E402
+from servecap.costs.model import CostModel  # noqa: E402
+from servecap.sim.simulator import simulate  # noqa: E402
+from servecap.traces.workload import Request, Trace  # noqa: E402
 
 SETTINGS = settings(max_examples=60, deadline=None)
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -113,6 +113,6 @@ def test_fast_forward_is_exact_with_the_cache_on(reqs, max_batch, pool_blocks, p
 
 
 def test_the_configuration_refuses_a_cache_that_is_not_on_or_off():
-    from traces.errors import InputError
+    from servecap.traces.errors import InputError
     with pytest.raises(InputError, match="on or off"):
         ServingConfig(prefix_cache="yes")

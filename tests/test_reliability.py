@@ -21,23 +21,27 @@ import pandas as pd
 import pytest
 from helpers import linear_table, run_cli, write_table
 
-import calibrate.cli
-import engine.cli
-import sim.cli
-from costs.model import CostModel, ExtrapolationWarning
-from costs.synthetic import synthetic_table
-from costs.table import table_id
-from sim.bands import Band, exceeds_seed_spread
-from sim.report import mechanism, mean_result
-from sim.store import FILE
-from core.block_pool import PoolSize
-from core.config import ServingConfig
-from sim.sweep import ConfigResult
-from traces.errors import InputError
-from traces.outpath import check_out_dir, check_out_file
-from traces.records import read_run
-from traces.trace_io import write_trace
-from traces.workload import Request, Trace, length_trace, poisson_trace
+import servecap.calibrate.cli
+
+from servecap import calibrate
+import servecap.engine.cli
+from servecap import engine
+import servecap.sim.cli
+from servecap import sim
+from servecap.costs.model import CostModel, ExtrapolationWarning
+from servecap.costs.synthetic import synthetic_table
+from servecap.costs.table import table_id
+from servecap.sim.bands import Band, exceeds_seed_spread
+from servecap.sim.report import mechanism, mean_result
+from servecap.sim.store import FILE
+from servecap.core.block_pool import PoolSize
+from servecap.core.config import ServingConfig
+from servecap.sim.sweep import ConfigResult
+from servecap.traces.errors import InputError
+from servecap.traces.outpath import check_out_dir, check_out_file
+from servecap.traces.records import read_run
+from servecap.traces.trace_io import write_trace
+from servecap.traces.workload import Request, Trace, length_trace, poisson_trace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,7 +75,7 @@ def test_out_checks_refuse_a_file_a_file_parent_and_an_unwritable_directory(tmp_
         check_out_file(f / "t.json")
     assert check_out_dir(tmp_path / "new" / "deeper") and check_out_file(tmp_path / "new" / "t.json")
     # Permissions do not stop root, so an unwritable directory is what access(2) says of a read-only filesystem.
-    monkeypatch.setattr("traces.outpath.os.access", lambda path, mode: False)
+    monkeypatch.setattr("servecap.traces.outpath.os.access", lambda path, mode: False)
     with pytest.raises(InputError, match="is not writable"):
         check_out_dir(tmp_path / "new")
     assert not (tmp_path / "new").exists()
@@ -509,7 +513,7 @@ def test_an_interrupted_engine_run_keeps_every_completed_row(tmp_path):
 
 def test_commit_named_by_the_gpu_script_wins_over_a_stale_git(monkeypatch):
     """A working tree sent to a GPU machine may carry an older .git: the commit the script names is the record's."""
-    from traces.provenance import git_commit
+    from servecap.traces.provenance import git_commit
     git_commit.cache_clear()
     monkeypatch.setenv("SERVECAP_GIT_COMMIT", "abc1234")
     try:

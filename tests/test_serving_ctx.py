@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from core.config import ServingConfig
+from servecap.core.config import ServingConfig
 
 
 
 def _parity():
-    return pytest.importorskip("engine.parity")  # imports torch; the rest of this file does not need it
+    return pytest.importorskip("servecap.engine.parity")  # imports torch; the rest of this file does not need it
 
 
 # Qwen2.5-1.5B: 28 layers; a logit RMS near 0.8 is what seeded random weights give (the Mismatch's bound is
@@ -45,8 +45,8 @@ def test_a_genuine_near_tie_is_excused_however_small_the_engine_error():
 # --- audit text items ---------------------------------------------------------------------------------------------
 
 def test_queue_wait_judged_against_the_floor_is_reported_in_ms_not_as_a_share_of_the_floor():
-    from validate.points import Point
-    from validate.report import Compared, queue_wait_target
+    from servecap.validate.points import Point
+    from servecap.validate.report import Compared, queue_wait_target
     cs = [Compared(Point(f"p{i}", "below", {"kind": "poisson"}), 10.0, {"queue_wait_p50": sim},
                    [{"queue_wait_p50": real, "stable": True}]) for i, (sim, real) in
           enumerate([(0.00203, 0.00275), (0.00132, 0.00137)])]
@@ -58,8 +58,9 @@ def test_queue_wait_judged_against_the_floor_is_reported_in_ms_not_as_a_share_of
 
 
 def test_the_commit_named_by_the_environment_is_the_records(monkeypatch, tmp_path):
-    import sim.cli
-    from traces.provenance import git_commit
+    import servecap.sim.cli
+    from servecap import sim
+    from servecap.traces.provenance import git_commit
     git_commit.cache_clear()
     monkeypatch.setenv("SERVECAP_GIT_COMMIT", "feedc0de")
     try:
@@ -93,8 +94,8 @@ class FakeSampler:
 
 def test_telemetry_is_recorded_beside_the_run_on_the_runs_clock(tmp_path):
     import time
-    from engine.telemetry import record_run
-    from traces.telemetry import read_telemetry
+    from servecap.engine.telemetry import record_run
+    from servecap.traces.telemetry import read_telemetry
     ticks = iter(range(100))
     sampler = FakeSampler([(1980.0, 55.0, 600.0), (1785.0, 58.0, 680.0), (1470.0, 60.0, 683.0)])
     rec = record_run(tmp_path, {"name": "NVIDIA H200"}, sampler)
@@ -112,7 +113,7 @@ def test_telemetry_is_recorded_beside_the_run_on_the_runs_clock(tmp_path):
 
 
 def test_no_gpu_records_nothing_and_says_unavailable(tmp_path):
-    from engine.telemetry import open_sampler, parse_smi, record_run
+    from servecap.engine.telemetry import open_sampler, parse_smi, record_run
     assert open_sampler({"name": "cpu"}) is None
     rec = record_run(tmp_path, {"name": "cpu"})
     with rec.timed(lambda: 0.0):
@@ -125,7 +126,7 @@ def test_no_gpu_records_nothing_and_says_unavailable(tmp_path):
 
 def test_steps_join_the_sample_taken_last_before_they_start():
     import pandas as pd
-    from traces.telemetry import join_steps
+    from servecap.traces.telemetry import join_steps
     steps = pd.DataFrame({"start": [0.35, 0.05, 0.9, 0.1], "end": [0.4, 0.08, 0.95, 0.2]})
     tele = pd.DataFrame({"time": [0.1, 0.3, 0.5], "unix_time": [0.0] * 3, "sm_clock_mhz": [1980.0, 1700.0, 1500.0],
                          "temperature_c": [55.0] * 3, "power_w": [600.0] * 3})
@@ -139,15 +140,15 @@ def test_steps_join_the_sample_taken_last_before_they_start():
 # --- the serving-context correction -------------------------------------------------------------------------------
 
 def _corrected(raw: dict, factors: dict[str, float]) -> dict:
-    from costs.table import CORRECTED_VERSION
+    from servecap.costs.table import CORRECTED_VERSION
     return {**{k: v for k, v in raw.items() if k != "table_id"}, "version": CORRECTED_VERSION,
             "correction": {"min_steps": 1, "factors": {k: {"factor": f, "n": 100} for k, f in factors.items()}}}
 
 
 def test_a_table_without_correction_prices_every_step_as_before():
-    from costs.model import CostModel
-    from costs.shapes import PrefillShape
-    from costs.synthetic import linear_table
+    from servecap.costs.model import CostModel
+    from servecap.costs.shapes import PrefillShape
+    from servecap.costs.synthetic import linear_table
     cost = CostModel(linear_table())
     shape = PrefillShape.of([300, 40], [0, 0])
     assert cost.correction is None
@@ -157,10 +158,10 @@ def test_a_table_without_correction_prices_every_step_as_before():
 
 
 def test_the_simulator_prices_a_decode_step_after_a_prefill_with_its_own_factor():
-    from costs.model import CostModel
-    from costs.synthetic import linear_table
-    from sim.simulator import SimConfig, simulate
-    from traces.workload import poisson_trace
+    from servecap.costs.model import CostModel
+    from servecap.costs.synthetic import linear_table
+    from servecap.sim.simulator import SimConfig, simulate
+    from servecap.traces.workload import poisson_trace
     base, corrected = CostModel(linear_table()), CostModel(_corrected(linear_table(), {
         "decode paged padded|prefill": 1.5, "decode paged padded|decode": 1.1, "prefill padded|idle": 2.0}))
     trace = poisson_trace(20.0, 60, 0)
@@ -179,12 +180,13 @@ def test_the_simulator_prices_a_decode_step_after_a_prefill_with_its_own_factor(
 
 
 def _shape(row):
-    from costs.recorded import prefill_shape
+    from servecap.costs.recorded import prefill_shape
     return prefill_shape(row)
 
 
 def _engine_like_runs(tmp_path, table_path, rates):
-    import sim.cli
+    import servecap.sim.cli
+    from servecap import sim
     runs = []
     for i, rate in enumerate(rates):
         d = tmp_path / "runs" / f"rate-{rate}"
@@ -197,12 +199,13 @@ def _engine_like_runs(tmp_path, table_path, rates):
 
 
 def test_from_runs_recovers_the_context_factors_and_grades_them_on_held_out_runs(tmp_path, monkeypatch):
-    import calibrate.cli
-    from costs.model import CostModel
-    from costs.synthetic import linear_table
-    from costs.table import load_cost_table
+    import servecap.calibrate.cli
+    from servecap import calibrate
+    from servecap.costs.model import CostModel
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import load_cost_table
     from tests.helpers import write_table
-    from traces.provenance import git_commit
+    from servecap.traces.provenance import git_commit
     true = {"decode paged padded|prefill": 1.2, "decode paged padded|decode": 1.05, "prefill padded": 1.1}
     truth = write_table(_corrected(linear_table(), true), tmp_path / "truth.json")
     table = write_table(linear_table(), tmp_path / "table.json")
@@ -233,11 +236,12 @@ def test_from_runs_recovers_the_context_factors_and_grades_them_on_held_out_runs
 
 
 def test_from_runs_refuses_what_it_cannot_use(tmp_path, capsys):
-    import calibrate.cli
+    import servecap.calibrate.cli
+    from servecap import calibrate
     assert calibrate.cli.main(["--from-runs", str(tmp_path), "--out", str(tmp_path / "x.json")]) == 2
     assert "--from-runs needs --table" in capsys.readouterr().err
     from tests.helpers import write_table
-    from costs.synthetic import linear_table
+    from servecap.costs.synthetic import linear_table
     table = write_table(linear_table(), tmp_path / "t.json")
     assert calibrate.cli.main(["--from-runs", str(tmp_path), "--table", str(table), "--out",
                                str(tmp_path / "x.json")]) == 2
@@ -250,11 +254,11 @@ NO_NOISE = {"schema": "run-to-run-noise", "pooled": {}, "groups": []}
 
 
 def test_a_cost_draw_scales_every_step_and_an_uncorrected_table_keeps_its_prices():
-    from costs.model import CostModel
-    from costs.shapes import PrefillShape
-    from costs.synthetic import linear_table
-    from costs.table import as_cost_table, table_id
-    from sim.intervals import scaled
+    from servecap.costs.model import CostModel
+    from servecap.costs.shapes import PrefillShape
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import as_cost_table, table_id
+    from servecap.sim.intervals import scaled
     raw = linear_table()
     table = as_cost_table({**raw, "table_id": table_id(raw)})
     base, up = CostModel(table), scaled(table, 1.1)
@@ -266,9 +270,9 @@ def test_a_cost_draw_scales_every_step_and_an_uncorrected_table_keeps_its_prices
 
 def test_the_cost_sigma_combines_the_held_out_residual_and_the_refresh_spread():
     import math
-    from costs.synthetic import linear_table
-    from costs.table import as_cost_table, table_id
-    from sim.intervals import cost_sigma
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import as_cost_table, table_id
+    from servecap.sim.intervals import cost_sigma
     raw = linear_table()
     raw["accuracy"] = {"points": [{"error": 0.03}, {"error": -0.03}]}
     plain = cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}))
@@ -282,9 +286,9 @@ def test_the_cost_sigma_combines_the_held_out_residual_and_the_refresh_spread():
 
 def test_the_run_to_run_speed_joins_the_cost_sigma_unless_held_out_runs_already_hold_it():
     import math
-    from costs.synthetic import linear_table
-    from costs.table import as_cost_table, table_id
-    from sim.intervals import cost_sigma
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import as_cost_table, table_id
+    from servecap.sim.intervals import cost_sigma
     raw = linear_table()
     raw["accuracy"] = {"points": [{"error": 0.03}, {"error": -0.03}]}
     noise = {"pooled": {"arrival": {"speed": {"sigma": 0.011}}, "closed": {"speed": {"sigma": 0.004}}}}
@@ -300,16 +304,16 @@ def test_the_run_to_run_speed_joins_the_cost_sigma_unless_held_out_runs_already_
 def test_a_band_on_one_trace_reads_a_monotone_metric_near_the_levels_z():
     import math
     from statistics import NormalDist
-    from costs.synthetic import linear_table
-    from costs.table import as_cost_table, table_id
-    from sim.intervals import Intervals
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import as_cost_table, table_id
+    from servecap.sim.intervals import Intervals
     raw = linear_table()
     raw["accuracy"] = {"points": [{"error": 0.05}, {"error": -0.05}]}
     table = as_cost_table({**raw, "table_id": table_id(raw)})
     iv = Intervals(table, 90, NO_NOISE)
     # A "metric" equal to the cost draw's own factor: its band must sit at exp(-/+ z90 sigma), within the
     # plotting positions' interpolation between draws.
-    from traces.workload import poisson_trace
+    from servecap.traces.workload import poisson_trace
     band = iv.band([poisson_trace(8.0, 10, 0)], lambda trace, model: {"wall_time_s": model.correction.scale})
     band = band["wall_time_s"]
     z = NormalDist().inv_cdf(0.95)
@@ -320,11 +324,11 @@ def test_a_band_on_one_trace_reads_a_monotone_metric_near_the_levels_z():
 
 def test_bands_hold_the_seed_and_cost_spread_and_widen_by_the_measured_noise():
     import math
-    from costs.synthetic import linear_table
-    from costs.table import as_cost_table, table_id
-    from sim.intervals import Intervals, seeded, simulated
-    from sim.simulator import SimConfig
-    from traces.workload import poisson_trace
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import as_cost_table, table_id
+    from servecap.sim.intervals import Intervals, seeded, simulated
+    from servecap.sim.simulator import SimConfig
+    from servecap.traces.workload import poisson_trace
     raw = linear_table()
     raw["accuracy"] = {"points": [{"error": 0.05}, {"error": -0.05}]}
     table = as_cost_table({**raw, "table_id": table_id(raw)})
@@ -346,9 +350,9 @@ def test_run_to_run_noise_is_measured_from_the_committed_repeats():
     from pathlib import Path
 
     import numpy as np
-    from traces.metrics import summary
-    from traces.records import read_run
-    from validate.noise import measure
+    from servecap.traces.metrics import summary
+    from servecap.traces.records import read_run
+    from servecap.validate.noise import measure
     doc = measure([Path("results/validation-recheck")])
     group = next(g for g in doc["groups"] if g["point"] == "rate-44")
     runs = [read_run(p) for p in group["source"]]
@@ -362,15 +366,15 @@ def test_with_a_table_the_noise_splits_into_each_runs_speed_and_what_speed_leave
     from pathlib import Path
 
     import numpy as np
-    from costs.model import CostModel
-    from costs.recorded import contextual, priced_steps
-    from sim import inputs
-    from sim.intervals import scaled, simulated
-    from traces.metrics import summary
-    from traces.records import read_run
-    from validate.noise import measure
-    from validate.plan import point_config
-    from validate.points import build_trace, load_plan
+    from servecap.costs.model import CostModel
+    from servecap.costs.recorded import contextual, priced_steps
+    from servecap.sim import inputs
+    from servecap.sim.intervals import scaled, simulated
+    from servecap.traces.metrics import summary
+    from servecap.traces.records import read_run
+    from servecap.validate.noise import measure
+    from servecap.validate.plan import point_config
+    from servecap.validate.points import build_trace, load_plan
     out = Path("results/validation-recheck")
     table = inputs.load_table(Path("results/calibration/t2/h200-t2.json"), allow_nonstationary=True)
     doc = measure([out], table)
@@ -397,7 +401,7 @@ def test_the_gpu_to_gpu_spread_is_the_sd_of_the_sessions_mean_speed():
     import math
 
     import numpy as np
-    from validate.noise import _sessions
+    from servecap.validate.noise import _sessions
     groups = [{"validation": v, "gpus": [g], "speed": speeds} for v, g, speeds in
               (("a", "GPU-1", [1.00, 1.02]), ("a", "GPU-1", [0.99]), ("b", "GPU-2", [1.05, 1.03]), ("c", "GPU-3", [0.97]))]
     s = _sessions(groups)
@@ -407,9 +411,9 @@ def test_the_gpu_to_gpu_spread_is_the_sd_of_the_sessions_mean_speed():
 
 
 def test_coverage_counts_every_repeat_inside_its_band():
-    from validate.coverage import coverage
-    from validate.points import Point
-    from validate.report import Compared
+    from servecap.validate.coverage import coverage
+    from servecap.validate.points import Point
+    from servecap.validate.report import Compared
     cs = [Compared(Point("rate-44", "near", {"kind": "poisson"}), 44.0, {},
                    [{"ttft_p50": 0.20}, {"ttft_p50": 0.35}]),
           Compared(Point("rate-22", "below", {"kind": "poisson"}), 22.0, {}, [{"ttft_p50": 0.01}])]
@@ -425,7 +429,8 @@ def test_coverage_counts_every_repeat_inside_its_band():
 
 
 def test_sim_run_interval_prints_a_band_per_metric_and_refuses_a_bad_level(capsys):
-    import sim.cli
+    import servecap.sim.cli
+    from servecap import sim
     assert sim.cli.main(["run", "--rate", "10", "--n", "60", "--interval", "90"]) == 0
     out = capsys.readouterr().out
     assert "interval 90%: 5 trace sample(s) x 16 cost factors" in out and "TTFT p50" in out.split("interval")[-1]
@@ -437,7 +442,8 @@ def test_sim_run_interval_prints_a_band_per_metric_and_refuses_a_bad_level(capsy
 
 def test_sim_sweep_interval_writes_a_band_per_point(tmp_path):
     import pandas as pd
-    import sim.cli
+    import servecap.sim.cli
+    from servecap import sim
     out = tmp_path / "sweep"
     assert sim.cli.main(["sweep", "--backend", "paged", "--max-batch", "8", "--pool-gib", "1", "--rates", "5,10",
                          "--n", "40", "--jobs", "1", "--interval", "80", "--out", str(out)]) == 0
@@ -449,8 +455,8 @@ def test_sim_sweep_interval_writes_a_band_per_point(tmp_path):
 def test_the_clock_term_is_fitted_where_the_runs_recorded_telemetry():
     import numpy as np
     import pandas as pd
-    from calibrate.from_runs import fit
-    from costs.context import Correction
+    from servecap.calibrate.from_runs import fit
+    from servecap.costs.context import Correction
     rng = np.random.default_rng(0)
     clock = rng.uniform(1470, 1980, 400)
     model = rng.uniform(0.002, 0.003, 400)
@@ -467,11 +473,11 @@ def test_the_clock_term_is_fitted_where_the_runs_recorded_telemetry():
 
 
 def test_a_plan_point_gets_its_band_on_the_one_trace_its_runs_replay(tmp_path):
-    from costs.synthetic import linear_table
-    from costs.table import as_cost_table, table_id
-    from sim.intervals import Intervals
-    from validate.plan import point_band, predict
-    from validate.points import Point
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import as_cost_table, table_id
+    from servecap.sim.intervals import Intervals
+    from servecap.validate.plan import point_band, predict
+    from servecap.validate.points import Point
     raw = linear_table()
     raw["accuracy"] = {"points": [{"error": 0.04}, {"error": -0.04}]}
     table = as_cost_table({**raw, "table_id": table_id(raw)})
@@ -489,15 +495,15 @@ def test_a_plan_point_gets_its_band_on_the_one_trace_its_runs_replay(tmp_path):
 
 def test_a_fused_step_is_priced_from_its_record_as_the_simulator_priced_it():
     """A fused step's row keeps totals only, yet with at most one chunk it determines the step's price: the shape
-    rebuilt from the record (costs/recorded.fused_shape) costs exactly what the simulator charged for it."""
+    rebuilt from the record (servecap/costs/recorded.fused_shape) costs exactly what the simulator charged for it."""
     from helpers import linear_table, sim_config
 
-    from costs.model import CostModel
-    from costs.recorded import prefill_shape
-    from sim.simulator import simulate
-    from traces.workload import length_trace
+    from servecap.costs.model import CostModel
+    from servecap.costs.recorded import prefill_shape
+    from servecap.sim.simulator import simulate
+    from servecap.traces.workload import length_trace
 
-    from costs.table import PATH_PARAM, PREFIX_PARAM
+    from servecap.costs.table import PATH_PARAM, PREFIX_PARAM
     raw = linear_table()
     # Also with the terms a table that measured fused steps has: the longest program's keys are the record's
     # kv_max (or the chunk's context), the rest is linear in each decode row's prefix.
@@ -516,15 +522,15 @@ def test_a_fused_step_is_priced_from_its_record_as_the_simulator_priced_it():
 @pytest.mark.parametrize("prefill", ["mixed:256", "chunked:128", "padded"])
 def test_a_simulated_record_priced_in_its_context_gives_back_the_simulators_durations(prefill):
     """The step after a fused step sees `mixed` before it in the simulator, as the record says: pricing the
-    simulator's own record step by step in its context (costs/recorded.py) returns the durations it simulated, with
+    simulator's own record step by step in its context (servecap/costs/recorded.py) returns the durations it simulated, with
     a correction whose factors differ by the previous step's kind."""
     import numpy as np
     from helpers import linear_table, sim_config
 
-    from costs.model import CostModel
-    from costs.recorded import contextual, priced_steps
-    from sim.simulator import simulate
-    from traces.workload import length_trace
+    from servecap.costs.model import CostModel
+    from servecap.costs.recorded import contextual, priced_steps
+    from servecap.sim.simulator import simulate
+    from servecap.traces.workload import length_trace
     raw = linear_table()
     kinds = {"prefill mixed": 1.3, "prefill chunked": 1.2, "prefill padded": 1.1, "decode paged mixed": 0.9,
              "decode paged chunked": 0.95, "decode paged padded": 1.05}

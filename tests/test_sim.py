@@ -14,23 +14,25 @@ import pandas as pd
 import pytest
 from helpers import constant_table, linear_table, run_cli, serve_virtual, sim_config, write_table
 
-import sim.inputs
-from core.block_pool import PoolSize
-from core.config import ServingConfig
-from costs.model import CostModel
-from costs.shapes import BACKENDS
-from sim import simulate
-from traces.metrics import occupancy
-from sim.cli import main
-from sim.report import mechanism
-from sim.sweep import ConfigResult, auto_rates
-from traces import metrics
-from traces.errors import InputError
-from traces.model_spec import QWEN25_1P5B
-from traces.records import read_run
-from traces.cli import main as traces_main
-from traces.trace_io import write_trace
-from traces.workload import Trace, closed_uniform, length_trace, poisson_trace
+import servecap.sim.inputs
+
+from servecap import sim
+from servecap.core.block_pool import PoolSize
+from servecap.core.config import ServingConfig
+from servecap.costs.model import CostModel
+from servecap.costs.shapes import BACKENDS
+from servecap.sim import simulate
+from servecap.traces.metrics import occupancy
+from servecap.sim.cli import main
+from servecap.sim.report import mechanism
+from servecap.sim.sweep import ConfigResult, auto_rates
+from servecap.traces import metrics
+from servecap.traces.errors import InputError
+from servecap.traces.model_spec import QWEN25_1P5B
+from servecap.traces.records import read_run
+from servecap.traces.cli import main as traces_main
+from servecap.traces.trace_io import write_trace
+from servecap.traces.workload import Trace, closed_uniform, length_trace, poisson_trace
 
 REPO = Path(__file__).resolve().parents[1]
 near = pytest.approx  # sums of decimal step costs agree to ~1e-15, not bit for bit
@@ -183,8 +185,8 @@ class NoTorch(importlib.abc.MetaPathFinder):
 
 # A finder, not sys.modules['torch'] = None: scipy looks torch up in sys.modules and trips over a None there.
 sys.meta_path.insert(0, NoTorch())
-import sim, sim.bench, sim.cli
-assert sim.cli.main(["run", "--rate", "2", "--n", "20", "--table", {str(table)!r}]) == 0
+import servecap.sim.bench, servecap.sim.cli
+assert servecap.sim.cli.main(["run", "--rate", "2", "--n", "20", "--table", {str(table)!r}]) == 0
 assert not [m for m in sys.modules if m.partition(".")[0] in ("torch", "triton", "transformers")]
 """
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

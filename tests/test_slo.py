@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from test_metrics import small_run
 
-from traces import metrics
-from traces.errors import InputError
-from traces.records import RunWriter, read_run
-from traces.slo import SLO, describe, parse_slos
+from servecap.traces import metrics
+from servecap.traces.errors import InputError
+from servecap.traces.records import RunWriter, read_run
+from servecap.traces.slo import SLO, describe, parse_slos
 
 REPO = Path(__file__).resolve().parents[1]
 

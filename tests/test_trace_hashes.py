@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from traces.errors import InputError
-from traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens, request_token_ids
-from traces.trace_io import read_trace, write_trace
-from traces.workload import Request, Trace, closed_mixed, length_trace, poisson_trace, synthetic_trace
+from servecap.traces.errors import InputError
+from servecap.traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens, request_token_ids
+from servecap.traces.trace_io import read_trace, write_trace
+from servecap.traces.workload import Request, Trace, closed_mixed, length_trace, poisson_trace, synthetic_trace
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

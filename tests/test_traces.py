@@ -20,16 +20,16 @@ import numpy as np
 import pytest
 from shared_data import TRACES
 
-from traces.cli import main
-from costs.table import load_cost_table
-from traces.csvio import atomic_write_text
-from traces.errors import InputError
-from traces.importers import ImportOptions, import_azure, import_lengths, import_note, import_table, time_unit_warning
-from traces.prompts import PROMPT_LENGTHS, prompt_tokens
-from traces import records
-from traces.records import RunWriter, read_run
-from traces.trace_io import read_trace, write_trace
-from traces.workload import closed_mixed, closed_uniform, length_trace, mixed_draw, poisson_arrivals, poisson_trace
+from servecap.traces.cli import main
+from servecap.costs.table import load_cost_table
+from servecap.traces.csvio import atomic_write_text
+from servecap.traces.errors import InputError
+from servecap.traces.importers import ImportOptions, import_azure, import_lengths, import_note, import_table, time_unit_warning
+from servecap.traces.prompts import PROMPT_LENGTHS, prompt_tokens
+from servecap.traces import records
+from servecap.traces.records import RunWriter, read_run
+from servecap.traces.trace_io import read_trace, write_trace
+from servecap.traces.workload import closed_mixed, closed_uniform, length_trace, mixed_draw, poisson_arrivals, poisson_trace
 
 REPO = Path(__file__).resolve().parents[1]
 AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"
@@ -338,9 +338,9 @@ def test_a_window_past_the_data_is_refused_naming_the_file(tmp_path):
 def test_help_runs_and_nothing_under_traces_imports_torch():
     run = subprocess.run([sys.executable, "-m", "traces", "--help"], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0 and all(c in run.stdout for c in ("poisson", "closed", "import-azure", "show"))
-    check = ("import pkgutil, importlib, sys, traces\n"
+    check = ("import pkgutil, importlib, sys, servecap.traces as traces\n"
              "for m in pkgutil.iter_modules(traces.__path__):\n"
-             "    if m.name != '__main__': importlib.import_module('traces.' + m.name)\n"
+             "    if m.name != '__main__': importlib.import_module('servecap.traces.' + m.name)\n"
              "assert 'torch' not in sys.modules, 'torch was imported'\n")
     run = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr

@@ -12,11 +12,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from traces.errors import InputError
-from traces.importers import import_mooncake, import_table
-from traces.prompts import PROMPT_LENGTHS
-from traces.trace_io import read_trace, write_trace
-from traces.workload import Trace, closed_mixed, hash_error, length_trace, poisson_trace
+from servecap.traces.errors import InputError
+from servecap.traces.importers import import_mooncake, import_table
+from servecap.traces.prompts import PROMPT_LENGTHS
+from servecap.traces.trace_io import read_trace, write_trace
+from servecap.traces.workload import Trace, closed_mixed, hash_error, length_trace, poisson_trace
 
 # Each example overwrites the same file, so a function-scoped tmp_path is safe to share between examples.
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -7,16 +7,16 @@ import json
 
 import pytest
 
-from costs.model import CostModel
-from costs.synthetic import linear_table
-from costs.table import save_cost_table
-from sim.fleet import simulate_fleet
-from sim.simulator import SimConfig, simulate
-from traces.errors import InputError
-from traces.provenance import now_iso
-from traces.records import RunWriter
-from validate.cli import main
-from validate.points import build_trace, load_plan, run_dir
+from servecap.costs.model import CostModel
+from servecap.costs.synthetic import linear_table
+from servecap.costs.table import save_cost_table
+from servecap.sim.fleet import simulate_fleet
+from servecap.sim.simulator import SimConfig, simulate
+from servecap.traces.errors import InputError
+from servecap.traces.provenance import now_iso
+from servecap.traces.records import RunWriter
+from servecap.validate.cli import main
+from servecap.validate.points import build_trace, load_plan, run_dir
 
 N = 40
 
@@ -74,7 +74,7 @@ def test_predict_plan_real_report_end_to_end(inputs, tmp_path, capsys):
     assert plan["blind"]["predictions"] == doc["predictions"]  # graded as they were made
     assert main(argv) == 2 and "already holds a validation plan" in capsys.readouterr().err
 
-    from costs.table import load_cost_table
+    from servecap.costs.table import load_cost_table
     fill_real(out, load_cost_table(table))
     assert main(["report", "--table", str(table), "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
@@ -95,10 +95,10 @@ def test_a_run_made_before_the_table_or_for_another_plan_is_refused(inputs, tmp_
     table = inputs / "table.json"
     out = tmp_path / "validation"
     assert main(["plan", "--table", str(table), "--n", str(N), "--skip", "public,policies,fleet", "--out", str(out)]) == 0
-    from costs.table import load_cost_table
+    from servecap.costs.table import load_cost_table
     fill_real(out, load_cost_table(table), created_at="2020-01-01T00:00:00+00:00")
     with pytest.raises(InputError, match="made before cost table"):
-        from validate.report import compare
+        from servecap.validate.report import compare
         compare(out, table)
 
 

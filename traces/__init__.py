@@ -1,4 +1,1 @@
-"""Shared formats, workloads and metrics: request traces, run records, cost tables.
-
-Nothing here imports torch: the simulator and the analysis run on any machine.
-"""
+"""`python -m traces` from a checkout's root: runs `python -m servecap.traces` (the code is in servecap/traces/)."""

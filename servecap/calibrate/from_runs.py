@@ -1,0 +1,195 @@
+"""`python -m calibrate --from-runs RUN_DIR ... --table T --out T2`: correct a cost table for serving from the steps of
+real run records (the validation's, or a user's own serving logs), no GPU.
+
+Every recorded step whose shape the record determines is priced by T at its shape (servecap/costs/recorded.py) and put in
+its serving-context class (servecap/costs/context.py: previous step, idle gap, rows; the SM clock where the run recorded
+telemetry). The correction is the median real / model of each class. Held out by run: the runs of each prefill
+policy, in path order, every HOLDOUT_EVERY-th is left out of the fit, and the report (printed, and stored in the
+table) gives, on the held-out runs only, the median real / model per step kind before and after the correction, each
+run's summed step time error before and after, and the residual spread the intervals use (servecap/sim/intervals.py). The
+correction stored is the one fitted without the held-out runs: the one the report grades.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from servecap.costs.context import IDLE_S, MIN_STEPS, Correction, keys, previous
+from servecap.costs.model import CostModel
+from servecap.costs.recorded import contextual, priced_steps
+from servecap.costs.table import CORRECTED_VERSION, check_compatible, load_cost_table, save_cost_table
+from servecap.traces.errors import InputError
+from servecap.traces.provenance import git_commit, now_iso
+
+HOLDOUT_EVERY = 3
+CLOCK_MIN_STEPS = 100  # steps with a recorded clock before its exponent is fitted
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """The complete engine run records at or under each path (a record's own subfolders, a fleet's replicas, are
+    not searched: the record holds them)."""
+    found: list[Path] = []
+
+    def walk(d: Path) -> None:
+        meta = d / "meta.json"
+        if meta.exists():
+            m = json.loads(meta.read_text())
+            if m.get("schema") == "run-record" and m.get("kind") == "engine" and m.get("status") == "complete":
+                found.append(d)
+            return
+        for sub in sorted(p for p in d.iterdir() if p.is_dir()):
+            walk(sub)
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise InputError("not a directory of run records", path=p)
+        before = len(found)
+        walk(p)
+        if len(found) == before:
+            raise InputError("holds no complete engine run record (meta.json with kind engine)", path=p)
+    return list(dict.fromkeys(found))
+
+
+def split(runs: dict[Path, dict], every: int = HOLDOUT_EVERY) -> tuple[list[Path], list[Path]]:
+    """(fitted, held out): per prefill policy, in path order, every `every`-th run held out (none when a policy has
+    fewer than two runs, or every is 0)."""
+    by_policy: dict[str, list[Path]] = {}
+    for path in sorted(runs):
+        by_policy.setdefault(runs[path]["meta"].get("prefill", "padded").partition(":")[0], []).append(path)
+    fit, held = [], []
+    for paths in by_policy.values():
+        for i, path in enumerate(paths):
+            (held if every and len(paths) > 1 and i % every == every - 1 else fit).append(path)
+    return fit, held
+
+
+def _prev(steps) -> list[str]:
+    return [previous(k, i) for k, i in zip(steps.prev_kind, steps.idle_s)]
+
+
+def fit(steps) -> dict:
+    """The correction's factors (every key level of costs.context.keys, with its step count) and clock term."""
+    ratio = (steps.real_s / steps.model_s).to_numpy()
+    got: dict[str, list[float]] = {}
+    for r, k, p, rows in zip(ratio, steps.kind, _prev(steps), steps.rows):
+        for key in keys(k, p, int(rows)):
+            got.setdefault(key, []).append(r)
+    factors = {k: {"factor": float(np.median(v)), "n": len(v)} for k, v in sorted(got.items())}
+    correction = {"method": "median real / model per (step kind, context class)", "idle_s": IDLE_S,
+                  "min_steps": MIN_STEPS, "factors": factors, "clock": None}
+    clocked = steps[np.isfinite(steps.clock_mhz.astype(float))]
+    if len(clocked) >= CLOCK_MIN_STEPS:
+        ref = float(np.median(clocked.clock_mhz))
+        x = np.log(ref / clocked.clock_mhz.to_numpy(float))
+        if np.std(x) > 0.005:  # the clock moved: its exponent is measurable
+            base = _priced(clocked, correction)
+            r = np.log(clocked.real_s.to_numpy() / base)
+            correction["clock"] = {"reference_mhz": ref, "exponent": float(np.dot(x, r) / np.dot(x, x)),
+                                   "n": int(len(clocked))}
+    return correction
+
+
+def _priced(steps, correction: dict | None) -> np.ndarray:
+    """Each step's model price times the correction's factor (none: the table's price)."""
+    return contextual(steps, Correction(correction) if correction else None)
+
+
+def _rms(v: list[float]) -> float | None:
+    return float(math.sqrt(np.mean(np.square(v)))) if len(v) >= 2 else None
+
+
+def evaluate(by_run: dict[Path, "object"], correction: dict | None) -> dict:
+    """On these runs: median real / model per step kind (and per kind and previous step) before and after the
+    correction; each run's summed step time error, (model - real) / real, before and after; the log residual RMS over
+    runs of each kind's summed steps after it (the intervals' cost-model term)."""
+    import pandas as pd
+
+    if not by_run:
+        return {}
+    rows = []
+    for path, s in by_run.items():
+        rows.append(s.assign(run=str(path), prev=_prev(s), before=s.model_s.to_numpy(), after=_priced(s, correction)))
+    steps = pd.concat(rows, ignore_index=True)
+
+    def medians(group_cols):
+        out = {}
+        for key, g in steps.groupby(group_cols):
+            key = key if isinstance(key, str) else " | ".join(key)
+            out[key] = {"n": int(len(g)), "before": float(np.median(g.real_s / g.before)),
+                        "after": float(np.median(g.real_s / g.after))}
+        return out
+    runs, sigma = {}, {}
+    for run, g in steps.groupby("run"):
+        real = g.real_s.sum()
+        runs[run] = {"steps": int(len(g)), "before": float(g.before.sum() / real - 1),
+                     "after": float(g.after.sum() / real - 1)}
+    for kind, g in steps.groupby("kind"):
+        logs = [float(np.log(h.real_s.sum() / h.after.sum())) for _, h in g.groupby("run")]
+        sigma[kind] = _rms(logs)
+    sigma["all"] = _rms([float(np.log(1 / (1 + r["after"]))) for r in runs.values()])
+    return {"kinds": medians("kind"), "contexts": medians(["kind", "prev"]), "runs": runs, "residual_sigma": sigma}
+
+
+def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], force: bool = False,
+              every: int = HOLDOUT_EVERY) -> tuple[str, dict]:
+    """Write `table_path` corrected from the runs under `paths` to `out`; return its id and the report."""
+    import pandas as pd
+
+    from servecap.traces.records import read_run
+    from servecap.traces.telemetry import read_telemetry
+
+    if out.exists() and not force:
+        raise InputError("already exists; pass --force to replace it", path=out)
+    table = load_cost_table(table_path, allow_nonstationary=True)
+    if table.version < 2:
+        raise InputError("is a version-1 table; rebuild it with --refit first", path=table_path)
+    cost = CostModel(table)
+    runs = {}
+    for d in find_runs(paths):
+        rec = read_run(d)
+        try:
+            check_compatible(table, rec.meta["model"]["config_hash"], rec.meta["block_size"])
+        except InputError as e:
+            raise InputError(str(e), path=d) from None
+        if rec.meta["backend"] not in table.backends:
+            raise InputError(f"ran decode backend {rec.meta['backend']!r}, which the table has no costs for", path=d)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a serving run's shapes past the table's range are priced as they are
+            steps = priced_steps(rec, cost, read_telemetry(d))
+        runs[d] = {"meta": rec.meta, "steps": steps}
+    fitted, held = split(runs, every)
+    correction = fit(pd.concat([runs[p]["steps"] for p in fitted], ignore_index=True))
+    report = {"held_out": evaluate({p: runs[p]["steps"] for p in held}, correction),
+              "fitted": evaluate({p: runs[p]["steps"] for p in fitted}, correction)}
+    correction.update(residual_sigma=report["held_out"].get("residual_sigma") or report["fitted"]["residual_sigma"],
+                      residual_sigma_from="held-out runs" if held else "the fitted runs (nothing held out)",
+                      fitted_runs=[str(p) for p in fitted], held_out_runs=[str(p) for p in held],
+                      held_out=report["held_out"], created_at=now_iso(), git_commit=git_commit(),
+                      command=shlex.join(["python", "-m", "calibrate", *argv]))
+    raw = {k: v for k, v in table.raw.items() if k not in ("table_id", "correction")}
+    raw.update(version=CORRECTED_VERSION, correction=correction, created_at=correction["created_at"],
+               corrected_from={"table_id": table.table_id, "created_at": table.created_at,
+                               "git_commit": table.raw.get("git_commit")})
+    return save_cost_table(raw, out), report
+
+
+def describe(report: dict) -> str:
+    """The report as text: held-out medians per kind, per kind and previous step, and each run's summed error."""
+    lines = []
+    for part in ("held_out", "fitted"):
+        r = report.get(part)
+        if not r:
+            continue
+        lines.append(f"{part.replace('_', '-')} runs: median real / model per step kind, before -> after")
+        lines += [f"  {k:28s} n={v['n']:6d}  {v['before']:.3f} -> {v['after']:.3f}" for k, v in r["kinds"].items()]
+        lines.append("  by previous step:")
+        lines += [f"  {k:40s} n={v['n']:6d}  {v['before']:.3f} -> {v['after']:.3f}" for k, v in r["contexts"].items()]
+        lines.append("  summed step time error per run, (model - real) / real, before -> after:")
+        lines += [f"  {k:70s} {v['before']:+.1%} -> {v['after']:+.1%}" for k, v in r["runs"].items()]
+        lines.append("  log residual RMS over runs (after): " + ", ".join(
+            f"{k} {v:.3f}" for k, v in r["residual_sigma"].items() if v is not None))
+    return "\n".join(lines)

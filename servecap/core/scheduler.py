@@ -1,0 +1,395 @@
+"""The scheduler both clocks share: FIFO queue, batch rows, admission groups, retirement, and the shapes of the
+steps it asks for; what to prefill and how much to reserve are its policies' (servecap/core/policies.py).
+
+The engine drives it with real GPU steps and the simulator with modelled step costs; neither has scheduling
+code of its own, so they cannot disagree about who is admitted when or what a step computes.
+
+Admission: the queue head is admitted only when a batch row is free and the blocks its admission policy asks
+for (reserve: prompt + full budget, in whole blocks; on-demand: what it computes now, plus a watermark) are free;
+if it does not fit, it and everything behind it wait. The requests admitted in one step form an admission group.
+
+A sequence gets its next token from the step that computes the last of its `target` positions: its prompt and
+the tokens it has generated, less the last (whose K/V the next step writes). So a prompt's last chunk gives its
+first token, a recompute after a preemption gives the token after those it had, and a decode row in a fused step
+(a one-position sequence after its K/V in the pool) gives its next token: one rule for the three.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from servecap.costs.shapes import DecodeShape, PrefillShape
+from servecap.traces.errors import InputError
+from servecap.traces.workload import Request
+
+from .block_pool import BlockPool
+from .policies import PADDED, RESERVE, AdmissionPolicy, PrefillPolicy
+from .prefix_cache import CachingBlockPool, block_keys
+
+if TYPE_CHECKING:
+    from .step_loop import Arrivals
+
+class Seq:
+    """A request inside the engine: its blocks, progress and the times the records need."""
+
+    __slots__ = ("req", "budget", "blocks_needed", "block_table", "kv_len", "generated", "admitted", "admit_step",
+                 "group_id", "group_size", "first_token", "last_token", "finished", "token_times", "token_ids",
+                 "prefilling", "preemptions", "recomputed", "peak", "cached", "keys")
+
+    def __init__(self, req: Request, blocks_needed: int):
+        self.req = req
+        self.budget = req.budget  # the request's, at hand: the scheduler compares it with every row every pass
+        self.blocks_needed = blocks_needed
+        self.block_table: list[int] = []
+        self.kv_len = 0  # tokens whose K/V are in the pool: the prompt's computed part, then one per decode step
+        self.generated = 0
+        self.admitted = self.first_token = self.last_token = self.finished = math.nan
+        self.admit_step = self.group_id = self.group_size = -1
+        self.token_times: list[float] = []
+        self.token_ids: list[int] = []
+        self.prefilling = False  # admitted, its target positions not yet all in the pool
+        self.preemptions = 0
+        self.recomputed = 0  # positions whose K/V were computed, lost to a preemption, and computed again
+        self.peak = 0  # the most positions it had in the pool before its last preemption
+        self.cached = 0  # prompt positions found in the prefix cache at admission
+        self.keys: list[int] = []  # its full prompt blocks' cache keys (prefix caching; servecap/core/prefix_cache.py)
+
+    @property
+    def remaining(self) -> int:
+        return self.budget - self.generated
+
+    @property
+    def target(self) -> int:
+        """Positions in the pool once this sequence has its next token's inputs: prompt + generated tokens."""
+        return self.req.prompt_tokens + self.generated
+
+
+@dataclass
+class PrefillWork:
+    """One prefill step: for each sequence, `prefix` positions already in the pool, `new` positions computed now,
+    and `computed` positions run (new plus padding, for padded). A fused step's first `decode` sequences are decode
+    rows (one position each)."""
+
+    seqs: list[Seq]
+    prefix: list[int]
+    new: list[int]
+    computed: list[int]
+    decode: int = 0
+    # Made once, when the step is planned (not changed after): the timer, the runner and the recorder ask for them.
+    shape: PrefillShape = field(init=False, repr=False, compare=False)
+    done: list[bool] = field(init=False, repr=False, compare=False)
+    recomputed: int = field(init=False, repr=False, compare=False)  # positions a preemption lost, computed again
+
+    def __post_init__(self):
+        self.shape = PrefillShape(tuple(self.computed), tuple(self.prefix))  # the scheduler's ints: no conversion
+        self.done = [p + n == s.req.prompt_tokens + s.generated for s, p, n in zip(self.seqs, self.prefix, self.new)]
+        self.recomputed = sum([max(0, min(p + n, s.peak) - p) for s, p, n in zip(self.seqs, self.prefix, self.new)
+                               if s.peak]) if any(s.peak for s in self.seqs) else 0
+
+    @property
+    def kind(self) -> str:
+        """The step's kind as records name it (and as a serving-context correction keys the step after it)."""
+        return "mixed" if self.decode else "prefill"
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Positions computed for prompts (and recomputes), not for decode rows."""
+        return sum(self.new) - self.decode
+
+    @property
+    def padded_len(self) -> int:
+        return max(self.computed)
+
+    def completes(self, i: int) -> bool:
+        """Whether sequence i has its target positions in the pool after this step (it then has its next token)."""
+        return self.done[i]
+
+
+def decode_shape(rows: list[Seq]) -> DecodeShape:
+    """The decode step of `rows`: each row also reads the token it writes this step."""
+    kv = [s.kv_len for s in rows]  # one list for both: the simulator asks for a shape on every pass
+    return DecodeShape(len(rows), sum(kv) + len(rows), max(kv) + 1)
+
+
+class StepPlan(NamedTuple):
+    """What one pass runs, decided at its start (Scheduler.schedule): admit a group, then at most one prefill step,
+    then a stretch of 1 to max_steps decode steps of the same rows, cut after the first that ends at or after
+    `stop` (when an admission could come). A named tuple: the simulator makes one every pass."""
+
+    step: int  # the number of the pass's first step: its prefill step and its first decode step carry it
+    group: list[Seq]  # the admission group (may be empty)
+    prefill: PrefillWork | None
+    first_tokens: list[Seq]  # the sequences the prefill step completes: their next token comes from it
+    rows: list[Seq]  # the decode rows once the prefill step is done (first token, budget left); may be empty
+    shape: DecodeShape | None  # the first decode step's shape
+    max_steps: int
+    stop: float
+    preempted: list[Seq]  # requests preempted at the pass's start (back at the head of the queue)
+
+
+_plan = tuple.__new__  # StepPlan's fields as one tuple, without the named tuple's keyword-taking __new__
+_NONE: list = []  # an empty list no one appends to (no preemption, no first tokens): not made anew every pass
+
+
+class Scheduler:
+    def __init__(self, max_batch: int, pool: BlockPool, max_tokens: int | None = None, policy: PrefillPolicy = PADDED,
+                 admission: AdmissionPolicy = RESERVE):
+        if max_batch <= 0:
+            raise ValueError(f"max batch must be positive, got {max_batch}")
+        self.max_batch = max_batch
+        self.pool = pool
+        self.max_tokens = max_tokens  # prompt + budget the model can hold (its positions), None = unbounded
+        self.policy = policy
+        self.admission = admission
+        self.queue: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.prefilling: deque[Seq] = deque()  # admitted, prompt not yet whole in the pool, in admission order
+        self._seen: set[int] = set()
+        self._groups = 0
+        self._watermark = admission.watermark(pool)
+        self._grows, self._fuses = admission.grows, policy.fuses  # asked every pass
+        self.caching = isinstance(pool, CachingBlockPool)
+        self.preemptions = 0
+        policy.check(max_batch)
+
+    def check(self, req: Request) -> None:
+        """Refuse a request the engine could never serve, naming why."""
+        rid = req.request_id
+        if req.prompt_tokens <= 0:
+            raise InputError(f"request {rid}: empty prompt")
+        if req.budget <= 0:
+            raise InputError(f"request {rid}: token budget must be at least 1, got {req.budget}")
+        if rid in self._seen:
+            raise InputError(f"request {rid}: request id submitted twice")
+        total = req.prompt_tokens + req.budget
+        if self.max_tokens is not None and total > self.max_tokens:
+            raise InputError(f"request {rid}: prompt {req.prompt_tokens} + budget {req.budget} = {total} tokens is beyond "
+                             f"the model's {self.max_tokens} positions")
+        need = self.admission.most_blocks(req, self.pool)
+        if need > self.pool.num_blocks:
+            raise InputError(f"request {rid}: needs {need} blocks of {self.pool.block_size} tokens "
+                             f"({total} tokens); the pool has {self.pool.num_blocks}")
+
+    def _seq(self, req: Request) -> Seq:
+        seq = Seq(req, self.admission.blocks_to_admit(req, req.prompt_tokens, self.pool))
+        if self.caching:
+            seq.keys = block_keys(req, self.pool.block_size)
+        return seq
+
+    def submit(self, req: Request) -> Seq:
+        self.check(req)
+        self._seen.add(req.request_id)
+        seq = self._seq(req)
+        self.queue.append(seq)
+        return seq
+
+    def schedule(self, now: float, step: int, lookahead: Arrivals | None = None) -> StepPlan:
+        """Plan the pass that starts at `now` as step `step`: admit, choose the prefill step and the decode rows.
+        The prefill step's bookkeeping (positions in the pool, first tokens generated) is done here; its time, and
+        every decode step's, are set once they have run (the loop's, advance). With `lookahead` (a timer that
+        can price a stretch of decode steps), the stretch is bounded by the next point where this scheduler has
+        something to decide: a row finishing, a chunk step due, or an arrival it could admit."""
+        preempted = self._grow() if self._grows else _NONE
+        group = self.admit(now, step) if not preempted else []
+        work, first = None, _NONE
+        if self.prefilling:
+            if self._fuses:
+                decoding = self.decode_rows()
+                work = PrefillWork(*self.policy.select(self.prefilling, decoding), len(decoding))
+            else:
+                work = PrefillWork(*self.policy.select(self.prefilling, _NONE))
+            first = self._prefilled(work)
+        rows = [] if self._fuses and work is not None else self.decode_rows()
+        if not rows:
+            return _plan(StepPlan, (step, group, work, first, rows, None, 0, math.inf, preempted))
+        limit = self.max_decode_steps(rows) if lookahead is not None else 1
+        stop = self.next_admission(lookahead) if limit > 1 else math.inf
+        return _plan(StepPlan, (step, group, work, first, rows, decode_shape(rows), limit, stop, preempted))
+
+    def _grow(self) -> list[Seq]:
+        """On-demand: give every decode row the block its next token's K/V goes to, preempting the most recently
+        admitted running request (the row itself, when it is the most recent) while none is free. Returns the
+        preempted, in the order preempted."""
+        pool, bs, running = self.pool, self.pool.block_size, self.running
+        preempted: list[Seq] = []
+        i = 0
+        while i < len(running):
+            s = running[i]
+            if s.prefilling or s.generated >= s.budget or s.kv_len < len(s.block_table) * bs:
+                i += 1  # its next write has its block (a prefilling row holds its prompt's blocks)
+                continue
+            while not pool.free and running[-1] is not s:
+                preempted.append(self._preempt(running[-1]))
+            if pool.free:
+                s.block_table += pool.allocate(1)
+                i += 1
+            else:  # the row is the most recent itself: it gives up its own blocks
+                preempted.append(self._preempt(s))
+        return preempted
+
+    def _preempt(self, s: Seq) -> Seq:
+        """Free a running request's blocks and put it back at the head of the queue, to be recomputed."""
+        self.running.remove(s)
+        if s.prefilling:
+            self.prefilling.remove(s)
+            s.prefilling = False
+        self.pool.release(s.block_table)
+        s.block_table = []
+        s.peak = max(s.peak, s.kv_len)
+        s.kv_len = 0
+        s.preemptions += 1
+        self.preemptions += 1
+        s.blocks_needed = self.admission.blocks_to_admit(s.req, s.target, self.pool)
+        self.queue.appendleft(s)
+        return s
+
+    def next_admission(self, arrivals: Arrivals) -> float:
+        """The earliest time an admission can happen before the running rows change: never while the queue head
+        waits for blocks or no row is free; else when the arrivals' next candidate comes, unless it is a known
+        request that does not fit in the free blocks (it would block everything behind it). With prefix caching a
+        waiting head can fit once this pass's prefill has cached the prefix it shares: then at once."""
+        if self.queue:
+            return -math.inf if self.caching and self.can_admit() else math.inf
+        if len(self.running) >= self.max_batch:
+            return math.inf
+        when, req = arrivals.next_candidate(self)
+        if req is not None:
+            need = self._need(self._seq(req))[0] if self.caching else \
+                self.admission.blocks_to_admit(req, req.prompt_tokens, self.pool)
+            if need + self._watermark > self.pool.free:
+                return math.inf
+        return when
+
+    def can_admit(self) -> bool:
+        if not self.queue or len(self.running) >= self.max_batch:
+            return False
+        head = self.queue[0]
+        need = self._need(head)[0] if head.keys else head.blocks_needed  # most passes: no cache, no call
+        return need + self._watermark <= self.pool.free
+
+    def _need(self, seq: Seq) -> tuple[int, list[int]]:
+        """The free blocks the sequence takes at admission, and the cached blocks it shares (prefix caching): its
+        admission policy's blocks less the shared ones, plus those of them no one holds now (they count as free).
+        At least one position is left to compute, for the logits of its next token."""
+        if not seq.keys:
+            return seq.blocks_needed, []
+        pool = self.pool
+        hits = pool.match(seq.keys, (seq.target - 1) // pool.block_size)
+        return seq.blocks_needed - len(hits) + pool.taken_from_free(hits), hits
+
+    def admit(self, now: float, step: int) -> list[Seq]:
+        """Admit from the queue head while a row and the blocks its admission policy asks for are free."""
+        if not self.can_admit():  # most passes admit no one
+            return []
+        group: list[Seq] = []
+        pool = self.pool
+        while self.can_admit():
+            seq = self.queue.popleft()
+            hits = []
+            if seq.keys:
+                _, hits = self._need(seq)
+                pool.take(hits, min(len(seq.keys), (seq.target - 1) // pool.block_size))
+                seq.kv_len = len(hits) * pool.block_size
+                seq.cached += seq.kv_len
+            seq.block_table = hits + pool.allocate(seq.blocks_needed - len(hits))
+            if seq.preemptions == 0:  # a readmission keeps its first admission's time
+                seq.admitted, seq.admit_step = now, step
+            seq.prefilling = True
+            group.append(seq)
+            self.running.append(seq)  # at once, so can_admit counts the rows this group has taken
+        if group:
+            self._groups += 1
+            for seq in group:
+                seq.group_id, seq.group_size = self._groups - 1, len(group)
+            self.prefilling.extend(group)
+        return group
+
+    def _prefilled(self, work: PrefillWork) -> list[Seq]:
+        """The step's positions are in the pool; the sequences it completes have their next token. Returns those."""
+        done = []
+        for s, n, d in zip(work.seqs, work.new, work.done):
+            if s.keys:
+                self._cache_full_blocks(s, s.kv_len, s.kv_len + n)
+            if s.peak:
+                s.recomputed += max(0, min(s.kv_len + n, s.peak) - s.kv_len)
+            s.kv_len += n
+            if d:
+                s.generated += 1
+                done.append(s)
+        for s in done[work.decode:]:  # prompts complete in admission order, so the finished ones lead the deque
+            self.prefilling.popleft().prefilling = False
+        return done
+
+    def _cache_full_blocks(self, s: Seq, start: int, end: int) -> None:
+        """Positions start..end of the sequence are now in the pool: address the prompt blocks they complete."""
+        bs = self.pool.block_size
+        for j in range(start // bs, min(end // bs, len(s.keys))):
+            self.pool.cache(s.block_table[j], s.keys[j])
+
+    def decode_rows(self) -> list[Seq]:
+        """Rows with their first token and budget left: the ones a decode step advances."""
+        return [s for s in self.running if not s.prefilling and s.generated < s.budget]
+
+    def max_decode_steps(self, rows: list[Seq]) -> int:
+        """Decode steps that can run back to back before the scheduler has anything to decide: until the first
+        running row finishes, one while prompts still wait for chunk steps, and (on-demand) while the free blocks
+        hold what the rows grow into (at least 1)."""
+        if self.prefilling:
+            return 1
+        k = max(1, min([s.budget - s.generated for s in self.running]))  # each row's remaining, inlined
+        if k > 1 and self._grows:
+            k = self._steps_in_free_blocks(rows, k)
+        return k
+
+    def _steps_in_free_blocks(self, rows: list[Seq], k: int) -> int:
+        """The most decode steps, up to k, whose new blocks the free ones hold (the first step's are allocated):
+        step j writes position kv_len + j - 1, so after j steps a row holds blocks_for(kv_len + j)."""
+        bs, free = self.pool.block_size, self.pool.free
+        have = [(s.kv_len, len(s.block_table) * bs) for s in rows]
+
+        def need(j: int) -> int:
+            return sum([-(-(n + j - cap) // bs) for n, cap in have if n + j > cap])
+
+        lo, hi = 1, k
+        while lo < hi:  # need() grows with j: the largest j with need(j) <= free
+            mid = (lo + hi + 1) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def advance(self, rows: list[Seq], t: float, steps: int = 1) -> None:
+        """`steps` decode steps for `rows` ended at `t`: each step wrote one token's K/V and generated one token.
+        On-demand, a stretch's later steps take their blocks here (Scheduler.max_decode_steps left room)."""
+        for s in rows:
+            s.kv_len += steps
+            s.generated += steps
+            s.last_token = t
+        if steps > 1 and self._grows:
+            pool, bs = self.pool, self.pool.block_size
+            for s in rows:
+                more = -(-s.kv_len // bs) - len(s.block_table)
+                if more > 0:
+                    s.block_table += pool.allocate(more)
+
+    def retire(self) -> list[Seq]:
+        """Finish rows that generated their whole budget (at their last token) and free their blocks."""
+        done = [s for s in self.running if s.generated >= s.budget]
+        if done:
+            self.running = [s for s in self.running if s.generated < s.budget]
+            for s in done:
+                s.finished = s.last_token
+                self.pool.release(s.block_table)
+        return done
+
+    @property
+    def submitted(self) -> int:
+        """Requests accepted so far (every accepted id is distinct)."""
+        return len(self._seen)
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue and not self.running

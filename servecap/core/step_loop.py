@@ -1,0 +1,225 @@
+"""The engine's step loop, written once: the real engine and the simulator both run it.
+
+One pass, top to bottom: take the arrivals that are due (refusing what the engine could never serve); ask the
+scheduler for the pass's plan (Scheduler.schedule: the admission group, at most one prefill step, and a stretch of
+decode steps of the same rows); run the plan's steps on the timer; let their time pass; retire the rows that
+finished and write the pass's records. What a step costs is the timer's business: the engine's timer runs the
+model on the GPU and reads the clock; the simulator's returns the cost model's durations on its own clock and may
+price a whole stretch of decode steps at once (fast-forward), up to the bound the plan sets.
+
+The loop is a generator of times: it yields a time whenever the driver must let time pass before it goes on
+(the end of a pass's steps, or the next arrival when idle; None when the next arrival is not known, as for a
+replica fed by a router). The engine's driver (drive) sleeps until then (a no-op for work already done); the
+simulator's, the same function, sets its virtual clock; a simulated fleet's replicas wait in SimPy processes.
+Rows retire once that time has passed, so anything that looks at the scheduler from outside (a router) sees a
+row outstanding until its replica's clock has reached the end of its last step and its records are written.
+
+Step numbers: a pass's first step has the pass's number; its prefill step (if any) and its first decode step
+both carry it, and its k decode steps take k consecutive numbers, so the next pass is numbered max(k, 1) on.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterator, Protocol, Sequence
+
+from servecap.costs.shapes import DecodeShape
+from servecap.traces.errors import InputError
+from servecap.traces.workload import Request
+
+from .scheduler import PrefillWork, Scheduler, Seq
+
+
+class RunLog(Protocol):
+    """Where a run's rows go (core.recorder.Recorder). Invariants: every submitted request ends in exactly one of
+    finish() (once, when it retires) or reject() (once, on arrival); steps are written in step order per replica,
+    each once, after the step has ended."""
+
+    tokens: bool  # keep every token's time (and id)
+    keep_decode: bool  # write a row per decode step (else only requests and prefill steps)
+
+    def prefill(self, step: int, work: PrefillWork, n_admitted: int, n_preempted: int, start: float,
+                end: float) -> None: ...
+
+    def decode_steps(self, step: int, shape: DecodeShape, start: float, ends: list[float], retired: int,
+                     next_start: float, n_preempted: int) -> None: ...
+
+    def finish(self, seqs: list[Seq]) -> None: ...
+
+    def reject(self, req: Request, reason: str) -> None: ...
+
+
+class Arrivals(Protocol):
+    """The requests a loop serves, as it sees them at each pass's start. Invariants: due(t) hands each request
+    over once, in arrival order, and only once its arrival is <= t; exhausted is final; next_candidate never says
+    later than the first moment a request the scheduler would accept can arrive (it bounds fast-forward: a bound
+    too early costs a pass, one too late would change the run)."""
+
+    def due(self, t: float) -> list[Request]: ...
+
+    @property
+    def exhausted(self) -> bool:
+        """No request will come any more."""
+
+    def next_time(self) -> float | None:
+        """When the next request comes (when idle); None when that is not known yet (then wait())."""
+
+    def next_candidate(self, sched: Scheduler) -> tuple[float, Request | None]:
+        """When the next request the scheduler could admit may arrive, and that request where it is known (the
+        scheduler then checks it fits: Scheduler.next_admission holds the admission rule)."""
+
+    def wait(self):
+        """Block (or, in SimPy, an event to yield) until a request comes or none ever will."""
+
+
+class StepTimer(Protocol):
+    """How long steps take, and when it is now. Invariants: now() never goes back; a step's end is at or after
+    its start; decode() returns between 1 and `limit` ends, in order, cut only after the first end >= stop.
+    Every step reaches the timer in order with its start, so a timer may price a step in its serving context: the
+    kind of the step before it and the idle gap since that one ended (servecap/sim/simulator.py's SimTimer, servecap/costs/context.py)."""
+
+    fast_forward: bool  # decode() may run more than one step
+
+    def now(self) -> float: ...
+
+    def wait_until(self, t: float) -> None: ...
+
+    def prefill(self, work: PrefillWork, start: float) -> tuple[list[int] | None, float]:
+        """Run (or price) the step from `start`: the first tokens of the prompts it completes (None when not
+        computed) and the time it ends."""
+
+    def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int,
+               stop: float) -> tuple[list[int] | None, list[float]]:
+        """Decode steps from `start`: the next token of each row (None when not computed) and each step's end.
+        One step, or up to `limit` of them, ending with the first that ends at or after `stop`."""
+
+    def retired(self, n: int) -> None:
+        """n rows were retired and their records written (the simulator's clock moves past the cost)."""
+
+
+class TraceArrivals:
+    """A trace's requests as the loop sees them: due ones at each step boundary, and what is coming next."""
+
+    def __init__(self, requests: Sequence[Request]):
+        self.pending = sorted(requests, key=lambda r: r.arrival)
+        self.i = 0
+        self._acceptable = (-1, 0)  # (i, the first pending request from i that the scheduler accepts)
+
+    def due(self, t: float) -> list[Request]:
+        i = j = self.i
+        p, n = self.pending, len(self.pending)
+        while j < n and p[j].arrival <= t:
+            j += 1
+        self.i = j
+        return p[i:j]
+
+    @property
+    def exhausted(self) -> bool:
+        return self.i == len(self.pending)
+
+    def next_time(self) -> float:
+        return self.pending[self.i].arrival
+
+    def wait(self) -> None:
+        raise RuntimeError("a trace's next arrival is always known: a loop on a trace never waits for one")
+
+    def next_candidate(self, sched: Scheduler) -> tuple[float, Request | None]:
+        """The next pending request the scheduler would accept (requests it refuses change nothing), or never."""
+        p = self.pending
+        # Whether the scheduler accepts a request changes only when it accepts another (a repeated id), which
+        # happens only as i moves on; so the search is done once per i, not once per pass.
+        i, k = self._acceptable
+        if i != self.i:
+            k = self.i
+            while k < len(p):  # by index: a slice would copy the rest of the trace
+                try:
+                    sched.check(p[k])
+                    break
+                except InputError:  # it will be refused on arrival and change nothing
+                    k += 1
+            self._acceptable = (self.i, k)
+        return (math.inf, None) if k == len(p) else (p[k].arrival, p[k])
+
+
+class StepLoop:
+    def __init__(self, sched: Scheduler, recorder: RunLog, timer: StepTimer, arrivals: Arrivals,
+                 on_finish: Callable[[list[Seq]], None] | None = None):
+        self.sched, self.rec, self.timer, self.arrivals, self.on_finish = sched, recorder, timer, arrivals, on_finish
+        self.passes = 0  # passes that did work
+
+    def _submit(self, reqs: list[Request]) -> None:
+        for req in reqs:
+            try:
+                self.sched.submit(req)
+            except InputError as e:  # a bad request is refused and recorded; the run goes on
+                self.rec.reject(req, str(e))
+
+    def run(self) -> Iterator[float | None]:
+        sched, rec, timer, arrivals = self.sched, self.rec, self.timer, self.arrivals
+        keep_times, keep_decode = rec.tokens, rec.keep_decode
+        lookahead = arrivals if timer.fast_forward else None
+        step = 0  # the next pass's number
+        while True:
+            # Arrivals: what is due by now; idle, wait for the next.
+            t = timer.now()
+            due = arrivals.due(t)
+            if due:
+                self._submit(due)
+            if sched.idle:
+                if arrivals.exhausted:
+                    return
+                yield arrivals.next_time()
+                continue
+            # The plan: the admission group, the prefill step, the decode stretch's rows and bound.
+            self.passes += 1
+            plan = sched.schedule(t, step, lookahead)
+            # Run its prefill step: the prompts it completes have their first token at its end.
+            work, first = plan.prefill, plan.first_tokens
+            if work is not None:
+                tokens, end = timer.prefill(work, t)
+                for s in first:
+                    s.last_token = end
+                    if s.generated == 1:
+                        s.first_token = end
+                if tokens is not None:
+                    for s, tok in zip(first, tokens):
+                        s.token_ids.append(tok)
+                if keep_times:
+                    for s in first:
+                        s.token_times.append(end)
+                rec.prefill(plan.step, work, len(plan.group), len(plan.preempted), t, end)
+                t = end
+            # Run its decode stretch.
+            rows, ends = plan.rows, None
+            if rows:
+                tokens, ends = timer.decode(rows, plan.shape, t, plan.max_steps, plan.stop)
+                sched.advance(rows, ends[-1], len(ends))
+                if tokens is not None:
+                    for s, tok in zip(rows, tokens):
+                        s.token_ids.append(tok)
+                if keep_times:
+                    for s in rows:
+                        s.token_times.extend(ends)
+            # Let the steps' time pass, then retire the rows that finished (their records cost the timer's time)
+            # and write the decode steps, the last ending where the next pass starts.
+            yield ends[-1] if ends else t
+            done = sched.retire()
+            if done:
+                rec.finish(done)
+                timer.retired(len(done))
+                if self.on_finish:
+                    self.on_finish(done)
+            if ends and keep_decode:
+                rec.decode_steps(plan.step, plan.shape, t, ends, len(done), timer.now(),
+                                 0 if work is not None else len(plan.preempted))
+            step = plan.step + (len(ends) if ends else 1)
+
+
+def drive(loop: StepLoop, timer: StepTimer) -> None:
+    """Run a loop to the end on a clock that can wait (the engine's wall clock, or a virtual one); when the loop
+    cannot know when the next request comes (a replica fed by a router), its arrivals wait for one."""
+    for t in loop.run():
+        if t is None:
+            loop.arrivals.wait()
+        else:
+            timer.wait_until(t)
+

@@ -1,0 +1,114 @@
+"""The serving-context correction: what a step costs in a serving run over what the cost table's closed runs say
+it costs at the same shape, as multiplicative factors per (step kind, context class), fitted from real run records
+(`python -m calibrate --from-runs`, servecap/calibrate/from_runs.py) and stored in the table (version 3, `correction`).
+
+A step's kind is `prefill POLICY` or `decode BACKEND POLICY`; its context class is made of the terms below, each a
+few discrete levels, so that a factor is a median of real / model over many steps, not a fitted curve:
+- the previous step: `prefill` (a decode step right after a prefill pays for it: 1.09-1.13x in issue 21's runs),
+  `decode`, or `idle` (the first step after IDLE_S or more with nothing running, or the first of a run);
+- the batch: the step's rows in ROW_BUCKETS (host work per step that grows with the batch);
+- the SM clock, where the runs recorded telemetry: factor (reference / clock) ** exponent, the exponent fitted on
+  the residuals, the reference the median clock of the fitting runs; the simulator, which has no clock, prices at
+  the reference (the sustained clock the runs saw), and pricing a recorded step with its clock uses its clock.
+Chunk steps are priced at their real prefix by the shape itself (servecap/costs/shapes.py); their factor is the chunked
+policy's prefill kind. A class with fewer than `min_steps` fitted steps falls back to the next coarser key
+(kind|previous|rows, kind|previous, kind, and for decode the backend across policies), and to 1.
+
+`scale` multiplies every step: the prediction intervals' sampled cost factor (servecap/sim/intervals.py).
+
+A table with no correction prices every step exactly as before: the factor is 1 and is never multiplied in.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from .shapes import backend_named
+
+IDLE_S = 0.02  # seconds with nothing running after which a step counts as the first after idle
+ROW_BUCKETS = (1, 8, 16, 32)  # rows up to each bound share a class; more than the last, one more
+MIN_STEPS = 30
+
+
+def previous(prev_kind: str | None, idle_s: float, threshold: float = IDLE_S) -> str:
+    """The previous-step term: idle after `threshold` with nothing running (or at a run's start), else its kind."""
+    return "idle" if prev_kind is None or idle_s >= threshold else prev_kind
+
+
+def rows_class(rows: int) -> str:
+    lo = 1
+    for hi in ROW_BUCKETS:
+        if rows <= hi:
+            return f"r{lo}-{hi}" if hi > lo else f"r{hi}"
+        lo = hi + 1
+    return f"r{lo}+"
+
+
+def prefill_kind(policy: str) -> str:
+    return f"prefill {policy.partition(':')[0]}"
+
+
+def decode_kind(backend: str, policy: str) -> str:
+    return f"decode {backend} {policy.partition(':')[0]}"
+
+
+def keys(kind: str, prev: str, rows: int) -> list[str]:
+    """The factor keys of one step, most specific first."""
+    out = [f"{kind}|{prev}|{rows_class(rows)}", f"{kind}|{prev}", kind]
+    if kind.startswith("decode "):
+        out.append(" ".join(kind.split(" ")[:2]))  # the backend across policies
+    return out
+
+
+def current_kind(key: str) -> str:
+    """A factor key under its decode backend's current name: corrections fitted before the rename say `padded`."""
+    return re.sub(r"^decode ([\w-]+)", lambda m: f"decode {backend_named(m.group(1))}", key)
+
+
+class Correction:
+    """A table's correction section, read once; factor() is the multiplier of one step."""
+
+    def __init__(self, raw: dict):
+        self.raw = raw
+        self.min_steps = int(raw.get("min_steps", MIN_STEPS))
+        self.idle_s = float(raw.get("idle_s", IDLE_S))
+        self.factors = {current_kind(k): float(v["factor"]) for k, v in raw["factors"].items()
+                        if v["n"] >= self.min_steps}
+        self.scale = float(raw.get("scale", 1.0))  # one factor on every step: an interval's sampled cost draw
+        clock = raw.get("clock") or {}
+        self.clock_ref, self.clock_exp = clock.get("reference_mhz"), clock.get("exponent")
+        self._cache: dict[tuple, float] = {}
+
+    def factor(self, kind: str, prev_kind: str | None, idle_s: float, rows: int,
+               clock_mhz: float | None = None) -> float:
+        prev = previous(prev_kind, idle_s, self.idle_s)
+        key = (kind, prev, rows)
+        f = self._cache.get(key)
+        if f is None:
+            f = self._cache[key] = self.scale * next((self.factors[k] for k in keys(kind, prev, rows)
+                                                      if k in self.factors), 1.0)
+        if clock_mhz is not None and self.clock_exp is not None and math.isfinite(clock_mhz) and clock_mhz > 0:
+            f *= (self.clock_ref / clock_mhz) ** self.clock_exp
+        return f
+
+    def sigma(self, kind: str) -> float | None:
+        """The held-out log residual sd of this kind's steps after the correction (None where not measured)."""
+        s = {current_kind(k): v for k, v in self.raw.get("residual_sigma", {}).items()}
+        return s.get(kind, s.get(" ".join(kind.split(" ")[:2])))
+
+
+def check_correction(c, path, error) -> None:
+    """The correction section's structure; `error(message)` raises the table's InputError."""
+    if not isinstance(c, dict) or not isinstance(c.get("factors"), dict):
+        error("correction must be an object with factors")
+    for k, v in c["factors"].items():
+        if not (isinstance(v, dict) and isinstance(v.get("factor"), (int, float)) and math.isfinite(v["factor"])
+                and v["factor"] > 0 and isinstance(v.get("n"), int) and v["n"] >= 0):
+            error(f"correction.factors[{k!r}] needs a positive factor and a step count n, got {v!r}")
+    scale = c.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        error(f"correction.scale must be a positive number, got {scale!r}")
+    clock = c.get("clock")
+    if clock is not None and not (isinstance(clock, dict) and clock.get("reference_mhz", 0) > 0
+                                  and isinstance(clock.get("exponent"), (int, float))):
+        error("correction.clock needs reference_mhz > 0 and an exponent")

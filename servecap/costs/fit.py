@@ -1,0 +1,102 @@
+"""Fitting a cost table's model (servecap/costs/model.py) to its measured points, with scipy's robust least squares.
+
+Calibration fits the tables it writes; synthetic tables are fitted the same way, so they exercise the same path.
+The simulator only evaluates a fit, and never imports this module.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.optimize import least_squares, lsq_linear
+
+from servecap.traces.errors import InputError
+
+from .model import PrefillRounding, interp, longest_context, prefill_time
+from .shapes import PrefillShape
+from .table import PATH_PARAM, PREFILL_PARAMS, PREFIX_PARAM
+
+Z90 = 1.2815515655446004  # the 90th percentile of a standard normal
+
+
+def sigma(points: list[dict]) -> float:
+    """Median log-normal sigma implied by the points' p10/p90."""
+    return float(np.median([math.log(p["p90_s"] / p["p10_s"]) / (2 * Z90) for p in points]))
+
+
+def point_shape(p: dict) -> PrefillShape:
+    """A prefill point's step: its sequences when it lists them, else a padded group (rows x tokens / rows)."""
+    if "computed" in p:
+        return PrefillShape.of(p["computed"], p.get("prefix"))
+    return PrefillShape.padded(p["rows"], p["tokens"] // p["rows"])
+
+
+def fit_prefill(points: list[dict], engine: dict | None = None) -> dict:
+    """The smooth-max surface over prefill points (servecap/costs/model.py), with the engine's rounding when known."""
+    rounding = PrefillRounding(engine)
+    shapes = [point_shape(p) for p in points]
+    # Attention over the pool's K/V gets a coefficient of its own where points have any (chunks after a prefix), and
+    # the longest program's keys one more where the points include fused steps (servecap/costs/model.py).
+    apart = any(any(s.prefix) for s in shapes)
+    path = apart and any(p.get("policy") == "mixed" for p in points)
+    feats = [rounding.split(s) if apart else (*rounding.features(s), 0.0) for s in shapes]
+    rows = np.array([p["rows"] for p in points], float)
+    tokens = np.array([f[0] for f in feats], float)
+    span = np.array([f[1] for f in feats], float)
+    prefix = np.array([f[2] for f in feats], float) * tokens
+    longest = np.array([longest_context(s) for s in shapes], float)
+    y = np.array([p["median_s"] for p in points], float)
+    big = np.argmax(tokens)
+    # Start from the floor at the smallest shape and the throughput of the largest; positive through exp().
+    x0 = [y.min(), y.min() * 1e-3, y.min() * 0.05, y[big] / tokens[big], y[big] / (tokens[big] * span[big]) * 0.05,
+          4.0] + ([y[big] / (tokens[big] * span[big]) * 0.05] if apart else [])
+    if path:  # a key on the critical path: of the order of a decode step's per token
+        x0.append(y.min() * 1e-4)
+    n = len(x0)
+    bounds = ([-np.inf] * n, [np.inf] * n)
+    bounds[0][5], bounds[1][5] = 0.0, np.log(50.0)  # the sharpness: between a plain sum and a hard max
+
+    def model(x):
+        e = np.exp(x)
+        extra = e[6] * prefix if apart else 0.0
+        return prefill_time(e[:6], rows, tokens, span, extra + (e[7] * longest if path else 0.0))
+
+    res = least_squares(lambda x: np.log(model(x)) - np.log(y), np.log(x0), bounds=bounds, loss="soft_l1",
+                        f_scale=0.05)
+    e = np.exp(res.x).tolist()
+    real = shapes
+    return {"method": "smooth-max", **dict(zip(PREFILL_PARAMS, e[:6])), **({PREFIX_PARAM: e[6]} if apart else {}),
+            **({PATH_PARAM: e[7]} if path else {}),
+            "rows": [int(rows.min()), int(rows.max())], "tokens": [min(s.tokens for s in real), max(s.tokens for s in real)],
+            "span": [min(s.span for s in real), max(s.span for s in real)], "sigma": sigma(points)}
+
+
+def fit_decode(points: list[dict]) -> dict:
+    """Per row count: the uniform batches' cost against the length (knots), and the shorter rows' saving."""
+    rows, knots, per_token = sorted({p["rows"] for p in points}), [], []
+    for r in rows:
+        pts = [p for p in points if p["rows"] == r]
+        uniform = sorted((p for p in pts if p["kv_tokens"] == r * p["kv_max"]), key=lambda p: p["kv_max"])
+        if not uniform:
+            raise InputError(f"decode points for {r} rows have no uniform-length batch to anchor the model")
+        # One knot per measured length: the median of the points at it (a long run gives several windows).
+        lengths = sorted({p["kv_max"] for p in uniform})
+        ks = [[m, float(np.median([p["median_s"] for p in uniform if p["kv_max"] == m]))] for m in lengths]
+        knots.append(ks)
+        mixed = [p for p in pts if p["kv_tokens"] < r * p["kv_max"]]
+        if mixed:
+            base = np.array([interp(ks, p["kv_max"]) for p in mixed])
+            short = np.array([r * p["kv_max"] - p["kv_tokens"] for p in mixed], float)
+            y = np.array([p["median_s"] for p in mixed])
+            # least squares on relative error of base - b * short = y, b >= 0
+            per_token.append(float(lsq_linear((-short / y)[:, None], 1 - base / y, bounds=(0, np.inf)).x[0]))
+        else:
+            per_token.append(0.0)
+    return {"rows": rows, "knots": knots, "per_token_s": per_token, "sigma": sigma(points)}
+
+
+def fit(prefill_points: list[dict], decode_points: dict[str, list[dict]], engine: dict | None = None) -> dict:
+    """The `fit` section for a table's measured points (prefill keyed by shape; decode per backend); `engine` is
+    the table's engine section (its prefill rounding)."""
+    return {"prefill": fit_prefill(prefill_points, engine),
+            "decode": {b: fit_decode(p) for b, p in decode_points.items()}}

@@ -1,0 +1,358 @@
+"""The cost model: the duration of any step shape, from a cost table's fit.
+
+- Prefill (a PrefillShape: each sequence's positions computed, after its prefix in the pool): a smooth surface
+  from the engine's two regimes. Small steps are bound by a floor (the host's work per step, graph launch) that
+  grows a little with the rows; large ones by the GPU's work, linear in the positions computed and in the
+  attention work: g = base + per_token * tokens + per_token2 * attention (+ per_prefix_token2 * the attention over
+  K/V read from the pool, where the table prices it apart: a chunk's queries read their prefix through block tables,
+  which costs more a unit of work than keys in the step; 32k-token calibrations show it, 4k ones do not; + per_path
+  * the longest sequence's context, prefix and positions, where the table measured fused steps: the kernel runs a
+  program per query tile, all at once, so a step of few tiles lasts as long as its longest one, whose keys are its
+  sequence's whole context, and a fused step's decode rows are each a tile of one query over a long prefix, which
+  the sum of tile work alone cannot price). The step
+  costs the smooth maximum of
+  the two, (floor^k + g^k)^(1/k). Where the table records how the engine rounds a step (its token buckets and
+  the prefill kernel's query tile), tokens is the bucket the step runs at, and attention is counted as the
+  kernel does it: whole query tiles, each over the prefix and the keys up to the tile's end, plus the bucket's
+  padding attending within itself. Older tables price the step's own tokens and causal work.
+  The assumption that carries the model to policies a table did not measure: a step's cost depends on its rows,
+  the positions it computes and the attention work among them, not on how the rows came to be. A padded group
+  of w prompts padded to n is w sequences of n positions; the same prompts at their true lengths (packed) are
+  w sequences of n_i; a chunk of c positions of a prompt whose first p are in the pool is one sequence of c
+  positions after a prefix of p (attention c * (c + 2p)).
+- Decode (rows, K/V tokens, longest row): the step a uniform batch would take at the longest row's length, less
+  what the shorter rows save: t = uniform(rows, kv_max) - per_token * (rows * kv_max - kv_tokens). The uniform
+  cost is interpolated piecewise-linearly in the length through measured knots, per measured row count; row
+  counts between measured ones interpolate their neighbours.
+- Overhead: the extra cost of a decode step per row it retires (their records are written then).
+- Spread: the log-normal sigma of step times around the median, for the simulator's optional noise.
+- Serving context (tables with a `correction`, servecap/costs/context.py; none: every step priced as above, nothing
+  multiplied): a step of kind k (`prefill POLICY`, `decode BACKEND POLICY`) costs the price above times
+  f(k, previous, rows) x (clock_ref / clock) ** e, where each factor is the median of real / model over the
+  fitting runs' steps of that class. The terms, each a factor of its own class:
+  previous step: `prefill`, `decode`, or `idle` (IDLE_S = 20 ms or more with nothing running before the step);
+  batch: the step's rows in buckets 1, 2-8, 9-16, 17-32, 33+ (host work per step that grows with the batch);
+  chunk steps: the chunked policy's own prefill kind, each step priced at its real prefix by its shape;
+  SM clock: (clock_ref / clock) ** e where the fitting runs recorded telemetry, e fitted on the residuals; where
+  the clock is not known (the simulator) the factor is 1, i.e. the runs' median clock.
+  The step loop's previous step and idle gap reach the simulator through its timer (servecap/sim/simulator.py), which sees
+  every step in order; pricing a recorded step (servecap/calibrate/from_runs.py, validate) reads them from the record.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from bisect import bisect_left
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from servecap.traces.errors import InputError
+
+from .context import Correction, decode_kind, prefill_kind
+from .shapes import PrefillShape, backend_named
+from .table import PATH_PARAM, PREFILL_PARAMS, PREFIX_PARAM, CostTable, as_cost_table, table_id
+
+
+class ExtrapolationWarning(UserWarning):
+    pass
+
+
+def _whole(x) -> int:
+    """A K/V token count: a whole number (given as an int or a float)."""
+    if x != int(x):
+        raise ValueError(f"a K/V token count must be a whole number, got {x!r}")
+    return int(x)
+
+
+def prefill_time(params, rows, tokens, span, prefix=0.0):
+    """The fitted prefill surface (numbers or numpy arrays); params in PREFILL_PARAMS order. `prefix`: the step's
+    priced attention over K/V read from the pool (tables that price it apart; 0 leaves the older sum as it was)."""
+    floor_s, floor_per_row_s, base_s, per_token_s, per_token2_s, k = params
+    gpu = base_s + per_token_s * tokens + per_token2_s * tokens * span + prefix
+    floor = floor_s + floor_per_row_s * rows
+    top = np.maximum(floor, gpu)  # scaled by the larger term so that no power overflows
+    return top * ((floor / top) ** k + (gpu / top) ** k) ** (1 / k)
+
+
+def longest_context(shape: PrefillShape) -> int:
+    """The keys the step's longest-running attention program reads: its longest sequence's prefix and positions."""
+    return max(p + n for n, p in zip(shape.computed, shape.prefix))
+
+
+def tile_work(n: int, prefix: int, block_m: int) -> int:
+    """Attention work of n query positions after `prefix` as the prefill kernel does it: ceil(n / block_m) query
+    tiles of block_m rows, tile j over the prefix and the keys up to its end (counted twice, as PrefillShape.attn)."""
+    t = -(-n // block_m)
+    return 2 * block_m * (t * prefix + block_m * t * (t - 1) // 2 + n)
+
+
+class PrefillRounding:
+    """How an engine runs a prefill step: the token buckets it rounds a step up to, and its query tile."""
+
+    def __init__(self, engine: dict | None):
+        engine = engine or {}
+        self.buckets = np.asarray(engine.get("prefill_buckets") or [], dtype=np.int64)
+        self.block_m = engine.get("prefill_block_m")
+
+    @property
+    def known(self) -> bool:
+        return self.buckets.size > 0 and bool(self.block_m)
+
+    def split(self, shape: PrefillShape) -> tuple[int, float, float]:
+        """(tokens, attention work per token within the step's sequences, per token over their prefixes in the
+        pool): features() with the prefix's part apart (a query tile's keys from the pool, 2 * block_m * p each)."""
+        tokens, span = self.features(shape)
+        if self.known:
+            t = [-(-n // self.block_m) for n in shape.computed]
+            prefix = sum(2 * self.block_m * k * p for k, p in zip(t, shape.prefix))
+        else:
+            prefix = sum(2 * n * p for n, p in zip(shape.computed, shape.prefix))
+        return tokens, span - prefix / tokens, prefix / tokens
+
+    def features(self, shape: PrefillShape) -> tuple[int, float]:
+        """(tokens, attention work per token) the fitted surface takes for this step."""
+        if not self.known:  # a table from before the engine recorded its rounding: the step's own work
+            return shape.tokens, shape.attn / shape.tokens
+        tokens = shape.tokens
+        i = int(np.searchsorted(self.buckets, tokens))
+        bucket = int(self.buckets[i]) if i < self.buckets.size else tokens
+        work = sum(tile_work(n, p, self.block_m) for n, p in zip(shape.computed, shape.prefix))
+        work += tile_work(bucket - tokens, 0, self.block_m) if bucket > tokens else 0
+        return bucket, work / bucket
+
+
+def interp(knots: list[list[float]], length):
+    """Piecewise-linear in the length through the knots, extended along the end segments."""
+    return _interp(np.array([k[0] for k in knots], float), np.array([k[1] for k in knots], float), length)
+
+
+def _interp(x: np.ndarray, y: np.ndarray, length, min_slope: float = 0.0, floor_from: float = math.inf):
+    """interp; past the last knot the end segment's slope, and past `floor_from` (the table's own range) never
+    below `min_slope` (a decode step's K/V reads: a noisy last segment must not carry the cost down, or below zero,
+    at lengths the table never measured)."""
+    if len(x) == 1:
+        return np.full_like(np.asarray(length, float), y[0])
+    length = np.asarray(length, float)
+    lo = y[0] + (length - x[0]) * (y[1] - y[0]) / (x[1] - x[0])
+    slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+    hi = y[-1] + (length - x[-1]) * slope
+    if min_slope > slope:
+        edge = max(floor_from, x[-1])
+        hi = np.where(length > edge, y[-1] + (edge - x[-1]) * slope + (length - edge) * min_slope, hi)
+    return np.where(length < x[0], lo, np.where(length > x[-1], hi, np.interp(length, x, y)))
+
+
+class _Knots:
+    """One row count's knots, read from the table once; and interp at every whole length up to the longest asked
+    for so far, as Python floats, so that pricing a stretch of decode steps looks its lengths up instead of calling
+    numpy (whose per-call overhead is most of the cost of a stretch of a few steps). The values are interp's own,
+    computed by it on arrays, so a lookup equals interp at that length to the bit."""
+
+    def __init__(self, knots: list[list[float]], min_slope: float = 0.0, floor_from: float = math.inf):
+        self.x = np.array([k[0] for k in knots], float)
+        self.y = np.array([k[1] for k in knots], float)
+        self.min_slope, self.floor_from = min_slope, floor_from
+        self._at: list[float] = []  # interp at lengths 0, 1, 2, ...
+
+    def upto(self, end: int) -> list[float]:
+        """interp at lengths 0, 1, ..., at least up to end - 1."""
+        if end > len(self._at):  # grown by doubling: a run asks for a few thousand lengths in all
+            new = np.arange(len(self._at), max(end, 2 * len(self._at), 1024)).astype(float)
+            self._at += _interp(self.x, self.y, new, self.min_slope, self.floor_from).tolist()
+        return self._at
+
+
+class _DecodeFit:
+    """One backend's decode fit, read from the table once (not on every step)."""
+
+    def __init__(self, d: dict, max_tokens: float = math.inf):
+        self.rows: list[int] = d["rows"]
+        self.per_token = [float(v) for v in d["per_token_s"]]
+        # Past the table's range a uniform step grows at least by its rows' K/V reads (rows * per_token a token of
+        # length), the fit's own marginal cost.
+        self.knots = [_Knots(ks, max(0.0, p) * r, max_tokens) for ks, p, r in zip(d["knots"], self.per_token,
+                                                                                self.rows)]
+        self.top = max(k[-1][0] for k in d["knots"])  # the longest length measured at any row count
+        self.weights: dict[int, tuple] = {}  # rows -> how decode() weighs the measured row counts (row_weights)
+
+    def row_weights(self, rows: int) -> tuple:
+        """(i, None, None) for a measured row count i, whose neighbour has weight 0 (x * 0.0 adds nothing to a
+        duration: at most the sign of a zero one, which no end time can show); else (i, 1 - w, w): decode()'s
+        at(i - 1) * (1 - w) + at(i) * w. Computed once per row count."""
+        r = self.rows
+        if len(r) == 1:
+            return 0, None, None
+        i = min(max(bisect_left(r, rows), 1), len(r) - 1)  # decode()'s np.clip(np.searchsorted(...)) on a list
+        if rows == r[i] or rows == r[i - 1]:
+            return (i if rows == r[i] else i - 1), None, None
+        w = (rows - r[i - 1]) / (r[i] - r[i - 1])
+        return i, 1 - w, w
+
+
+def prefill_ranges(table: CostTable) -> dict[str, list[float]]:
+    """The measured range of rows, tokens and span, read from either table version's fit."""
+    p = table.fit["prefill"]
+    if "widths" in p:  # version 1: padded groups, width x padded length
+        (w0, w1), (n0, n1) = p["widths"], p["lengths"]
+        return {"rows": [w0, w1], "tokens": [w0 * n0, w1 * n1], "span": [n0, n1]}
+    return {k: p[k] for k in ("rows", "tokens", "span")}
+
+
+_POSITIVE: set[str] = set()  # ids of the tables whose fitted steps were found positive in this process
+
+
+class CostModel:
+    """Step durations in seconds from a checked cost table's fit; a table whose fitted steps are not positive
+    durations over its own range is refused (checked once a process: a sweep builds a model per worker)."""
+
+    def __init__(self, table: CostTable | dict, strict: bool = False):
+        if isinstance(table, dict):  # a table's JSON object (synthetic, or edited in memory): identified by its
+            # content and checked here; whether to trust a failed stationarity check is the loader's question
+            table = as_cost_table({**table, "table_id": table_id(table)}, allow_nonstationary=True)
+        self.table = table
+        self.strict = False  # check_positive looks past the measured range on purpose
+        p = table.fit["prefill"]
+        self._prefill_params = tuple(p[k] for k in PREFILL_PARAMS)
+        self._per_prefix = p.get(PREFIX_PARAM)  # None: prefix attention priced as the rest (older tables)
+        self._per_path = p.get(PATH_PARAM)  # None: no critical-path term (tables without fused steps)
+        self._ranges = prefill_ranges(table)
+        self.rounding = PrefillRounding(table.raw.get("engine"))
+        self.prefill_sigma = p["sigma"]
+        decode = table.fit["decode"]
+        self._decode = {b: _DecodeFit(d, table.max_tokens or math.inf) for b, d in decode.items()}
+        self.decode_sigma = {b: d["sigma"] for b, d in decode.items()}
+        self.retire_s = table.retire_s
+        self.correction = Correction(table.correction) if table.correction else None
+        self.backends = tuple(decode)
+        self._warned: set[str] = set()  # which extrapolations were warned about
+        self._prefill = lru_cache(maxsize=65536)(self._prefill_cost)
+        tid = table.raw.get("table_id")  # a table still being built (calibration) has none yet
+        if tid is None or tid not in _POSITIVE:
+            self.check_positive(table.path)
+            if tid is not None:
+                _POSITIVE.add(tid)
+        self.strict, self._warned = strict, set()  # the check's look past the range is not the run's
+
+    def _outside(self, what: str) -> None:
+        if self.strict:
+            raise InputError(f"{what} is outside the cost table's measured range (strict mode)")
+        key = what.split(" ")[0]
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"{what} is outside the cost table's measured range; extrapolating "
+                          f"(the fitted model's own form)", ExtrapolationWarning, stacklevel=4)
+
+    def prefill(self, shape: PrefillShape) -> float:
+        """One prefill step of this shape, as the table's closed runs measured it (no serving context)."""
+        return self._prefill(shape)
+
+    def factor(self, kind: str, prev_kind: str | None, idle_s: float, rows: int,
+               clock_mhz: float | None = None) -> float:
+        """The serving-context multiplier of one step (module docstring); 1 with no correction."""
+        if self.correction is None:
+            return 1.0
+        return self.correction.factor(kind, prev_kind, idle_s, rows, clock_mhz)
+
+    def prefill_in_context(self, shape: PrefillShape, policy: str, prev_kind: str | None, idle_s: float,
+                           clock_mhz: float | None = None) -> float:
+        """One prefill step as serving pays it: after a step of `prev_kind` (None: the first), `idle_s` after it."""
+        d = self._prefill(shape)
+        if self.correction is None:
+            return d
+        return d * self.correction.factor(prefill_kind(policy), prev_kind, idle_s, shape.rows, clock_mhz)
+
+    def _prefill_cost(self, shape: PrefillShape) -> float:
+        rows, tokens, span = shape.rows, shape.tokens, shape.span
+        r = self._ranges
+        if rows > r["rows"][1] or tokens > r["tokens"][1] or span > r["span"][1]:
+            self._outside(f"prefill of {rows} rows x {tokens} tokens (span {span:.0f})")
+        if self._per_prefix is None:
+            return float(prefill_time(self._prefill_params, rows, *self.rounding.features(shape)))
+        tokens, own, prefix = self.rounding.split(shape)
+        pool = self._per_prefix * tokens * prefix
+        if self._per_path is not None:
+            pool += self._per_path * longest_context(shape)
+        return float(prefill_time(self._prefill_params, rows, tokens, own, pool))
+
+    def _fit(self, backend: str) -> _DecodeFit:
+        d = self._decode.get(backend_named(backend))  # a record or command may give the backend's old name
+        if d is None:
+            raise InputError(f"the cost table has no decode costs for backend {backend!r} "
+                             f"(it has {', '.join(self.backends)})")
+        return d
+
+    def decode(self, backend: str, rows: int, kv_tokens, kv_max):
+        """One decode step of `rows` rows holding `kv_tokens` K/V tokens in all, `kv_max` in the longest (whole
+        numbers, or arrays of them): decode_stretch's price of a one-step stretch at each, so that there is one
+        decode cost."""
+        kt, km = np.broadcast_arrays(np.asarray(kv_tokens), np.asarray(kv_max))
+        got = [self.decode_stretch(backend, rows, _whole(a), _whole(b), 1)[0]
+               for a, b in zip(kt.ravel().tolist(), km.ravel().tolist())]
+        return np.asarray(got, float).reshape(kt.shape) if kt.ndim else got[0]
+
+    def decode_stretch_in_context(self, backend: str, rows: int, kv_tokens: int, kv_max: int, k: int, policy: str,
+                                  prev_kind: str | None, idle_s: float) -> list[float]:
+        """decode_stretch as serving pays it: its first step after a step of `prev_kind`, `idle_s` after it; the
+        others each right after a decode step. With no correction, decode_stretch itself (to the bit)."""
+        d = self.decode_stretch(backend, rows, kv_tokens, kv_max, k)
+        c = self.correction
+        if c is None:
+            return d
+        kind = decode_kind(backend, policy)
+        first, rest = c.factor(kind, prev_kind, idle_s, rows), c.factor(kind, "decode", 0.0, rows)
+        return [d[0] * first] + [x * rest for x in d[1:]]
+
+    def decode_stretch(self, backend: str, rows: int, kv_tokens: int, kv_max: int, k: int) -> list[float]:
+        """k consecutive decode steps of the same rows from this shape, each row one token longer a step.
+
+        The uniform cost at the longest row, less what the shorter rows save (per_token * (rows * kv_max -
+        kv_tokens), the same at every step); between two measured row counts their two predictions weighed; past
+        the widest, the line through the last two, never below the last. Interp is looked up (_Knots), in plain
+        Python: the simulator prices every stretch with it, a stretch is a few steps on average, and numpy's
+        per-call overhead would be most of the cost (tests/test_fast_paths.py holds it to numpy's arithmetic)."""
+        try:
+            d = self._decode[backend]
+        except KeyError:
+            d = self._fit(backend)  # raises, naming the backends there are
+        if rows > d.rows[-1] or rows < d.rows[0]:
+            self._outside(f"decode rows {rows}")
+        weights = d.weights.get(rows)
+        if weights is None:  # the first stretch at this row count
+            weights = d.weights[rows] = d.row_weights(rows)
+        end = kv_max + k
+        if end - 1 > 1.05 * d.top:
+            self._outside(f"decode K/V of {end - 1} tokens in the longest row")
+        # decode()'s rows * kv_max - kv_tokens: the same at every step, and exact in floats as in integers (whole
+        # numbers far below 2**53), so computed once, here in integers.
+        short = float(rows * kv_max - kv_tokens)
+        i, u, w = weights
+        b, cb = d.knots[i].upto(end), d.per_token[i] * short
+        if u is None:
+            return [y - cb for y in b[kv_max:end]]
+        a, ca = d.knots[i - 1].upto(end), d.per_token[i - 1] * short
+        if rows > d.rows[-1]:  # decode()'s floor past the widest measured batch: never below the last row count
+            return [max((x - ca) * u + (y - cb) * w, y - cb) for x, y in zip(a[kv_max:end], b[kv_max:end])]
+        return [(x - ca) * u + (y - cb) * w for x, y in zip(a[kv_max:end], b[kv_max:end])]
+
+    def check_positive(self, path: Path | None = None) -> None:
+        """Refuse a table whose fitted steps are not positive, finite durations over its own range."""
+        t = self.table
+        lengths = np.unique(np.geomspace(1, t.max_tokens, 24).round())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExtrapolationWarning)
+            for b in self.backends:
+                for rows in range(1, t.max_batch + 1):
+                    for kv_tokens in (lengths + rows - 1, rows * lengths):  # one long row and short ones; uniform
+                        d = np.asarray(self.decode(b, rows, kv_tokens, lengths))
+                        if not np.all(np.isfinite(d) & (d > 0)):
+                            bad = int(lengths[np.argmin(np.where(np.isfinite(d), d, -np.inf))])
+                            raise InputError(f"its fitted {b} decode step is not a positive duration at {rows} rows "
+                                             f"with a longest row of {bad} tokens: the fit is broken", path=path)
+            for rows in (1, t.max_batch):
+                for n in (1, t.max_tokens):
+                    d = self._prefill_cost(PrefillShape.padded(rows, n))
+                    if not (math.isfinite(d) and d > 0):
+                        raise InputError(f"its fitted prefill of {rows} x {n} tokens is not a positive duration",
+                                         path=path)

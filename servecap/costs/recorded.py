@@ -1,0 +1,106 @@
+"""A run record's steps beside the cost model's price for each, at its shape and in its serving context.
+
+One row per recorded step whose shape the record determines: its kind (servecap/costs/context.py), the previous step's kind
+and the idle gap before it (per replica, in the record's order), its rows, the measured duration, the table's
+price at the shape (decode: plus retirement's overhead for the rows it retired) and, where the run recorded GPU
+telemetry, the SM clock at its start. servecap/calibrate/from_runs.py fits the correction on these and grades it
+(contextual: the price with a correction's factors). Torch-free (pandas).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .context import decode_kind, prefill_kind
+from .model import CostModel
+from .shapes import PrefillShape
+
+COLUMNS = ("replica", "start", "step_kind", "kind", "rows", "prev_kind", "idle_s", "real_s", "model_s", "clock_mhz")
+
+
+def prefill_shape(row, groups: dict[int, list[int]] | None = None) -> PrefillShape | None:
+    """A recorded prefill step's shape where the record determines it: a single sequence (its prefix follows from
+    the attention work, n * (n + 2p)), a padded group (every row the padded length), or a packed group whose members'
+    prompt lengths (`groups`: group id -> prompt lengths, from the requests) add up to the step's tokens and work.
+    A chunk step of several sequences keeps only totals: None."""
+    rows, tokens, attn, width = int(row.rows), int(row.tokens), int(row.attn), int(row.padded_len)
+    if getattr(row, "kind", "prefill") == "mixed":
+        return fused_shape(row)
+    if rows == 1:
+        return PrefillShape.of([tokens], [(attn // tokens - tokens) // 2])
+    if tokens == rows * width and attn == rows * width * width:
+        return PrefillShape.padded(rows, width)
+    prompts = (groups or {}).get(int(row.group_id))
+    if prompts and len(prompts) == rows and sum(prompts) == tokens and sum(n * n for n in prompts) == attn:
+        return PrefillShape.of(prompts)
+    return None
+
+
+def fused_shape(row) -> PrefillShape | None:
+    """A fused step's shape where the record determines it: its decode rows (one position each; their prefixes sum
+    to kv_tokens less one a row, the longest is kv_max less one, and a one-position sequence's price is otherwise
+    linear in its prefix, so how the rest spread does not matter) and at most one chunk (its prefix follows from the
+    step's attention work)."""
+    d, rows = int(row.decode_rows), int(row.rows)
+    if rows - d > 1:
+        return None
+    longest, rest = int(row.kv_max) - 1, int(row.kv_tokens) - d - (int(row.kv_max) - 1)
+    decode = [longest] + [rest // (d - 1) + (i < rest % (d - 1)) for i in range(d - 1)] if d > 1 else [longest]
+    computed, prefix = [1] * d, decode
+    if rows > d:
+        n = int(row.tokens) - d
+        work = int(row.attn) - sum(1 + 2 * p for p in decode)
+        computed, prefix = computed + [n], prefix + [(work // n - n) // 2]
+    return PrefillShape.of(computed, prefix)
+
+
+def _groups(requests) -> dict[int, list[int]]:
+    if not len(requests):
+        return {}
+    return {int(g): sorted(map(int, d.prompt_tokens)) for g, d in requests.groupby("group_id")}
+
+
+def priced_steps(rec, cost: CostModel, telemetry=None):
+    """The record's steps (RunRecord) with their context and price (COLUMNS), as a DataFrame; prefill steps whose
+    shape the record does not determine are left out. `telemetry` (servecap/traces/telemetry.py) adds the clock."""
+    import pandas as pd
+
+    from servecap.traces.telemetry import join_steps
+
+    meta = rec.meta
+    backend, policy = meta["backend"], meta.get("prefill", "padded")
+    steps = rec.steps.sort_values(["replica", "start"], kind="stable").reset_index(drop=True)
+    if not len(steps):
+        return pd.DataFrame(columns=COLUMNS)
+    steps = join_steps(steps, telemetry)
+    prev_end = steps.groupby("replica").end.shift()
+    prev_kind = steps.groupby("replica").kind.shift()
+    idle = (steps.start - prev_end).fillna(math.inf)
+    groups = _groups(rec.requests)
+    model = np.full(len(steps), np.nan)
+    dec = (steps.kind == "decode").to_numpy()
+    for rows, idx in steps[dec].groupby("rows").groups.items():
+        d = steps.loc[idx]
+        model[idx] = np.asarray(cost.decode(backend, int(rows), d.kv_tokens.to_numpy(), d.kv_max.to_numpy()), float) \
+            + cost.retire_s * d.retired.to_numpy()
+    for i in np.flatnonzero(~dec):
+        shape = prefill_shape(steps.iloc[i], groups)
+        if shape is not None:
+            model[i] = cost.prefill(shape)
+    kinds = np.where(dec, decode_kind(backend, policy), prefill_kind(policy))
+    out = pd.DataFrame({"replica": steps.replica, "start": steps.start, "step_kind": steps.kind, "kind": kinds,
+                        "rows": steps.rows.astype(int), "prev_kind": prev_kind.where(prev_kind.notna(), None),
+                        "idle_s": idle, "real_s": steps.end - steps.start, "model_s": model,
+                        "clock_mhz": steps.sm_clock_mhz})
+    return out[np.isfinite(out.model_s)].reset_index(drop=True)
+
+
+def contextual(steps, correction) -> np.ndarray:
+    """The price of each priced step (priced_steps) in its serving context: model_s x the factor of `correction`
+    (a costs.context.Correction, e.g. CostModel.correction; None: model_s as it is)."""
+    if correction is None or not len(steps):
+        return steps.model_s.to_numpy()
+    f = [correction.factor(k, p, i, r, c if c == c else None) for k, p, i, r, c in
+         zip(steps.kind, steps.prev_kind, steps.idle_s, steps.rows, steps.clock_mhz.astype(float))]
+    return steps.model_s.to_numpy() * np.asarray(f)

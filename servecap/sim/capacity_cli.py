@@ -1,0 +1,174 @@
+"""`python -m sim capacity`: the highest rate a configuration holds, or the fewest replicas for a rate or for each
+window of a trace, by search (servecap/sim/capacity.py), with the band across workload seeds."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+from servecap.core.block_pool import PoolSize
+from servecap.core.config import ServingConfig
+from servecap.core.routing import ROUTERS
+from servecap.traces.arrival_options import add_arrival_options, given
+from servecap.traces.cli import SLO_HELP, batch_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg, slo_arg
+from servecap.traces.errors import InputError
+from servecap.traces.slo import describe
+from servecap.traces.workload import DEFAULT_N
+
+from . import capacity, inputs, sweep
+from .sweep import Workload
+
+_positive = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number")
+_tolerance = checked(float, lambda v: 0 < v < 1, "a fraction between 0 and 1 (e.g. 0.01)")
+
+
+def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    from servecap.core.options import PREFILL_HELP, add_memory_options, policy_arg as _policy
+
+    from .cli import _backend, _router, _seeds
+    p = sub.add_parser("capacity", help="the highest rate that meets the SLOs (or stays stable), or the fewest "
+                                        "replicas for a rate or each window of a trace, by search", description=(
+        "Search, rather than sweep, for capacity: with no --rate, the highest arrival rate at which the configuration "
+        "meets its --slo (without SLOs: stays stable), by bisection to --tolerance; with --rate, the fewest replicas "
+        "that hold it; with --trace and --window-s, the fewest replicas for each window of the trace at its own rate. "
+        "Every probe is a sweep point (the same verdict `sim sweep` gives at that rate); the search runs on each seed "
+        "of --seeds and reports min, median and max."))
+    p.add_argument("--backend", type=_backend, default="paged", help="decode backend (default paged)")
+    p.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
+    p.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY", help=PREFILL_HELP + " (default padded)")
+    add_memory_options(p)
+    p.add_argument("--pool-gib", type=gib_arg, default=4.0, help="KV pool size in GiB (default %(default)s)")
+    p.add_argument("--replicas", type=count_arg, default=1,
+                   help="engines behind a router, for the rate search (default 1)")
+    p.add_argument("--router", type=_router, default="round-robin",
+                   help=f"{', '.join(ROUTERS)} (default round-robin)")
+    p.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC", help=SLO_HELP)
+    p.add_argument("--rate", type=rate_arg, help="find the fewest replicas that hold this rate (requests/s)")
+    p.add_argument("--trace", type=Path, help="a request-trace file: scaled to each probed rate, or with --window-s "
+                                              "cut into windows run at their own rates")
+    p.add_argument("--window-s", type=_positive, metavar="S",
+                   help="with --trace: the fewest replicas for each S-second window of its arrivals")
+    p.add_argument("--max-replicas", type=count_arg, default=capacity.MAX_REPLICAS,
+                   help="the most replicas a replica search tries (default %(default)s)")
+    p.add_argument("--tolerance", type=_tolerance, default=capacity.REL_TOL,
+                   help="the rate search stops when the rate that failed is within this fraction of the one that "
+                        "held (default %(default)s)")
+    p.add_argument("--n", type=requests_arg, help=f"requests of the seeded trace (default {DEFAULT_N})")
+    seeds = p.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=seed_arg, help="workload seed (default 0)")
+    seeds.add_argument("--seeds", type=_seeds, metavar="A-B|S1,S2,...",
+                       help="search on each of these workload seeds and report min, median and max")
+    add_arrival_options(p)
+    p.add_argument("--jobs", type=count_arg, help="seeds searched in parallel (default: every core)")
+    common(p)
+    p.set_defaults(func=cmd_capacity)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.window_s is not None and args.trace is None:
+        raise InputError("--window-s cuts a trace into windows; give --trace")
+    if args.window_s is not None and args.rate is not None:
+        raise InputError("--rate does nothing with --window-s: each window runs at its own rate")
+    if args.trace is not None and (args.n is not None or args.seed is not None or args.seeds or given(args)):
+        raise InputError("--n, --seed(s), --burstiness and --ramp-up-s shape the seeded trace; a trace file keeps its "
+                         "own requests")
+    if (args.rate is not None or args.window_s is not None) and args.replicas != 1:
+        raise InputError("--replicas does nothing with --rate or --window-s: the search finds the fewest replicas")
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    _check(args)
+    config = ServingConfig(block_size=args.block_size, max_batch=args.max_batch, pool=PoolSize(gib=args.pool_gib),
+                           backend=args.backend, prefill=args.prefill, admission=args.admission,
+                           prefix_cache=args.prefix_cache, replicas=args.replicas, router=args.router)
+    table = inputs.load_table(args.table, config, args.allow_nonstationary)
+    inputs.check_backend(table, args.backend)
+    seeds = args.seeds or [0 if args.seed is None else args.seed]
+    base = inputs.load_trace(args.trace) if args.trace else None
+    workload = Workload(DEFAULT_N if args.n is None else args.n, seeds[0], base, args.burstiness, args.ramp_up_s)
+    samples = [base] if base is not None else [Workload(workload.n, s, None, args.burstiness, args.ramp_up_s).at(1.0)
+                                               for s in seeds]
+    for s in samples:
+        inputs.check_trace(s, table, config, inputs.pool_blocks(s, config))
+    by = f"meets {describe(args.slo)} (for all but 1% of requests, every named tail within its limit)" if args.slo \
+        else "stays stable (served rate within 3% of offered, queue wait not rising)"
+    what = inputs.described(args.trace, base) if base is not None else \
+        f"the seeded {'Poisson' if args.burstiness == 1 else f'gamma (burstiness {args.burstiness:g})'} trace, " \
+        f"{workload.n} requests" + (f", ramp-up {args.ramp_up_s:g} s" if args.ramp_up_s else "")
+    print(f"capacity: {config.label} ({inputs.pool_blocks(samples[0], config)} blocks) on {what}; a point holds when "
+          f"it {by}; {table.summary()}")
+    if args.window_s is not None:
+        return _windows(args, table, config, base)
+    if base is not None and base.offered_rate is None:
+        raise InputError("every request of this trace arrives at once, so it cannot be run at a rate", path=args.trace)
+    init = (table, args.strict, workload, args.noise_seed, args.slo)
+    if args.rate is None:
+        found = _per_seed(init, capacity.max_rate, [(config, s, args.slo, args.tolerance) for s in seeds], args.jobs)
+        for f in found:
+            print(f"seed {f.seed}: " + (f"highest rate that holds {f.answer:.4g} req/s" if f.answer is not None else
+                                        "no rate held") +
+                  (f", {f.bound:.4g} fails" if f.bound is not None else ", no probed rate failed") +
+                  f" ({len(f.probes)} probes from the saturated estimate {f.estimate:.4g} req/s)")
+        _band("highest rate that holds", [f.answer for f in found], "req/s")
+    else:
+        found = _per_seed(init, capacity.fewest_replicas,
+                          [(config, args.rate, s, args.slo, args.max_replicas, args.router) for s in seeds], args.jobs)
+        for f in found:
+            print(f"seed {f.seed}: rate {args.rate:g} req/s -> " +
+                  (f"{f.answer} replicas" if f.answer is not None else f"none of 1-{args.max_replicas} replicas") +
+                  f" ({', '.join(f'{k}: ' + ('holds' if ok else 'fails') for k, ok in sorted(f.probes))})")
+        _band("fewest replicas", [f.answer for f in found], "")
+    return 0
+
+
+def _band(name: str, values: list, unit: str) -> None:
+    b = capacity.band(values)
+    if len(values) == 1:
+        return
+    missing = "" if b["found"] == b["seeds"] else f" ({b['seeds'] - b['found']} seeds found none)"
+    if b["found"]:
+        print(f"{name} across {b['seeds']} seeds: min {b['min']:.4g}, median {b['median']:.4g}, max {b['max']:.4g}"
+              f"{' ' + unit if unit else ''}{missing}")
+    else:
+        print(f"{name}: none on any of {b['seeds']} seeds")
+
+
+def _per_seed(init: tuple, fn, calls: list[tuple], jobs: int | None) -> list[capacity.Search]:
+    """fn(*call) for every call on the sweep's worker setup: here for one call, else one worker process each."""
+    from servecap.traces import metrics  # noqa: F401  (imported before the workers fork, as the sweep does)
+    from . import fleet, simulator  # noqa: F401
+    jobs = min(jobs or os.cpu_count() or 1, len(calls))
+    if jobs == 1:
+        sweep._init(*init)
+        return [fn(*c) for c in calls]
+    pool = ProcessPoolExecutor(jobs, initializer=sweep._init, initargs=(*init, sweep.DEFAULT_PERCENTILES, os.getpid()))
+    try:
+        out = [f.result() for f in [pool.submit(fn, *c) for c in calls]]
+    except BaseException:
+        sweep._stop(pool)
+        raise
+    pool.shutdown()
+    return out
+
+
+def _windows(args: argparse.Namespace, table, config: ServingConfig, trace) -> int:
+    parts = capacity.windows(trace, args.window_s)
+    counts = []
+    for start, part in parts:
+        rate = part.offered_rate
+        if rate is None:
+            print(f"window {start:g}-{start + args.window_s:g} s: {len(part)} request, no rate: not searched")
+            continue
+        sweep._init(table, args.strict, Workload(len(part), 0, part), args.noise_seed, args.slo)
+        f = capacity.fewest_replicas(config, rate, 0, args.slo, args.max_replicas, args.router)
+        counts.append(f.answer)
+        print(f"window {start:g}-{start + args.window_s:g} s: {len(part)} requests at {rate:.4g} req/s -> " +
+              (f"{f.answer} replicas" if f.answer is not None else f"none of 1-{args.max_replicas} replicas"))
+    found = [c for c in counts if c is not None]
+    if found:
+        print(f"fewest replicas over {len(counts)} windows: min {min(found)}, max {max(found)} (provision the max "
+              f"for the whole trace, or follow the windows)")
+    return 0

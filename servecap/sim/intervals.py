@@ -1,0 +1,213 @@
+"""Prediction intervals: a band around every predicted metric (served rate, queue wait, TTFT and TPOT
+percentiles, a closed run's wall time) that combines the things a real run can differ by.
+
+1. Trace sampling: the point simulated on each of several trace seeds (a seeded workload's draws; a trace file is
+   one sample, as in a sweep's --seeds). A validation point replays one fixed trace, so its band has one sample.
+2. The cost level of a run: each simulated run's step costs multiplied by one factor F = exp(sigma_cost * z), z at
+   the (j + 0.5) / COST_DRAWS quantiles of the standard normal (quantile-spaced draws: reproducible, no random
+   generator; the band's edges are read at the same plotting positions, numpy's "hazen" percentiles, so that for a
+   metric monotone in F they fall at z = -/+ z_level). sigma_cost is
+   sqrt(held^2 + gpu^2 + run^2):
+   - held: a corrected table's held-out residual at the level of a whole run (correction.residual_sigma["all"], the
+     RMS over held-out runs of the log of the summed step time error), which holds each held-out run's own noise, so
+     that `run` is then left out; else the RMS of the log error of the calibration's held-out shapes;
+   - gpu: the GPU-to-GPU spread, from a refresh (the RMS of the log of a refreshed table's factors) where the
+     table was refreshed, else from the repeated real runs' sessions (the sd of their mean log speeds, below): the
+     held-out runs were held out run by run within the sessions the correction was fitted on, so the GPU a run
+     lands on is not in `held`;
+   - run: the run-to-run spread of a run's speed measured from repeated real runs (below).
+   Near capacity a percent of speed moves TTFT by tens of percent; drawing it as a cost factor lets the simulator
+   say how much, point by point, instead of one spread for every point.
+3. What the run-to-run noise leaves beyond speed, measured from repeated real runs (servecap/costs/data/run_to_run.json,
+   written by `python -m validate noise --table` with its sources): per metric and regime (closed, arrival), the
+   sd over repeats of log(measured / simulated at the run's own speed) (a file without it: the sd of the log of the
+   metric itself).
+
+Combined: the Monte-Carlo samples over seeds x cost factors give the band's quantiles around their median m; each
+side's log half-width is then widened in quadrature by z_level * sigma_noise: lo = m exp(-sqrt(log(m / q_lo)^2 +
+(z s)^2)), and so for hi (the sources taken as independent). The point prediction is not changed.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from statistics import NormalDist
+
+import numpy as np
+
+from servecap.costs.model import CostModel
+from servecap.costs.table import CORRECTED_VERSION, CostTable
+from servecap.traces.errors import InputError
+
+METRICS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s")
+COST_DRAWS = 16
+SEEDS = 5
+NOISE = Path(__file__).resolve().parent.parent / "costs" / "data" / "run_to_run.json"
+
+
+def _rms_log(values) -> float | None:
+    logs = [math.log(v) for v in values if v and v > 0]
+    return math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else None
+
+
+def cost_sigma(table: CostTable, noise: dict | None = None) -> dict:
+    """sigma_cost and its terms, each with where it came from (module docstring); `noise` the run-to-run file."""
+    c = table.correction or {}
+    held = (c.get("residual_sigma") or {}).get("all")
+    per_run = held is not None
+    if per_run:
+        held_from = "the correction's held-out runs (summed step time, RMS of the log error)"
+    else:
+        errors = [1 + p["error"] for p in (table.raw.get("accuracy") or {}).get("points", [])]
+        held, held_from = _rms_log(errors), "the calibration's held-out shapes (RMS of the log error)"
+    factors = (table.raw.get("refresh") or {}).get("factors") or {}
+    gpu = _rms_log(factors.values())
+    gpu_from = "the table's refresh factors"
+    if gpu is None and (noise or {}).get("sessions"):
+        gpu, gpu_from = noise["sessions"]["sigma"], (f"the sd of {len(noise['sessions']['mean_log_speed'])} "
+                                                     "sessions' mean run speed (run_to_run.json)")
+    pooled = (noise or {}).get("pooled", {})
+    speed = (pooled.get("arrival") or pooled.get("closed") or {}).get("speed")
+    run = None if per_run or speed is None else speed["sigma"]
+    terms = {"held_out": {"sigma": held, "from": held_from if held is not None else "none in the table"},
+             "gpu_to_gpu": {"sigma": gpu, "from": gpu_from if gpu is not None else
+                            "not measured (the table was not refreshed, the noise file has no sessions)"},
+             "run_to_run": {"sigma": run, "from": "held in the held-out runs' term" if per_run else
+                            "repeated real runs' speed (run_to_run.json)" if run is not None else
+                            "not measured (the noise file has no speeds)"}}
+    return {"sigma": math.sqrt(sum(t["sigma"] ** 2 for t in terms.values() if t["sigma"] is not None)),
+            "terms": terms}
+
+
+def load_noise(path: Path = NOISE) -> dict:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError("no measured run-to-run noise (python -m validate noise makes it)", path=path) from None
+    if doc.get("schema") != "run-to-run-noise":
+        raise InputError("is not a run-to-run noise file", path=path)
+    return doc
+
+
+def scaled(table: CostTable, factor: float) -> CostModel:
+    """The table's model with every step cost times `factor` (its correction's scale)."""
+    raw = {k: v for k, v in table.raw.items() if k != "table_id"}
+    raw.update(version=CORRECTED_VERSION, correction={**(table.correction or {"factors": {}}), "scale": factor})
+    return CostModel(raw)
+
+
+class Intervals:
+    """Bands at one level for points simulated on one table: the cost draws' models are made once."""
+
+    def __init__(self, table: CostTable, level: float, noise: dict | None = None):
+        self.table, self.level = table, level
+        self.z = NormalDist().inv_cdf(0.5 + level / 200)
+        self.noise = noise if noise is not None else load_noise()
+        self.cost = cost_sigma(table, self.noise)
+        zs = [NormalDist().inv_cdf((j + 0.5) / COST_DRAWS) for j in range(COST_DRAWS)]
+        self.factors = [math.exp(self.cost["sigma"] * z) for z in zs]
+        self.models = [scaled(table, f) for f in self.factors]
+
+    def band(self, traces: list, run) -> dict:
+        """Every metric's band for a point: `run(trace, cost_model)` simulates and scores one run (a summary dict);
+        `traces` are its trace samples (seeds)."""
+        samples = [run(t, m) for t in traces for m in self.models]
+        regime = "closed" if (traces[0].meta.get("rate") or traces[0].offered_rate) is None else "arrival"
+        noise = self.noise["pooled"].get(regime, {})
+        out = {}
+        for k in METRICS:
+            v = np.array([s.get(k) if s.get(k) is not None else math.nan for s in samples], float)
+            if not len(v) or not np.all(np.isfinite(v) & (v > 0)):
+                continue
+            m = float(np.median(v))
+            q_lo, q_hi = np.percentile(v, [50 - self.level / 2, 50 + self.level / 2], method="hazen")
+            s = noise.get(k, {}).get("residual_sigma", noise.get(k, {}).get("sigma", 0.0))
+            lo = m * math.exp(-math.hypot(math.log(m / q_lo), self.z * s))
+            hi = m * math.exp(math.hypot(math.log(q_hi / m), self.z * s))
+            out[k] = {"lo": lo, "hi": hi, "median": m}
+        return out
+
+    def describe(self) -> dict:
+        """What a band was made of, for a plan or a printout."""
+        return {"level": self.level, "cost_sigma": self.cost, "cost_factors": self.factors,
+                "noise": {"source": str(NOISE.name), "pooled": self.noise["pooled"],
+                          "points": [g["point"] for g in self.noise["groups"]], "table": self.noise.get("table")},
+                "method": "Monte-Carlo over trace seeds x quantile-spaced cost factors (hazen percentiles), widened in "
+                          "quadrature in log space by the measured run-to-run spread beyond speed (servecap/sim/intervals.py)"}
+
+
+def seeded(trace_of, seed: int, n: int = SEEDS) -> list:
+    """The trace samples of a seeded workload: `trace_of(seed)` for n seeds from `seed`."""
+    return [trace_of(seed + i) for i in range(n)]
+
+
+def simulated(cfg, rate: float | None):
+    """run(trace, cost) for Intervals.band: one simulated run of the configuration (a fleet where it has more than
+    one replica), scored as a prediction is."""
+    from dataclasses import replace
+
+    from servecap.traces.metrics import closed_run, summary
+
+    from .simulator import simulate
+    cfg = replace(cfg, detail="steps")
+
+    def run(trace, cost) -> dict:
+        if cfg.serving.replicas > 1:
+            from .fleet import simulate_fleet
+            rec = simulate_fleet(trace, cost, cfg).record
+        else:
+            rec = simulate(trace, cost, cfg).record
+        s = summary(rec, rate)
+        if rate is None:
+            s.update(closed_run(rec))
+        return s
+    return run
+
+
+NAMES = {"served_rate": ("served", "req/s", ".2f"), "queue_wait_p50": ("queue wait p50", "s", ".4f"),
+         "queue_wait_p95": ("queue wait p95", "s", ".4f"), "ttft_p50": ("TTFT p50", "s", ".4f"),
+         "ttft_p95": ("TTFT p95", "s", ".4f"), "tpot_p50": ("TPOT p50", "s", ".5f"), "wall_time_s": ("wall", "s", ".3f")}
+
+
+def lines(bands: dict, iv: Intervals, samples: int) -> list[str]:
+    """A band per metric, as `sim run` prints them."""
+    terms = iv.cost["terms"]
+    out = [f"interval {iv.level:g}%: {samples} trace sample(s) x {COST_DRAWS} cost factors (cost sigma "
+           f"{iv.cost['sigma']:.1%}: held-out {_pct(terms['held_out']['sigma'])}, GPU-to-GPU "
+           f"{_pct(terms['gpu_to_gpu']['sigma'])}, run-to-run speed {_pct(terms['run_to_run']['sigma'])}), widened by "
+           f"the measured run-to-run noise beyond speed"]
+    for k, b in bands.items():
+        name, unit, spec = NAMES[k]
+        out.append(f"  {name:15s} {format(b['lo'], spec)} .. {format(b['hi'], spec)} {unit}")
+    return out
+
+
+def _pct(v: float | None) -> str:
+    return "not measured" if v is None else f"{v:.1%}"
+
+
+INTERVALS_FILE = "sweep.intervals.csv"
+
+
+def sweep_bands(table: CostTable, results: list, workload, seeds: list[int], level: float) -> list[dict]:
+    """`sim sweep --interval`: one row per configuration and rate (of the first seed's points), each metric's band;
+    the trace samples are the sweep's seeds (a single seed: SEEDS seeds from it; a trace file: one sample)."""
+    from dataclasses import replace
+
+    from .simulator import SimConfig
+    iv = Intervals(table, level)
+    samples = seeds if len(seeds) > 1 else list(range(seeds[0], seeds[0] + SEEDS))
+    rows = []
+    for res in results:
+        if res.seed not in (None, seeds[0]):
+            continue
+        c = res.config
+        cfg = SimConfig(c)
+        for rate in res.rates:
+            traces = [workload.at(rate)] if workload.base is not None else \
+                [replace(workload, seed=s).at(rate) for s in samples]
+            bands = iv.band(traces, simulated(cfg, rate))
+            rows.append({"config": c.label, "rate": rate, "level": level,
+                         **{f"{k}_{side}": b[side] for k, b in bands.items() for side in ("lo", "hi")}})
+    return rows

@@ -1,0 +1,405 @@
+"""`python -m traces`: make the seeded workload traces, import public ones, summarise a trace file, and look
+inside run records: where their time goes (explain) and their steps and rows on a timeline (timeline)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from servecap.core.block_pool import DEFAULT_BLOCK_SIZE  # the engine's KV block: the prefix cache `show` reports on
+
+from .arrival_options import add_arrival_options, given
+from .command import Parser, command
+from .conversations import DEFAULT_SESSIONS, Conversations, conversation_trace
+from .errors import InputError
+from .outpath import reason
+from .importers import (FORMATS, TIME_UNITS, ImportOptions, import_azure, import_lengths, import_mooncake,
+                        import_note, import_table, time_unit_warning)
+from .outpath import check_new_file
+from .prefix import cached_prefix_share, repeated_block_share
+from .prompts import PROMPT_NAMES
+from .slo import SLO, parse_slos
+from .trace_io import read_trace, write_trace
+from .workload import DEFAULT_BUDGET, DEFAULT_N, Trace, closed_mixed, closed_uniform, poisson_trace
+
+# Records, explain and timeline bring pandas: imported by the commands that read records, since `sim` imports this
+# module's argument helpers and its --help should not wait for pandas.
+
+
+def checked(kind: type, ok: Callable[[float], bool], need: str) -> Callable[[str], float]:
+    """An argparse type that refuses values outside what the option means, saying what it needs."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {need}")
+        return value
+    return parse
+
+
+def slo_arg(text: str) -> tuple[SLO, ...]:
+    """SLOs as servecap/traces/slo.py writes them, refused with what is wrong."""
+    try:
+        return parse_slos(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+SLO_HELP = ("service-level objectives, NAME[_pNN]=SECONDS,... or vLLM's NAME[_pNN]:MILLISECONDS,...: NAME ttft, tpot "
+            "or e2el (e2e), each a per-request limit that goodput counts; a _pNN suffix also holds that percentile to "
+            "the limit (e.g. ttft_p99=2,tpot_p99=0.05 or ttft:500,tpot:50); reports print limits in ms")
+rate_arg = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of requests per second")
+count_arg = checked(int, lambda v: v >= 1, "a whole number >= 1")
+seed_arg = checked(int, lambda v: v >= 0, "a whole number >= 0")
+level_arg = checked(float, lambda v: 0 < v < 100, "a percentage between 0 and 100 (an interval's level)")
+tokens_arg = checked(int, lambda v: v >= 0, "a whole number of tokens >= 0")
+mean_arg = checked(float, lambda v: math.isfinite(v) and v >= 1, "a mean of at least 1")
+seconds_arg = checked(float, lambda v: math.isfinite(v) and v >= 0, "a number of seconds >= 0")
+
+# Sizes past which a run would not fit in memory or its counts would not be exact; each is far above real use.
+MAX_REQUESTS = 10_000_000  # the simulator holds about 1.5 KB a request: 10 million is ~15 GB
+MAX_BATCH = 1_000_000  # batch rows: the engine captures a graph per row count, the simulator keeps a row each
+MAX_POOL_BLOCKS = 2 ** 50  # block counts stay exact in a float64 (2**53) through every sum of them
+MAX_POOL_GIB = 2.0 ** 40  # an exbibyte in GiB: about 6e14 blocks of 64 Qwen2.5-1.5B tokens, below MAX_POOL_BLOCKS
+requests_arg = checked(int, lambda v: 1 <= v <= MAX_REQUESTS, f"a whole number of requests from 1 to {MAX_REQUESTS:,}")
+batch_arg = checked(int, lambda v: 1 <= v <= MAX_BATCH, f"a whole number of batch rows from 1 to {MAX_BATCH:,}")
+gib_arg = checked(float, lambda v: math.isfinite(v) and 0 < v <= MAX_POOL_GIB,
+                  f"a positive number of GiB up to {MAX_POOL_GIB:.4g}")
+blocks_arg = checked(int, lambda v: 1 <= v <= MAX_POOL_BLOCKS, f"a whole number of blocks from 1 to {MAX_POOL_BLOCKS:,}")
+
+
+def _window(text: str) -> tuple[float, float]:
+    start, _, end = text.partition(":")
+    try:
+        return float(start), float(end)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not START:END in seconds, e.g. 600:1200") from None
+
+
+def workload_options() -> argparse.ArgumentParser:
+    """The options that pick one run's workload (`engine run`)."""
+    p = Parser(add_help=False)
+    g = p.add_argument_group("workload (one of)")
+    w = g.add_mutually_exclusive_group(required=True)
+    w.add_argument("--rate", type=rate_arg, help="a seeded Poisson trace at this many requests per second")
+    w.add_argument("--trace", metavar="FILE", help="a request-trace file (python -m traces ...)")
+    w.add_argument("--closed-mixed", type=requests_arg, metavar="N", help="N requests of a mixed draw, all at t=0")
+    w.add_argument("--closed-uniform", choices=PROMPT_NAMES, metavar="PROMPT",
+                   help=f"--n copies of one prompt ({', '.join(PROMPT_NAMES)}), all at t=0")
+    g.add_argument("--n", type=requests_arg, default=DEFAULT_N,
+                   help=f"requests for --rate/--closed-uniform (default {DEFAULT_N})")
+    g.add_argument("--seed", type=seed_arg, default=0, help="seed of the mixed draw and arrival gaps (default 0)")
+    g.add_argument("--budget", type=count_arg, default=DEFAULT_BUDGET,
+                   help=f"tokens per request for --closed-uniform (default {DEFAULT_BUDGET})")
+    add_arrival_options(g)
+    return p
+
+
+def workload_from_args(args: argparse.Namespace) -> Trace:
+    if args.rate is not None:
+        return poisson_trace(args.rate, args.n, args.seed, args.burstiness, args.ramp_up_s)
+    if given(args):
+        raise InputError("--burstiness and --ramp-up-s shape the seeded trace of --rate; give --rate")
+    if args.trace:
+        return read_trace(args.trace)
+    if args.closed_mixed:
+        return closed_mixed(args.closed_mixed, args.seed)
+    return closed_uniform(args.closed_uniform, args.n, args.budget)
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse to write a trace over an existing file without --force, and over the file being imported at all."""
+    source = getattr(args, "path", None)  # the importers' input file
+    check_new_file(args.out, force=args.force, keep={"the file being imported": source})
+
+
+def _write(trace: Trace, out: str) -> None:
+    write_trace(trace, out)
+    print(f"wrote {out}: trace {trace.trace_id}, {len(trace)} requests")
+
+
+def _poisson(args: argparse.Namespace) -> None:
+    _write(poisson_trace(args.rate, args.n, args.seed, args.burstiness, args.ramp_up_s), args.out)
+
+
+def _conversations(args: argparse.Namespace) -> None:
+    shape = Conversations(args.system_tokens, args.turns, args.user_tokens, args.output_tokens, args.think_s,
+                          args.hash_block)
+    trace = conversation_trace(args.rate, args.sessions, args.seed, shape)
+    _write(trace, args.out)
+    print(f"{args.sessions} sessions, {len(trace)} turns; {repeated_block_share(trace.requests):.1%} of the prompts' "
+          f"{args.hash_block}-token blocks repeat an earlier request's")
+
+
+def _closed(args: argparse.Namespace) -> None:
+    # The options that do not apply are refused rather than ignored, so no one believes they took effect.
+    if args.mixed and args.budget is not None:
+        raise InputError("--budget applies to --prompt; a mixed draw picks each request's budget")
+    if args.prompt and args.seed is not None:
+        raise InputError("--seed applies to --mixed; --prompt repeats one prompt and budget")
+    trace = closed_mixed(args.n, args.seed or 0) if args.mixed else \
+        closed_uniform(args.prompt, args.n, args.budget or DEFAULT_BUDGET)
+    _write(trace, args.out)
+
+
+def _options(args: argparse.Namespace, time_unit: str = "s") -> ImportOptions:
+    return ImportOptions(args.max_prompt, args.max_budget, args.window, args.compress, time_unit)
+
+
+def _import_azure(args: argparse.Namespace) -> None:
+    trace, report = import_azure(args.path, _options(args))
+    print(report)
+    _write(trace, args.out)
+
+
+def _import_mooncake(args: argparse.Namespace) -> None:
+    trace, report = import_mooncake(args.path, _options(args))
+    print(report)
+    _write(trace, args.out)
+
+
+def _import(args: argparse.Namespace) -> None:
+    trace, report = import_table(args.path, args.timestamp, args.input, args.output,
+                                 _options(args, args.time_unit), args.format)
+    print(report)
+    warning = time_unit_warning(trace)
+    if warning:
+        print(warning, file=sys.stderr)
+    _write(trace, args.out)
+
+
+def _import_lengths(args: argparse.Namespace) -> None:
+    trace, report = import_lengths(args.path, args.input, args.output, args.rate, args.n, args.seed,
+                                   args.max_prompt, args.max_budget, args.format)
+    print(report)
+    _write(trace, args.out)
+
+
+def summary(trace: Trace) -> str:
+    """A few lines on a trace: id, size, span, offered rate, length percentiles and metadata."""
+    lines = [f"trace id       {trace.trace_id}", f"requests       {len(trace)}"]
+    if trace.requests:
+        rate = trace.offered_rate
+        lines += [f"span           {trace.span:.3f} s (arrivals {trace.requests[0].arrival:g} .. "
+                  f"{trace.requests[-1].arrival:g} s)",
+                  "offered rate   " + ("n/a: every request arrives at once" if rate is None else f"{rate:.3f} req/s")]
+        for name, values in (("prompt tokens", [r.prompt_tokens for r in trace.requests]),
+                             ("budget", [r.budget for r in trace.requests])):
+            p50, p90, p99 = np.percentile(values, [50, 90, 99])
+            lines.append(f"{name:<15}p50 {p50:g}  p90 {p90:g}  p99 {p99:g}  max {max(values)}")
+        hashed = [r for r in trace.requests if r.hash_ids]
+        if hashed:
+            blocks = sorted({r.hash_block for r in hashed})
+            lines.append(f"hash ids       {len(hashed)} requests, blocks of {'/'.join(map(str, blocks))} tokens; "
+                         f"{repeated_block_share(trace.requests):.1%} of their blocks repeat an earlier request's; "
+                         f"an unbounded cache of {DEFAULT_BLOCK_SIZE}-token blocks would hold "
+                         f"{cached_prefix_share(trace.requests, DEFAULT_BLOCK_SIZE):.1%} of all prompt tokens")
+    note = import_note(trace.meta)
+    if note:
+        lines.append(f"import         {note}")
+    lines.append("meta           " + json.dumps(trace.meta, indent=2, sort_keys=True).replace("\n", "\n               "))
+    return "\n".join(lines)
+
+
+def _show(args: argparse.Namespace) -> None:
+    print(summary(read_trace(args.file)))
+
+
+def _records(paths: list[str]) -> list:
+    """The run records at `paths`, warning (not refusing) about any its run never closed."""
+    from .records import read_run, unfinished
+    records = [read_run(p) for p in paths]
+    for path, rec in zip(paths, records):
+        warning = unfinished(rec)
+        if warning:
+            print(f"warning: {path}: {warning}", file=sys.stderr)
+    return records
+
+
+def _read(runs: list[str]) -> dict[str, str]:
+    """The run records a command reads, for check_new_file to keep."""
+    return {f"the run record {r} it reads": r for r in runs}
+
+
+def _explain(args: argparse.Namespace) -> None:
+    from .explain import explain
+    from .explain_report import report, report_pair
+    if len(args.runs) > 2:
+        raise InputError(f"explain takes one or two run records, got {len(args.runs)}")
+    if args.png:
+        check_new_file(args.png, force=args.force, keep=_read(args.runs), option="--png")
+        if Path(args.png).suffix.lower() != ".png":
+            raise InputError("is not a .png file name; --png draws a PNG", path=args.png)
+    elif args.force:
+        raise InputError("--force does nothing without --png (the only file explain writes)")
+    explained = []
+    for path, rec in zip(args.runs, _records(args.runs)):
+        try:
+            explained.append(explain(rec, args.windows))
+        except InputError as e:  # the record's problem: name the record
+            raise InputError(str(e), path=path) from None
+    print(report(explained[0], args.runs[0]) if len(explained) == 1 else report_pair(*explained, tuple(args.runs)))
+    if args.png:
+        from .explain_plot import plot  # matplotlib only when a figure is asked for
+        kinds = [str(e.meta.get("kind", "record")) for e in explained]
+        names = kinds if len(kinds) == 1 else [f"{tag} ({k})" for tag, k in zip("AB", kinds)]
+        print(f"wrote {plot(explained, names, args.png)}")
+
+
+def _timeline(args: argparse.Namespace) -> None:
+    from .timeline import write_timeline
+    check_new_file(args.json_out, force=args.force, keep=_read(args.runs))
+    records = _records(args.runs)
+    out = write_timeline(records, args.json_out, args.names, args.every_step)
+    print(f"wrote {out}: {len(records)} record(s); open it in ui.perfetto.dev or chrome://tracing")
+
+
+def parser() -> argparse.ArgumentParser:
+    from .explain import DEFAULT_WINDOWS
+    p = Parser(prog="python -m traces", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    out = Parser(add_help=False)
+    out.add_argument("--out", required=True, metavar="FILE", help="trace file to write")
+    out.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+
+    s = sub.add_parser("poisson", parents=[out], help="the seeded Poisson arrival trace (rate, n, seed; "
+                                                                "--burstiness for gamma arrivals, --ramp-up-s)")
+    s.add_argument("--rate", type=rate_arg, required=True, help="arrivals per second")
+    s.add_argument("--n", type=requests_arg, default=DEFAULT_N, help=f"requests (default {DEFAULT_N})")
+    s.add_argument("--seed", type=seed_arg, default=0, help="seed of the mixed draw and the arrival gaps (default 0)")
+    add_arrival_options(s)
+    s.set_defaults(func=_poisson)
+
+    d = Conversations()
+    s = sub.add_parser("conversations", parents=[out],
+                       help="seeded multi-turn conversations sharing prefixes, with their prompts' block hashes",
+                       description="Sessions start as a Poisson process at --rate; each turn's prompt is its "
+                                   "session's history (the system prompt, the earlier user messages and answers) "
+                                   "plus new user tokens, its hash ids chained so that equal prefixes have equal ids "
+                                   "(servecap/traces/conversations.py). A later turn arrives a think time after the previous "
+                                   "turn's arrival: a trace cannot know when that turn was answered. Every draw is "
+                                   "seeded: the same sessions, seed and shape give the same conversations at every "
+                                   "rate.")
+    s.add_argument("--rate", type=rate_arg, required=True, help="sessions starting per second (Poisson)")
+    s.add_argument("--sessions", type=requests_arg, default=DEFAULT_SESSIONS,
+                   help=f"sessions (default {DEFAULT_SESSIONS})")
+    s.add_argument("--seed", type=seed_arg, default=0, help="seed of every draw (default 0)")
+    s.add_argument("--system-tokens", type=tokens_arg, default=d.system_tokens, metavar="N",
+                   help=f"system prompt opening every session, the same tokens in all (default {d.system_tokens})")
+    s.add_argument("--turns", type=mean_arg, default=d.turns, metavar="MEAN",
+                   help=f"turns per session: geometric, at least 1, with this mean (default {d.turns:g})")
+    s.add_argument("--user-tokens", type=mean_arg, default=d.user_tokens, metavar="MEAN",
+                   help=f"new user tokens per turn: exponential with this mean, at least 1 (default {d.user_tokens:g})")
+    s.add_argument("--output-tokens", type=mean_arg, default=d.output_tokens, metavar="MEAN",
+                   help=f"output tokens per turn: exponential with this mean, at least 1 (default {d.output_tokens:g})")
+    s.add_argument("--think-s", type=seconds_arg, default=d.think_s, metavar="MEAN",
+                   help=f"seconds from a turn's arrival to the next's: exponential with this mean (default "
+                        f"{d.think_s:g}; from the arrival, not the answer, which a trace cannot know)")
+    s.add_argument("--hash-block", type=count_arg, default=d.hash_block, metavar="N",
+                   help=f"tokens per hashed prompt block (default {d.hash_block}, Mooncake's; the engine's KV block "
+                        f"is {DEFAULT_BLOCK_SIZE})")
+    s.set_defaults(func=_conversations)
+
+    s = sub.add_parser("closed", parents=[out], help="a closed run: n requests all arriving at t=0")
+    which = s.add_mutually_exclusive_group(required=True)
+    which.add_argument("--mixed", action="store_true", help="a mixed draw of prompts and budgets")
+    which.add_argument("--prompt", choices=PROMPT_NAMES, help="every request has this prompt")
+    s.add_argument("--n", type=requests_arg, required=True, help="requests")
+    s.add_argument("--seed", type=seed_arg, help="seed of the mixed draw (default 0)")
+    s.add_argument("--budget", type=count_arg, help=f"tokens each --prompt request generates (default {DEFAULT_BUDGET})")
+    s.set_defaults(func=_closed)
+
+    caps = Parser(add_help=False, parents=[out])
+    caps.add_argument("--max-prompt", type=int, metavar="TOKENS",
+                      help="drop requests with longer prompts (default: none; every prompt kept at its length)")
+    caps.add_argument("--max-budget", type=int, metavar="TOKENS",
+                      help="clip longer outputs to this budget (default: none; every output kept at its length)")
+    timed = Parser(add_help=False, parents=[caps])  # files with arrival times
+    timed.add_argument("--window", type=_window, metavar="START:END",
+                       help="keep requests from START to END seconds after the file's first timestamp")
+    timed.add_argument("--compress", type=float, default=1.0, metavar="F",
+                       help="divide arrival times by F, offering the same requests at F times the rate")
+
+    s = sub.add_parser("import-azure", parents=[timed], help="import the Azure LLM inference trace 2023 CSV")
+    s.add_argument("path", help="AzureLLMInferenceTrace_conv.csv or _code.csv")
+    s.set_defaults(func=_import_azure)
+
+    s = sub.add_parser("import-mooncake", parents=[timed],
+                       help="import a Mooncake trace (JSONL: timestamp in ms, input_length, output_length, hash_ids), "
+                            "keeping its 512-token block hashes")
+    s.add_argument("path", help="e.g. Mooncake's FAST25-release/traces/*.jsonl")
+    s.set_defaults(func=_import_mooncake)
+
+    s = sub.add_parser("import", parents=[timed], help="import a CSV or JSONL trace, naming its columns")
+    s.add_argument("path", help="a .csv, or a .jsonl with one JSON object per line")
+    s.add_argument("--timestamp", required=True, metavar="COL", help="arrival time: numbers or ISO datetimes")
+    s.add_argument("--time-unit", choices=TIME_UNITS, default="s",
+                   help="the unit of numeric timestamps (default s); ISO datetimes are read as they are")
+    s.add_argument("--input", required=True, metavar="COL", help="prompt tokens")
+    s.add_argument("--output", required=True, metavar="COL", help="output tokens")
+    s.add_argument("--format", choices=FORMATS, help="file format (default: from the suffix, .jsonl or .csv)")
+    s.set_defaults(func=_import)
+
+    s = sub.add_parser("import-lengths", parents=[caps],
+                       help="resample a file of prompt and output lengths (e.g. ShareGPT's) with Poisson arrivals")
+    s.add_argument("path", help="a .csv, or a .jsonl with one JSON object per line")
+    s.add_argument("--input", required=True, metavar="COL", help="prompt tokens")
+    s.add_argument("--output", required=True, metavar="COL", help="output tokens")
+    s.add_argument("--rate", type=rate_arg, required=True, help="arrivals per second")
+    s.add_argument("--n", type=requests_arg, default=DEFAULT_N, help=f"requests to draw (default {DEFAULT_N})")
+    s.add_argument("--seed", type=seed_arg, default=0, help="seed of the row draw and the arrival gaps (default 0)")
+    s.add_argument("--format", choices=FORMATS, help="file format (default: from the suffix, .jsonl or .csv)")
+    s.set_defaults(func=_import_lengths)
+
+    s = sub.add_parser("show", help="summarise a trace file")
+    s.add_argument("file")
+    s.set_defaults(func=_show)
+
+    s = sub.add_parser("explain", help="where a run record's wall time goes; two records side by side",
+                       description="Split a run record's wall time (first arrival to last finish) into decode, "
+                                   "prefill of real prompt tokens, prefill padding, retire overhead, untimed gaps "
+                                   "and idle, overall and by window, with admission groups against queue depth, "
+                                   "head-of-line blocking and rows running. Two records (a real and a simulated "
+                                   "run of one trace) print side by side with their differences.")
+    s.add_argument("runs", nargs="+", metavar="RUN_DIR", help="one or two run-record directories")
+    s.add_argument("--windows", type=count_arg, default=DEFAULT_WINDOWS, metavar="N",
+                   help=f"split the wall time into N equal windows (default {DEFAULT_WINDOWS})")
+    s.add_argument("--png", metavar="FILE", help="also draw the explanation into this PNG")
+    s.add_argument("--force", action="store_true", help="replace an existing --png FILE")
+    s.set_defaults(func=_explain)
+
+    s = sub.add_parser("timeline", help="run records as a Chrome trace-event JSON for Perfetto",
+                       description="Write run records as Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing): "
+                                   "one process per record (per replica, for a fleet's) with a steps track, one track "
+                                   "per batch row, and queue depth and free KV blocks as counters.")
+    s.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run-record directories")
+    s.add_argument("--out", dest="json_out", required=True, metavar="FILE.json", help="the JSON file to write")
+    s.add_argument("--names", type=lambda t: [n.strip() for n in t.split(",")], metavar="A,B,...",
+                   help="process names, one per record (default: each record's kind, engine or sim)")
+    s.add_argument("--every-step", action="store_true",
+                   help="one event per decode step (default: one per stretch of decode steps of the same rows)")
+    s.add_argument("--force", action="store_true", help="replace an existing --out FILE")
+    s.set_defaults(func=_timeline)
+    return p
+
+
+@command("traces")
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if hasattr(args, "out"):  # every command that writes a trace
+            _check_out(args)
+        args.func(args)
+    except InputError:
+        raise
+    except OSError as e:  # the filesystem, past what the checks foresaw: still one line, in words
+        raise InputError(reason(e), path=e.filename) from None
+    return 0

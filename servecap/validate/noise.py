@@ -1,0 +1,161 @@
+"""The engine's run-to-run noise, measured from repeated real runs of one point (never assumed): for every group of
+two or more complete real records of the same point in one validation directory (same trace, configuration and
+session), each metric's spread over the repeats as the sd of its log; pooled per regime (closed runs, arrival
+runs) over the groups, weighted by their degrees of freedom. Written as data with its sources
+(servecap/costs/data/run_to_run.json); the prediction intervals widen by it (servecap/sim/intervals.py).
+
+With a cost table (--table), the spread is split in two. A run's speed: its recorded steps' summed time over the
+table's price for them in their serving context (servecap/costs/recorded.py); repeats of one point differ in it by a percent
+or two, and near capacity that alone moves TTFT by tens of percent, as the simulator shows when it replays the
+point at each run's own speed. What speed does not explain: the sd over the repeats of log(measured / simulated at
+the run's speed), per metric. The intervals propagate the first through the simulator (a cost factor) and widen
+by the second, so that neither is counted twice. And the speed's spread from GPU to GPU: the sd of the sessions'
+mean log speeds (a session is one validation directory on one GPU).
+
+    python -m validate noise results/validation results/validation-v2 ... --table T --out servecap/costs/data/run_to_run.json
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from servecap.traces.csvio import atomic_write_text
+from servecap.traces.errors import InputError
+from servecap.traces.provenance import git_commit, now_iso
+
+METRICS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s")
+
+
+def _groups(validation: Path) -> dict[str, list[Path]]:
+    real = Path(validation) / "real"
+    if not real.is_dir():
+        raise InputError("has no real/ directory of run records", path=validation)
+    out = {}
+    for point in sorted(p for p in real.iterdir() if p.is_dir()):
+        runs = [r for r in sorted(point.glob("run-*")) if (r / "meta.json").exists()
+                and json.loads((r / "meta.json").read_text()).get("status") == "complete"]
+        if len(runs) >= 2:
+            out[point.name] = runs
+    return out
+
+
+def _speed_and_residuals(validation: Path, point: str, recs: list, table) -> tuple[list[float], list[dict]]:
+    """Each run's speed (summed real step time over its contextual price) and log(measured / simulated at that
+    speed) per metric, from the validation's plan of the point."""
+    from servecap.costs.model import CostModel
+    from servecap.costs.recorded import contextual, priced_steps
+    from servecap.sim.intervals import scaled, simulated
+
+    from .plan import point_config
+    from .points import build_trace, load_plan
+
+    _, points = load_plan(validation)
+    p = next((q for q in points if q.id == point), None)
+    if p is None:
+        raise InputError(f"point {point} has real runs but is not in the plan", path=validation)
+    cost = CostModel(table)
+    trace = build_trace(p.trace, validation)
+    rate = trace.meta.get("rate") or trace.offered_rate
+    run = simulated(point_config(p), rate)
+    speeds, residuals = [], []
+    for rec in recs:
+        steps = priced_steps(rec, cost)
+        f = float(steps.real_s.sum() / contextual(steps, cost.correction).sum())
+        sim = run(trace, scaled(table, f))
+        speeds.append(f)
+        residuals.append({k: math.log(v / sim[k]) for k, v in _metrics(rec, rate).items()
+                          if sim.get(k) is not None and math.isfinite(sim[k]) and sim[k] > 0})
+    return speeds, residuals
+
+
+def _metrics(rec, rate) -> dict:
+    from servecap.traces.metrics import closed_run, summary
+    s = summary(rec, rate)
+    if rate is None:
+        s.update(closed_run(rec))
+    return {k: float(s[k]) for k in METRICS if k in s and s[k] is not None and math.isfinite(s[k]) and s[k] > 0}
+
+
+def _sd(values) -> float:
+    return float(np.std(values, ddof=1))
+
+
+def _pool(have: list[tuple[int, float]]) -> dict:
+    dof = sum(d for d, _ in have)
+    return {"sigma": float(math.sqrt(sum(d * s * s for d, s in have) / dof)), "groups": len(have),
+            "runs": dof + len(have)}
+
+
+def measure(validations: list[Path], table=None) -> dict:
+    """Each repeated point's metrics and their log sd, and the pooled sd per regime and metric; with `table` (a
+    CostTable) also each run's speed and what speed leaves unexplained (module docstring)."""
+    from servecap.traces.records import read_run
+
+    groups = []
+    for v in validations:
+        for point, runs in _groups(v).items():
+            recs = [read_run(r) for r in runs]
+            if len({r.meta["trace_id"] for r in recs}) > 1:
+                raise InputError(f"point {point}: its repeats replayed different traces", path=v)
+            rate = recs[0].meta["trace"].get("rate")
+            values = [_metrics(rec, rate) for rec in recs]
+            keys = [k for k in METRICS if all(k in x for x in values)]
+            g = {"point": point, "validation": str(v), "source": [str(r) for r in runs],
+                 "regime": "arrival" if rate else "closed", "gpus": sorted({r.meta["device"].get("uuid") or "?"
+                                                                           for r in recs}),
+                 "values": {k: [x[k] for x in values] for k in keys},
+                 "log_sd": {k: _sd(np.log([x[k] for x in values])) for k in keys}}
+            if table is not None:
+                speeds, residuals = _speed_and_residuals(Path(v), point, recs, table)
+                rk = [k for k in keys if all(k in r for r in residuals)]
+                g.update(speed=speeds, speed_log_sd=_sd(np.log(speeds)),
+                         residual_log_sd={k: _sd([r[k] for r in residuals]) for k in rk})
+            groups.append(g)
+    if not groups:
+        raise InputError("no point has two or more complete real runs: run-to-run noise cannot be measured")
+    pooled: dict[str, dict] = {}
+    for regime in ("closed", "arrival"):
+        mine = [g for g in groups if g["regime"] == regime]
+        for k in METRICS:
+            have = [(len(g["values"][k]) - 1, g["log_sd"][k]) for g in mine if k in g["log_sd"]]
+            if have:
+                pooled.setdefault(regime, {})[k] = _pool(have)
+                res = [(len(g["speed"]) - 1, g["residual_log_sd"][k]) for g in mine if k in g.get("residual_log_sd", {})]
+                if res:
+                    pooled[regime][k]["residual_sigma"] = _pool(res)["sigma"]
+        speed = [(len(g["speed"]) - 1, g["speed_log_sd"]) for g in mine if "speed" in g]
+        if speed:
+            pooled.setdefault(regime, {})["speed"] = _pool(speed)
+    sessions = _sessions(groups)
+    return {"schema": "run-to-run-noise", "version": 2 if table is not None else 1, "pooled": pooled,
+            "groups": groups, **({"table": table.table_id} if table is not None else {}),
+            **({"sessions": sessions} if sessions else {}),
+            "method": "per metric, the sd of log(metric) over the repeats of one point, pooled over points by "
+                      "degrees of freedom, per regime" + ("; speed: the sd of the log of each run's summed step "
+                      "time over the table's contextual price; residual_sigma: the same pooling of log(measured / "
+                      "simulated at the run's own speed)" if table is not None else ""),
+            "created_at": now_iso(), "git_commit": git_commit()}
+
+
+def _sessions(groups: list[dict]) -> dict | None:
+    """The GPU-to-GPU spread of a run's speed: each session's (one validation directory on one GPU) mean log speed
+    over its repeated runs, and the sd of those means (None with fewer than three sessions)."""
+    means: dict[str, list[float]] = {}
+    for g in groups:
+        if "speed" in g and len(g["gpus"]) == 1:
+            means.setdefault(f"{g['validation']} {g['gpus'][0]}", []).extend(math.log(f) for f in g["speed"])
+    if len(means) < 3:
+        return None
+    m = {k: float(np.mean(v)) for k, v in means.items()}
+    return {"sigma": _sd(list(m.values())), "mean_log_speed": m}
+
+
+def write(validations: list[Path], out: Path, force: bool = False, table=None) -> dict:
+    if Path(out).exists() and not force:
+        raise InputError("already exists; pass --force to replace it", path=out)
+    doc = measure(validations, table)
+    atomic_write_text(Path(out), json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return doc

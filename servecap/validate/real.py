@@ -1,0 +1,130 @@
+"""The real runs of a validation plan, on the GPU engine.
+
+Points are run in plan order; a point marked `fresh` starts a new engine and runs first on it, so that its trace
+is the first thing that engine ever serves. Points with complete records are kept, not re-run; an interrupted
+point is run again from its start. `--shard i/n` runs the i-th of n shares of the engines' points, shares of about
+equal predicted GPU time (one process per GPU).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from servecap.core.block_pool import PoolSize
+from servecap.core.config import ServingConfig
+from servecap.traces.errors import InputError
+
+from .points import Point, build_trace, is_complete, load_plan, run_dir
+
+
+def engine_batches(points: list[Point]) -> list[list[Point]]:
+    """Points grouped by the engine that runs them: each fresh point opens a new engine (one per repeat, so that
+    every repeat is the first thing its engine serves: engine_runs); the rest share one, or are spread over the
+    fresh engines (each after its own first pass), so no engine starts only for them."""
+    fresh = [[p] for p in points if p.fresh]
+    rest = [p for p in points if not p.fresh]
+    if not fresh:
+        return [rest] if rest else []
+    for i, p in enumerate(rest):
+        fresh[i % len(fresh)].append(p)
+    return fresh
+
+
+def engine_runs(batch: list[Point], out: Path) -> list[list[tuple[Point, int]]]:
+    """The (point, repeat) runs still to make, one list per engine: a fresh point's repeats each on an engine of its
+    own (with the points that share it after its first repeat), the others together."""
+    todo = [(p, k) for p in batch for k in range(1, p.repeats + 1) if not is_complete(run_dir(out, p, k))]
+    if not batch[0].fresh:
+        return [todo]
+    first = [(p, k) for p, k in todo if p is batch[0]]
+    rest = [(p, k) for p, k in todo if p is not batch[0]]
+    engines = [[run] for run in first] or [[]]
+    engines[0] += rest
+    return [e for e in engines if e]
+
+
+def shares(batches: list[list[Point]], n: int, predictions: dict) -> list[list[list[Point]]]:
+    """The engines' batches in n shares of about equal GPU time (by the plan's own predicted wall times), the
+    longest batch first to the least loaded share."""
+    def seconds(b: list[Point]) -> float:
+        return sum((p.warmup + p.repeats) * (predictions[p.id].get("wall_time_s") or 0.0) for p in b)
+    out: list[list[list[Point]]] = [[] for _ in range(n)]
+    load = [0.0] * n
+    for b in sorted(batches, key=seconds, reverse=True):
+        j = load.index(min(load))
+        out[j].append(b)
+        load[j] += seconds(b)
+    return out
+
+
+def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = None,
+             shard: tuple[int, int] = (0, 1)) -> None:
+    """Every point (and repeat) of this shard on the engine."""
+    from servecap.engine.engine import Engine, EngineConfig  # the GPU side only
+    from tqdm import tqdm
+
+    plan, points = load_plan(out)
+    points = [p for p in points if p.serving.replicas == 1]
+    if only:
+        unknown = sorted(set(only) - {p.id for p in points})
+        if unknown:
+            raise InputError(f"the plan has no point(s) {', '.join(unknown)}", path=Path(out) / "plan.json")
+        points = [p for p in points if p.id in only]
+    i, n = shard
+    batches = shares(engine_batches(points), n, plan["predictions"])[i]
+    todo = [t for b in batches for t in engine_runs(b, out)]
+    todo = [t for t in todo if t]
+    if not todo:
+        print("every point of this shard already has its real records")
+        return
+    bar = tqdm(total=sum(map(len, todo)), desc=f"real runs (shard {i + 1}/{n})", unit="run")
+    for runs in todo:
+        traces = {p.id: build_trace(p.trace, out) for p, _ in runs}
+        reqs = [r for t in traces.values() for r in t.requests]
+        engine = Engine(EngineConfig(ServingConfig(max_batch=max(p.serving.max_batch for p, _ in runs)),
+                                     max_prompt=max(4096, *(r.prompt_tokens for r in reqs)),
+                                     max_budget=max(256, *(r.budget for r in reqs)), expect_gpu=expect_gpu))
+        for p, k in runs:
+            trace = traces[p.id]
+            memory = dict(admission=str(p.serving.admission), prefix_cache=p.serving.prefix_cache)
+            pool = None if p.serving.pool.unbounded else p.serving.pool.num_blocks(
+                engine.cfg.serving.block_size, engine.kv_bytes_per_token, p.serving.max_batch, engine.cfg.max_tokens)
+            if k == 1:
+                for _ in range(p.warmup):
+                    engine.run(trace, None, p.serving.backend, tokens=False, pool_blocks=pool,
+                               max_batch=p.serving.max_batch, policy=str(p.serving.prefill), progress=False, **memory)
+            d = run_dir(out, p, k)
+            if d.exists():  # an interrupted run: start the point again
+                for f in d.iterdir():
+                    f.unlink()
+            engine.run(trace, d, p.serving.backend, tokens=p.tokens, pool_blocks=pool, max_batch=p.serving.max_batch,
+                       policy=str(p.serving.prefill), progress=False, **memory,
+                       extra_meta={"validation_point": p.id, "repeat": k, "warmup_runs": p.warmup,
+                                   "plan_table_id": plan["table"]["id"], "fresh_engine": p.fresh and (p, k) == runs[0]})
+            bar.update()
+        engine.close()
+    bar.close()
+
+
+def run_fleet(out: Path, devices: list[str], expect_gpu: str | None = None, only: list[str] | None = None) -> None:
+    """The plan's fleet points, each on fresh replica processes, one per device (servecap/engine/fleet.py). Two replicas on
+    one GPU share it: each then gets half of what one engine would size its pool from."""
+    from servecap.engine.fleet import serve_fleet
+
+    plan, points = load_plan(out)
+    points = [p for p in points if p.serving.replicas > 1 and (not only or p.id in only)]
+    shared = len(set(devices)) < len(devices)
+    for p in points:
+        if len(devices) != p.serving.replicas:
+            raise InputError(f"point {p.id} has {p.serving.replicas} replicas; --fleet names {len(devices)} devices")
+        d = run_dir(out, p, 1)
+        if is_complete(d):
+            continue
+        if d.exists():  # an interrupted fleet run: start it again
+            import shutil
+            shutil.rmtree(d)
+        cfg = {"expect_gpu": expect_gpu,
+               "serving": p.serving.but(pool=PoolSize(gib=24.0) if shared else PoolSize(), replicas=1)}
+        serve_fleet(build_trace(p.trace, out), d, p.serving.router, devices, cfg,
+                    {"backend": p.serving.backend, "tokens": p.tokens, "policy": str(p.serving.prefill),
+                     "extra_meta": {"validation_point": p.id, "repeat": 1, "plan_table_id": plan["table"]["id"],
+                                    "shared_gpu": shared}})

@@ -1,0 +1,394 @@
+"""The validation report: every point's prediction, made at plan time from the frozen table, beside the measured
+repeats; for the prefill policies also the blind prediction, made before the engine had them; the targets met and
+missed; the measured step costs against the model; whether the table and each run came from the same GPU; which
+differences exceed the sampling spread of the trace; and a figure. CPU only, from the records.
+
+The protocol is checked, not assumed: a run made before the table existed, or planned against another table, is
+refused (an error naming the point), since its prediction could not have been blind.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from servecap.costs.model import CostModel
+from servecap.costs.recorded import prefill_shape as step_shape  # validate.policies reads it here too
+from servecap.sim import inputs
+from servecap.sim.simulator import SimConfig, simulate
+from servecap.traces.csvio import atomic_write_text
+from servecap.traces.errors import InputError
+from servecap.traces.metrics import capacity_bracket, closed_run, summary, token_gaps
+from servecap.traces.records import RunRecord, read_run
+
+from .points import ABS_FLOOR, Point, build_trace, complete_runs, load_plan, rel_error, run_dir
+
+KEYS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "group_size_p95",
+        "padding_waste_p95")
+SPREAD_SEEDS = 10  # trace seeds the sampling spread of a seeded point is measured over
+TARGETS = {"served": 0.03, "ttft_p50": 0.10, "closed_wall": 0.05, "blind": 0.10, "recalibrated": 0.03, "gap": 0.20,
+           "sag": 0.25}
+
+
+@dataclass
+class Compared:
+    point: Point
+    rate: float | None
+    sim: dict
+    real: list[dict] = field(default_factory=list)  # one per repeat
+    meta: list[dict] = field(default_factory=list)
+    blind: dict | None = None
+    spread: dict | None = None  # sd of served rate and queue p50 over trace seeds (seeded traces only)
+
+    @property
+    def measured(self) -> dict:
+        return {k: statistics.median(r[k] for r in self.real) for k in self.real[0] if _number(self.real[0][k])}
+
+    def err(self, key: str, pred: dict | None = None) -> float:
+        pred = self.sim if pred is None else pred
+        return rel_error(_num(pred.get(key)), _num(self.measured.get(key)), key)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _num(v) -> float:
+    return float(v) if _number(v) else math.nan
+
+
+def _scored(rec: RunRecord, rate: float | None, tokens: bool) -> dict:
+    s = summary(rec, rate)
+    if rate is None:
+        s.update(closed_run(rec))
+    if tokens and len(rec.tokens):
+        s["gap_max"] = token_gaps(rec)["gap_max"]
+    return s
+
+
+def _when(iso: str | None) -> float:
+    return datetime.fromisoformat(iso).timestamp() if iso else math.nan
+
+
+def compare(out: Path, table_path: Path | None, allow_nonstationary: bool = False) -> tuple[dict, list[Compared]]:
+    """Every point with real records, after the protocol checks."""
+    plan, points = load_plan(out)
+    table = inputs.load_table(table_path, allow_nonstationary=allow_nonstationary)
+    if table.table_id != plan["table"]["id"]:
+        raise InputError(f"the plan was made from cost table {plan['table']['id']}, not {table.table_id}; grade it "
+                         f"against its own table (--table)", path=Path(out) / "plan.json")
+    made = _when(table.created_at)
+    if math.isnan(made):
+        warnings.warn(f"cost table {table.table_id} has no creation time: whether each run came after it is not checked")
+    planned = _when(plan.get("created_at"))  # provenance, stamped once every prediction is in the plan
+    if math.isnan(planned):
+        warnings.warn("the plan has no creation time: whether each run came after it is not checked")
+    missing = [p.id for p in points if not complete_runs(out, p)]
+    if missing:
+        warnings.warn(f"{len(missing)} point(s) have no complete real records and are not graded: {', '.join(missing)}")
+    blind = plan.get("blind", {}).get("predictions", {})
+    results = []
+    for p in points:
+        runs = complete_runs(out, p)
+        if not runs:
+            continue
+        trace = build_trace(p.trace, out)
+        for r in runs:
+            if r.meta["trace_id"] != trace.trace_id:
+                raise InputError(f"point {p.id}: the real run replayed trace {r.meta['trace_id']}, the plan's is "
+                                 f"{trace.trace_id}")
+            if r.meta.get("plan_table_id") != plan["table"]["id"]:
+                raise InputError(f"point {p.id}: a real run was planned against cost table {r.meta.get('plan_table_id')}"
+                                 f", not the plan's {plan['table']['id']}")
+            if not math.isnan(made) and not _when(r.meta.get("created_at")) >= made:
+                raise InputError(f"point {p.id}: a real run ({r.meta.get('created_at')}) was made before cost table "
+                                 f"{table.table_id} existed ({table.created_at}): its prediction was not blind")
+            if not math.isnan(planned) and not _when(r.meta.get("created_at")) >= planned:
+                raise InputError(f"point {p.id}: a real run ({r.meta.get('created_at')}) was made before the plan "
+                                 f"({plan.get('created_at')}; an earlier plan's run?): its prediction was not blind; "
+                                 f"run the point again (validate real)", path=Path(out) / "plan.json")
+        rate = trace.meta.get("rate") or trace.offered_rate
+        results.append(Compared(p, rate, plan["predictions"][p.id], [_scored(r, rate, p.tokens) for r in runs],
+                                [r.meta for r in runs], blind.get(p.id), _spread(table, p, rate)))
+    return plan, results
+
+
+def _spread(table, p: Point, rate: float | None) -> dict | None:
+    """The sampling spread of a seeded arrival point: served rate and queue wait p50 over SPREAD_SEEDS trace seeds
+    (the same workload, rate and configuration; only the draw differs)."""
+    if rate is None or p.trace["kind"] not in ("poisson", "synthetic"):
+        return None
+    cost = CostModel(table)
+    cfg = SimConfig(p.serving)
+    got = []
+    for seed in range(SPREAD_SEEDS):
+        s = summary(simulate(build_trace({**p.trace, "seed": seed}, Path(".")), cost, cfg).record, rate)
+        got.append((s["served_rate"], s["queue_wait_p50"]))
+    served, wait = np.array(got).T
+    return {"served_rate": float(np.std(served, ddof=1)), "queue_wait_p50": float(np.std(wait, ddof=1))}
+
+
+def beyond_spread(c: Compared, key: str) -> bool | None:
+    """Whether predicted and measured differ by more than twice the trace's sampling spread."""
+    if c.spread is None or key not in c.spread:
+        return None
+    return abs(_num(c.sim.get(key)) - _num(c.measured.get(key))) > 2 * c.spread[key]
+
+
+def step_check(results: list[Compared], out: Path, table) -> dict:
+    """Measured step durations over the cost model's prediction at the same shape, by kind, over every real run."""
+    cost = CostModel(table)
+    ratios: dict[str, list[float]] = {}
+    for c in results:
+        for k in range(1, c.point.repeats + 1):
+            rec = read_run(run_dir(out, c.point, k))
+            policy = rec.meta.get("prefill", "padded").partition(":")[0]
+            for row in rec.steps.itertuples():
+                dur = row.end - row.start
+                if row.kind == "prefill":
+                    shape = step_shape(row)
+                    if shape is not None:
+                        ratios.setdefault(f"prefill {policy}", []).append(dur / cost.prefill(shape))
+                else:
+                    pred = float(cost.decode(rec.meta["backend"], int(row.rows), int(row.kv_tokens), int(row.kv_max)))
+                    pred += cost.retire_s * row.retired
+                    ratios.setdefault(f"decode {rec.meta['backend']}", []).append(dur / pred)
+    return {k: {"n": len(v), "p10": float(np.percentile(v, 10)), "p50": float(np.median(v)),
+                "p90": float(np.percentile(v, 90))} for k, v in ratios.items()}
+
+
+def targets(results: list[Compared]) -> list[dict]:
+    """Every target of the validation, measured: one row each, met or missed."""
+    def by(*roles):
+        return [c for c in results if c.point.role in roles]
+
+    def worst(cs, key, pred=None):
+        errs = [(abs(c.err(key, pred(c) if pred else None)), c.point.id) for c in cs
+                if (pred is None or pred(c) is not None) and math.isfinite(c.err(key, pred(c) if pred else None))]
+        return max(errs) if errs else (math.nan, "-")
+
+    rows = []
+
+    def add(name, cs, key, limit, pred=None, note=""):
+        e, pid = worst(cs, key, pred)
+        ok = [abs(c.err(key, pred(c) if pred else None)) <= limit for c in cs if (pred is None or pred(c) is not None)]
+        rows.append({"target": name, "limit": limit, "worst": e, "worst_point": pid, "met": sum(ok), "of": len(ok),
+                     "note": note})
+
+    arrivals = [c for c in results if c.rate is not None]
+    seeded = by("below", "near", "past", "small-pool")
+    add("served rate, seeded points", seeded, "served_rate", TARGETS["served"])
+    add("served rate, public traces (first pass of a fresh engine)", by("public"), "served_rate", TARGETS["served"])
+    add("TTFT p50, public traces", by("public"), "ttft_p50", TARGETS["ttft_p50"])
+    add("TTFT p50, seeded points", seeded, "ttft_p50", TARGETS["ttft_p50"])
+    add("closed controls wall time", by("closed"), "wall_time_s", TARGETS["closed_wall"])
+    add("fleet of two: served rate", by("fleet"), "served_rate", TARGETS["served"])
+    stable = [c for c in arrivals if all(r["stable"] for r in c.real) and c.point.role not in ("sag", "fleet")]
+    rows.append(queue_wait_target("queue wait p50 at stable points", stable))
+    rows.append(queue_wait_target("fleet: queue wait p50 at stable points",
+                                  [c for c in by("fleet") if all(r["stable"] for r in c.real)]))
+    policy = [c for c in by("policy") if str(c.point.serving.prefill) != "padded"]
+    add("policies: blind prediction, served rate", [c for c in policy if c.rate], "served_rate", TARGETS["blind"],
+        lambda c: c.blind)
+    add("policies: blind prediction, closed wall time", [c for c in policy if not c.rate], "wall_time_s",
+        TARGETS["blind"], lambda c: c.blind)
+    add("policies: re-calibrated prediction, served rate", [c for c in policy if c.rate], "served_rate",
+        TARGETS["recalibrated"])
+    add("policies: re-calibrated prediction, closed wall time", [c for c in policy if not c.rate], "wall_time_s",
+        TARGETS["recalibrated"])
+    add("policies: largest incumbent gap (re-calibrated)", by("policy"), "gap_max", TARGETS["gap"])
+    add("policies: largest incumbent gap (blind)", by("policy"), "gap_max", TARGETS["gap"], lambda c: c.blind)
+    curve = sorted(by("below", "near", "past"), key=lambda c: c.rate)
+    if curve:
+        br_sim = capacity_bracket((c.rate, c.sim["stable"]) for c in curve)
+        br_real = capacity_bracket((c.rate, all(r["stable"] for r in c.real)) for c in curve)
+        rows.append({"target": "capacity bracket, seeded curve", "limit": None, "worst": None,
+                     "worst_point": f"sim {br_sim}, real {br_real}", "met": int(br_sim == br_real), "of": 1, "note": ""})
+    for name, cs in _sag_groups(results).items():
+        s_sim, s_real = _sag([c.sim["served_rate"] for c in cs]), _sag([c.measured["served_rate"] for c in cs])
+        rows.append({"target": f"sag {name}: predicted within 25% of measured", "limit": TARGETS["sag"],
+                     "worst": abs(s_sim - s_real) / s_real if s_real > 0 else math.nan,
+                     "worst_point": f"sim {s_sim:.1%}, real {s_real:.1%}",
+                     "met": int(s_real > 0 and abs(s_sim - s_real) <= TARGETS["sag"] * s_real), "of": 1, "note": ""})
+    return rows
+
+
+def queue_wait_target(name: str, cs: list[Compared]) -> dict:
+    """Queue wait p50 within max(10%, the absolute floor). The floor is what judges waits of a few ms, so the worst
+    miss is said in ms, with the relative errors beside it: a percentage of the floor would read as a relative
+    error it is not."""
+    floor = ABS_FLOOR["queue_wait_p50"]
+    diffs = [(_num(c.sim["queue_wait_p50"]) - c.measured["queue_wait_p50"], c) for c in cs]
+    ok = [abs(d) <= max(0.1 * c.measured["queue_wait_p50"], floor) for d, c in diffs]
+    where = "-"
+    if diffs:
+        d, c = max(diffs, key=lambda dc: abs(dc[0]))
+        rel = [d / c.measured["queue_wait_p50"] for d, c in diffs if c.measured["queue_wait_p50"] > 0]
+        where = (f"{d * 1e3:+.2f} ms at {c.point.id} (measured {c.measured['queue_wait_p50'] * 1e3:.2f} ms); "
+                 f"relative errors {min(rel):+.1%} to {max(rel):+.1%}" if rel else f"{d * 1e3:+.2f} ms at {c.point.id}")
+    return {"target": f"{name}, within max(10%, {floor * 1e3:.0f} ms)", "limit": None, "worst": None,
+            "worst_point": where, "met": sum(ok), "of": len(ok), "note": ""}
+
+
+def _sag_groups(results: list[Compared]) -> dict[str, list[Compared]]:
+    groups: dict[str, list[Compared]] = {}
+    for c in sorted((c for c in results if c.point.role == "sag"), key=lambda c: c.rate):
+        groups.setdefault(c.point.id.rsplit("-rate-", 1)[0].removeprefix("sag-"), []).append(c)
+    return groups
+
+
+def _sag(served: list[float]) -> float:
+    """The fall from the peak served rate to the served rate at the highest rate, over the peak."""
+    return (max(served) - served[-1]) / max(served)
+
+
+MS_KEYS = ("queue_wait_p50", "ttft_p50", "ttft_p95", "gap_max")  # latencies: printed in ms (records hold seconds)
+
+
+def _fmt(v, spec=".3g") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return format(v, spec) if _number(v) else str(v)
+
+
+def write_report(out: Path, table_path: Path | None, force: bool = False, allow_nonstationary: bool = False) -> Path:
+    out = Path(out)
+    if (out / "report.md").exists() and not force:
+        raise InputError("already holds a report; pass --force to write it again from the records", path=out / "report.md")
+    plan, results = compare(out, table_path, allow_nonstationary)
+    if not results:
+        raise InputError("no real records to compare yet; run `python -m validate real` on a GPU", path=out / "real")
+    table = inputs.load_table(table_path, allow_nonstationary=allow_nonstationary)
+    rows = []
+    for c in results:
+        m = c.measured
+        row = {"point": c.point.id, "role": c.point.role, "prefill": str(c.point.serving.prefill), "backend": c.point.serving.backend,
+               "max_batch": c.point.serving.max_batch, "pool_gib": c.point.serving.pool.gib, "rate": c.rate, "repeats": len(c.real),
+               "gpu": ",".join(sorted({r["device"].get("uuid") or "?" for r in c.meta})),
+               "same_gpu_as_table": all(r["device"].get("uuid") == table.gpu_uuid for r in c.meta),
+               "fresh_engine": c.point.fresh}
+        for k in KEYS + ("wall_time_s", "gap_max"):
+            if k not in m and k not in c.sim:
+                continue
+            row[f"{k}_sim"], row[f"{k}_real"], row[f"{k}_err"] = c.sim.get(k), m.get(k), c.err(k)
+            if c.blind is not None and k in c.blind:
+                row[f"{k}_blind"], row[f"{k}_blind_err"] = c.blind[k], c.err(k, c.blind)
+        if c.spread:
+            row["served_rate_seed_sd"] = c.spread["served_rate"]
+            row["served_rate_beyond_2sd"] = beyond_spread(c, "served_rate")
+        if c.rate is not None:
+            row["stable_sim"], row["stable_real"] = c.sim.get("stable"), all(r["stable"] for r in c.real)
+        rows.append(row)
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, cols)
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(out / "points.csv", buf.getvalue())
+    steps = step_check(results, out, table)
+    text = _markdown(plan, results, rows, steps, table)
+    if "intervals" in plan:  # frozen with the plan: graded blind here (validate coverage grades any plan)
+        from .coverage import bands_for, coverage, markdown
+        bands, what = bands_for(plan, results, table, None, out)
+        text += "\n" + "\n".join(markdown(coverage(results, bands), what))
+    atomic_write_text(out / "report.md", text)
+    _plot(results, out / "validation.png")
+    return out / "report.md"
+
+
+def _markdown(plan: dict, results: list[Compared], rows: list[dict], steps: dict, table) -> str:
+    devices = sorted({(r["device"]["name"], r["device"].get("uuid")) for c in results for r in c.meta})
+    lines = ["# Validation: the simulator's predictions against the real engine", "",
+             f"Predictions made at plan time from {table.summary()}, created {table.created_at}; {len(results)} points, "
+             f"{sum(len(c.real) for c in results)} real runs on " + ", ".join(f"{n} ({u})" for n, u in devices) + ". "
+             f"Every run was made after the table and planned against it (checked). Errors are (predicted - measured) / "
+             f"measured; the points' queue wait p50 errors use a {ABS_FLOOR['queue_wait_p50'] * 1e3:.0f} ms floor on the "
+             "denominator (the targets say the worst in ms). "
+             "Same GPU: whether a run's GPU UUID is the table's.", "", "## Targets", "",
+             "| target | met | worst error | where | limit |", "|---|---|---|---|---|"]
+    for t in targets(results):
+        lines.append(f"| {t['target']} | {t['met']} of {t['of']} | {_fmt(t['worst'], '.1%')} | {t['worst_point']} | "
+                     f"{_fmt(t['limit'], '.0%')} |")
+    lines += ["", "## Points (predicted / measured, error; blind prediction where there is one)", "",
+              "| point | rate (req/s) | served (req/s) | queue p50 (ms) | TTFT p50 (ms) | TTFT p95 (ms) | wall (s) | "
+              "largest gap (ms) | stable servecap/sim/real | seed sd of served | same GPU |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        def cell(k: str) -> str:
+            if f"{k}_sim" not in r:
+                return "-"
+            def v(x) -> str:
+                if k not in MS_KEYS or not _number(x):
+                    return _fmt(x)
+                return _fmt(x * 1e3, ".0f" if abs(x) >= 0.1 else ".3g")
+            s = f"{v(r[f'{k}_sim'])} / {v(r[f'{k}_real'])} ({_err_cell(k, r[f'{k}_sim'], r[f'{k}_real'], r[f'{k}_err'])})"
+            if f"{k}_blind" in r:
+                s += f"; blind {v(r[f'{k}_blind'])} ({_fmt(r[f'{k}_blind_err'], '+.1%')})"
+            return s
+        stable = f"{_fmt(r.get('stable_sim'))}/{_fmt(r.get('stable_real'))}" if "stable_real" in r else "closed"
+        sd = "-" if "served_rate_seed_sd" not in r else \
+            f"{r['served_rate_seed_sd']:.2f}{' (beyond 2 sd)' if r['served_rate_beyond_2sd'] else ''}"
+        lines.append(f"| {r['point']} | {_fmt(r['rate'])} | {cell('served_rate')} | {cell('queue_wait_p50')} | "
+                     f"{cell('ttft_p50')} | {cell('ttft_p95')} | {cell('wall_time_s')} | {cell('gap_max')} | {stable} | "
+                     f"{sd} | {_fmt(r['same_gpu_as_table'])} |")
+    lines += ["", "## Step costs: measured over the cost model at the same shape (every real step)", "",
+              "| steps | n | p10 | p50 | p90 |", "|---|---|---|---|---|"]
+    lines += [f"| {k} | {v['n']} | {v['p10']:.3f} | {v['p50']:.3f} | {v['p90']:.3f} |" for k, v in steps.items()]
+    lines += ["", "![validation](validation.png)", ""]
+    return "\n".join(lines)
+
+
+def _err_cell(key: str, pred, meas, err) -> str:
+    """A relative error; one judged against an absolute floor (a wait of a few ms) as the difference in ms."""
+    if key in ABS_FLOOR and _number(pred) and _number(meas) and abs(meas) < ABS_FLOOR[key]:
+        return f"{(pred - meas) * 1e3:+.2f} ms"
+    return _fmt(err, '+.1%')
+
+
+def _plot(results: list[Compared], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    device = results[0].meta[0]["device"]["name"]
+    curve = sorted((c for c in results if c.point.role in ("below", "near", "past")), key=lambda c: c.rate)
+    fig, ax = plt.subplots(1, 3, figsize=(17, 4.8))
+    for name, cs in [("seeded trace", curve)] + [(f"{p} prefill", sorted(
+            (c for c in results if c.point.role == "policy" and str(c.point.serving.prefill) == p and c.rate),
+            key=lambda c: c.rate)) for p in dict.fromkeys(str(c.point.serving.prefill) for c in results if c.point.role == "policy")]:
+        if not cs:
+            continue
+        line, = ax[0].plot([c.rate for c in cs], [c.measured["served_rate"] for c in cs], "o-",
+                           label=f"{name}: {device}")
+        ax[0].plot([c.rate for c in cs], [c.sim["served_rate"] for c in cs], "s--", color=line.get_color(),
+                   mfc="none", label=f"{name}: simulated")
+    top = max(c.rate for c in results if c.rate)
+    ax[0].plot([0, top], [0, top], ":", color="grey", label="served = offered")
+    ax[0].set(xlabel="arrival rate (req/s)", ylabel="served rate (req/s)",
+              title="Served rate against arrival rate, measured and simulated")
+    ax[0].legend(fontsize=7)
+    arrivals = [c for c in results if c.rate]
+    ax[1].loglog([max(c.measured["queue_wait_p50"], 1e-4) for c in arrivals],
+                 [max(_num(c.sim["queue_wait_p50"]), 1e-4) for c in arrivals], "o")
+    ax[1].plot([1e-4, 100], [1e-4, 100], ":", color="grey")
+    ax[1].set(xlabel=f"measured queue wait p50 (s, {device})", ylabel="simulated (s)",
+              title="Queue wait p50 at every arrival point")
+    names = [c.point.id for c in results]
+    errs = [100 * c.err("served_rate") for c in results]
+    ax[2].barh(names, errs, color=["tab:red" if abs(e) > 3 else "tab:green" for e in errs])
+    for x in (-3, 3):
+        ax[2].axvline(x, ls=":", color="grey")
+    ax[2].set(xlabel="served-rate error (%)", title="Served-rate error per point (3% marked)")
+    ax[2].tick_params(axis="y", labelsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
