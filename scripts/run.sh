@@ -13,4 +13,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     .venv/bin/python -m pip install -q -e .
     echo "$want" > "$stamp"
 fi
-exec .venv/bin/python -m sim "$@"
+exec .venv/bin/python -m servecap.sim "$@"
