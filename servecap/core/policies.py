@@ -99,7 +99,7 @@ class Padded(PrefillPolicy):
     def select(self, prefilling, decoding):
         seqs = list(prefilling)  # the group admitted in this pass: nothing else is ever left half-prefilled
         prefix = [s.kv_len for s in seqs]
-        new = [s.target - p for s, p in zip(seqs, prefix)]
+        new = [s.target - s.kv_len for s in seqs]
         return seqs, prefix, new, [max(new)] * len(seqs)
 
 
@@ -110,7 +110,7 @@ class Packed(PrefillPolicy):
     def select(self, prefilling, decoding):
         seqs = list(prefilling)
         prefix = [s.kv_len for s in seqs]
-        new = [s.target - p for s, p in zip(seqs, prefix)]
+        new = [s.target - s.kv_len for s in seqs]
         return seqs, prefix, new, new
 
 

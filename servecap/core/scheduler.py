@@ -31,6 +31,11 @@ from .prefix_cache import CachingBlockPool, block_keys
 if TYPE_CHECKING:
     from .step_loop import Arrivals
 
+# The named tuples made every pass (a plan, a step's shape) are made from their fields in order, by tuple.__new__:
+# a named tuple's own __new__ is a Python function that takes keywords.
+_new = tuple.__new__
+
+
 class Seq:
     """A request inside the engine: its blocks, progress and the times the records need."""
 
@@ -80,13 +85,13 @@ class PrefillWork:
     # Made once, when the step is planned (not changed after): the timer, the runner and the recorder ask for them.
     shape: PrefillShape = field(init=False, repr=False, compare=False)
     done: list[bool] = field(init=False, repr=False, compare=False)
-    recomputed: int = field(init=False, repr=False, compare=False)  # positions a preemption lost, computed again
+    # Positions a preemption lost, computed again: counted with each sequence's own as the scheduler plans the step
+    # (Scheduler._prefilled), so that the count is made in one place.
+    recomputed: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        self.shape = PrefillShape(tuple(self.computed), tuple(self.prefix))  # the scheduler's ints: no conversion
+        self.shape = _new(PrefillShape, (tuple(self.computed), tuple(self.prefix)))  # the scheduler's ints as they are
         self.done = [p + n == s.req.prompt_tokens + s.generated for s, p, n in zip(self.seqs, self.prefix, self.new)]
-        self.recomputed = sum([max(0, min(p + n, s.peak) - p) for s, p, n in zip(self.seqs, self.prefix, self.new)
-                               if s.peak]) if any(s.peak for s in self.seqs) else 0
 
     @property
     def kind(self) -> str:
@@ -110,7 +115,7 @@ class PrefillWork:
 def decode_shape(rows: list[Seq]) -> DecodeShape:
     """The decode step of `rows`: each row also reads the token it writes this step."""
     kv = [s.kv_len for s in rows]  # one list for both: the simulator asks for a shape on every pass
-    return DecodeShape(len(rows), sum(kv) + len(rows), max(kv) + 1)
+    return _new(DecodeShape, (len(rows), sum(kv) + len(rows), max(kv) + 1))
 
 
 class StepPlan(NamedTuple):
@@ -129,8 +134,7 @@ class StepPlan(NamedTuple):
     preempted: list[Seq]  # requests preempted at the pass's start (back at the head of the queue)
 
 
-_plan = tuple.__new__  # StepPlan's fields as one tuple, without the named tuple's keyword-taking __new__
-_NONE: list = []  # an empty list no one appends to (no preemption, no first tokens): not made anew every pass
+_NONE: list = []  # an empty list no one appends to (no one admitted or preempted, no first tokens): made once
 
 
 class Scheduler:
@@ -192,7 +196,7 @@ class Scheduler:
         can price a stretch of decode steps), the stretch is bounded by the next point where this scheduler has
         something to decide: a row finishing, a chunk step due, or an arrival it could admit."""
         preempted = self._grow() if self._grows else _NONE
-        group = self.admit(now, step) if not preempted else []
+        group = self.admit(now, step) if self.queue and not preempted else _NONE
         work, first = None, _NONE
         if self.prefilling:
             if self._fuses:
@@ -203,10 +207,10 @@ class Scheduler:
             first = self._prefilled(work)
         rows = [] if self._fuses and work is not None else self.decode_rows()
         if not rows:
-            return _plan(StepPlan, (step, group, work, first, rows, None, 0, math.inf, preempted))
+            return _new(StepPlan, (step, group, work, first, rows, None, 0, math.inf, preempted))
         limit = self.max_decode_steps(rows) if lookahead is not None else 1
         stop = self.next_admission(lookahead) if limit > 1 else math.inf
-        return _plan(StepPlan, (step, group, work, first, rows, decode_shape(rows), limit, stop, preempted))
+        return _new(StepPlan, (step, group, work, first, rows, decode_shape(rows), limit, stop, preempted))
 
     def _grow(self) -> list[Seq]:
         """On-demand: give every decode row the block its next token's K/V goes to, preempting the most recently
@@ -281,8 +285,6 @@ class Scheduler:
 
     def admit(self, now: float, step: int) -> list[Seq]:
         """Admit from the queue head while a row and the blocks its admission policy asks for are free."""
-        if not self.can_admit():  # most passes admit no one
-            return []
         group: list[Seq] = []
         pool = self.pool
         while self.can_admit():
@@ -313,7 +315,9 @@ class Scheduler:
             if s.keys:
                 self._cache_full_blocks(s, s.kv_len, s.kv_len + n)
             if s.peak:
-                s.recomputed += max(0, min(s.kv_len + n, s.peak) - s.kv_len)
+                again = max(0, min(s.kv_len + n, s.peak) - s.kv_len)
+                s.recomputed += again
+                work.recomputed += again
             s.kv_len += n
             if d:
                 s.generated += 1
@@ -339,7 +343,7 @@ class Scheduler:
         if self.prefilling:
             return 1
         k = max(1, min([s.budget - s.generated for s in self.running]))  # each row's remaining, inlined
-        if k > 1 and self._grows:
+        if self._grows and k > 1:
             k = self._steps_in_free_blocks(rows, k)
         return k
 
@@ -368,7 +372,7 @@ class Scheduler:
             s.kv_len += steps
             s.generated += steps
             s.last_token = t
-        if steps > 1 and self._grows:
+        if self._grows and steps > 1:
             pool, bs = self.pool, self.pool.block_size
             for s in rows:
                 more = -(-s.kv_len // bs) - len(s.block_table)
@@ -378,11 +382,10 @@ class Scheduler:
     def retire(self) -> list[Seq]:
         """Finish rows that generated their whole budget (at their last token) and free their blocks."""
         done = [s for s in self.running if s.generated >= s.budget]
-        if done:
-            self.running = [s for s in self.running if s.generated < s.budget]
-            for s in done:
-                s.finished = s.last_token
-                self.pool.release(s.block_table)
+        for s in done:  # a pass retires a row or two: each taken out where it is, the batch not copied
+            self.running.remove(s)
+            s.finished = s.last_token
+            self.pool.release(s.block_table)
         return done
 
     @property
