@@ -102,7 +102,7 @@ class TraceArrivals:
     def __init__(self, requests: Sequence[Request]):
         self.pending = sorted(requests, key=lambda r: r.arrival)
         self.i = 0
-        self._acceptable = (-1, 0)  # (i, the first pending request from i that the scheduler accepts)
+        self._candidate = (-1, (math.inf, None))  # (i, next_candidate's answer from i on)
 
     def due(self, t: float) -> list[Request]:
         i = j = self.i
@@ -124,20 +124,20 @@ class TraceArrivals:
 
     def next_candidate(self, sched: Scheduler) -> tuple[float, Request | None]:
         """The next pending request the scheduler would accept (requests it refuses change nothing), or never."""
-        p = self.pending
         # Whether the scheduler accepts a request changes only when it accepts another (a repeated id), which
         # happens only as i moves on; so the search is done once per i, not once per pass.
-        i, k = self._acceptable
+        i, found = self._candidate
         if i != self.i:
-            k = self.i
+            p, k = self.pending, self.i
             while k < len(p):  # by index: a slice would copy the rest of the trace
                 try:
                     sched.check(p[k])
                     break
                 except InputError:  # it will be refused on arrival and change nothing
                     k += 1
-            self._acceptable = (self.i, k)
-        return (math.inf, None) if k == len(p) else (p[k].arrival, p[k])
+            found = (math.inf, None) if k == len(p) else (p[k].arrival, p[k])
+            self._candidate = (self.i, found)
+        return found
 
 
 class StepLoop:
@@ -169,11 +169,11 @@ class StepLoop:
                     return
                 yield arrivals.next_time()
                 continue
-            # The plan: the admission group, the prefill step, the decode stretch's rows and bound.
+            # The plan (a StepPlan, its fields read once; its step is `step`): the admission group, the prefill step,
+            # the decode stretch's rows, first shape and bound.
             self.passes += 1
-            plan = sched.schedule(t, step, lookahead)
+            _, group, work, first, rows, shape, limit, stop, preempted = sched.schedule(t, step, lookahead)
             # Run its prefill step: the prompts it completes have their first token at its end.
-            work, first = plan.prefill, plan.first_tokens
             if work is not None:
                 tokens, end = timer.prefill(work, t)
                 for s in first:
@@ -186,12 +186,12 @@ class StepLoop:
                 if keep_times:
                     for s in first:
                         s.token_times.append(end)
-                rec.prefill(plan.step, work, len(plan.group), len(plan.preempted), t, end)
+                rec.prefill(step, work, len(group), len(preempted), t, end)
                 t = end
             # Run its decode stretch.
-            rows, ends = plan.rows, None
+            ends = None
             if rows:
-                tokens, ends = timer.decode(rows, plan.shape, t, plan.max_steps, plan.stop)
+                tokens, ends = timer.decode(rows, shape, t, limit, stop)
                 sched.advance(rows, ends[-1], len(ends))
                 if tokens is not None:
                     for s, tok in zip(rows, tokens):
@@ -202,16 +202,17 @@ class StepLoop:
             # Let the steps' time pass, then retire the rows that finished (their records cost the timer's time)
             # and write the decode steps, the last ending where the next pass starts.
             yield ends[-1] if ends else t
-            done = sched.retire()
+            # A stretch cut short of its bound (by an arrival) finished no row: the bound is at most every running
+            # row's remaining tokens, and 1 when a row has none left (Scheduler.max_decode_steps).
+            done = sched.retire() if not ends or len(ends) == limit else ()
             if done:
                 rec.finish(done)
                 timer.retired(len(done))
                 if self.on_finish:
                     self.on_finish(done)
             if ends and keep_decode:
-                rec.decode_steps(plan.step, plan.shape, t, ends, len(done), timer.now(),
-                                 0 if work is not None else len(plan.preempted))
-            step = plan.step + (len(ends) if ends else 1)
+                rec.decode_steps(step, shape, t, ends, len(done), timer.now(), 0 if work is not None else len(preempted))
+            step += len(ends) if ends else 1
 
 
 def drive(loop: StepLoop, timer: StepTimer) -> None:
