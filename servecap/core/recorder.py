@@ -23,6 +23,7 @@ class Recorder:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
         self.writer = writer
+        self._add_step, self._add_request = writer.adder("steps"), writer.adder("requests")
         self.backend = backend
         self.tokens = tokens
         self.keep_decode = decode_steps
@@ -37,9 +38,9 @@ class Recorder:
             kv_tokens, kv_max, group = sum(kv) + d, max(kv) + 1, work.seqs[-1].group_id
         else:
             kv_tokens, kv_max, group = 0, 0, work.seqs[0].group_id
-        self.writer.add("steps", _row(StepRow, (step, work.kind, s.rows, work.padded_len, work.prompt_tokens, s.tokens,
-                                                s.attn, kv_tokens, kv_max, kv_tokens, start, end, group, n_admitted,
-                                                0, self.replica, n_preempted, work.recomputed, d)))
+        self._add_step(_row(StepRow, (step, work.kind, s.rows, work.padded_len, work.prompt_tokens, s.tokens, s.attn,
+                                      kv_tokens, kv_max, kv_tokens, start, end, group, n_admitted, 0, self.replica,
+                                      n_preempted, work.recomputed, d)))
 
     def decode_steps(self, step: int, shape: DecodeShape, start: float, ends: list[float], retired: int,
                      next_start: float, n_preempted: int) -> None:
@@ -62,9 +63,9 @@ class Recorder:
     def finish(self, seqs: list[Seq]) -> None:
         for s in seqs:
             r = s.req
-            self.writer.add("requests", (r.request_id, r.arrival, s.admitted, s.admit_step, s.group_id, s.group_size,
-                                         s.first_token, s.finished, r.prompt_tokens, s.generated,
-                                         len(s.block_table), self.replica, s.preemptions, s.recomputed, s.cached))
+            self._add_request((r.request_id, r.arrival, s.admitted, s.admit_step, s.group_id, s.group_size,
+                               s.first_token, s.finished, r.prompt_tokens, s.generated, len(s.block_table),
+                               self.replica, s.preemptions, s.recomputed, s.cached))
             if self.tokens and s.token_times:
                 ids = s.token_ids or [-1] * len(s.token_times)
                 self.writer.add_many("tokens", ((r.request_id, i, t, tok) for i, (t, tok) in enumerate(zip(s.token_times, ids))))

@@ -22,7 +22,7 @@ from array import array
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -114,10 +114,15 @@ class RunWriter:
         atomic_write_text(self.out_dir / "meta.json", json.dumps(self.meta, indent=2, sort_keys=True, default=str) + "\n")
 
     def add(self, table: str, row) -> None:
+        self.adder(table)(row)
+
+    def adder(self, table: str) -> Callable[[tuple], None]:
+        """add(table, row) for one table, the table looked up once: a recorder adds rows at every step."""
         if table in self._files:
-            self._files[table].write(row)
-        elif table in self._mem:
-            self._mem[table].add(row)
+            return self._files[table].write
+        if table in self._mem:
+            return self._mem[table].add
+        return lambda row: None  # a table this run does not keep
 
     def add_many(self, table: str, rows) -> None:
         if table in self._files:
