@@ -234,6 +234,8 @@ class CostModel:
             if tid is not None:
                 _POSITIVE.add(tid)
         self.strict, self._warned = strict, set()  # the check's look past the range is not the run's
+        for d in self._decode.values():  # nor are the row counts it priced: a run's first stretch at each warns
+            d.weights.clear()
 
     def _outside(self, what: str) -> None:
         if self.strict:
@@ -316,10 +318,10 @@ class CostModel:
             d = self._decode[backend]
         except KeyError:
             d = self._fit(backend)  # raises, naming the backends there are
-        if rows > d.rows[-1] or rows < d.rows[0]:
-            self._outside(f"decode rows {rows}")
         weights = d.weights.get(rows)
-        if weights is None:  # the first stretch at this row count
+        if weights is None:  # the first stretch at this row count (later ones could only repeat its warning)
+            if rows > d.rows[-1] or rows < d.rows[0]:
+                self._outside(f"decode rows {rows}")
             weights = d.weights[rows] = d.row_weights(rows)
         end = kv_max + k
         if end - 1 > 1.05 * d.top:

@@ -133,8 +133,9 @@ class SimTimer:
 
     def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int, stop: float):
         k = limit  # the plan's bound: 1 unless this timer fast-forwards
-        d = self.cost.decode_stretch_in_context(self.backend, shape.rows, shape.kv_tokens, shape.kv_max, k,
-                                                self.policy, self.last_kind, start - self.last_end)
+        n, kv_tokens, kv_max = shape
+        d = self.cost.decode_stretch_in_context(self.backend, n, kv_tokens, kv_max, k, self.policy, self.last_kind,
+                                                start - self.last_end)
         if self.noise:
             d = [x * f for x, f in zip(d, self.noise[1].factors(self.decodes, k).tolist())]
         d[0] = start + d[0]
