@@ -294,26 +294,23 @@ class CostModel:
                for a, b in zip(kt.ravel().tolist(), km.ravel().tolist())]
         return np.asarray(got, float).reshape(kt.shape) if kt.ndim else got[0]
 
-    def decode_stretch_in_context(self, backend: str, rows: int, kv_tokens: int, kv_max: int, k: int, policy: str,
-                                  prev_kind: str | None, idle_s: float) -> list[float]:
-        """decode_stretch as serving pays it: its first step after a step of `prev_kind`, `idle_s` after it; the
-        others each right after a decode step. With no correction, decode_stretch itself (to the bit)."""
-        d = self.decode_stretch(backend, rows, kv_tokens, kv_max, k)
-        c = self.correction
-        if c is None:
-            return d
-        kind = decode_kind(backend, policy)
-        first, rest = c.factor(kind, prev_kind, idle_s, rows), c.factor(kind, "decode", 0.0, rows)
-        return [d[0] * first] + [x * rest for x in d[1:]]
-
     def decode_stretch(self, backend: str, rows: int, kv_tokens: int, kv_max: int, k: int) -> list[float]:
-        """k consecutive decode steps of the same rows from this shape, each row one token longer a step.
+        """k consecutive decode steps of the same rows from this shape, each row one token longer a step, as the
+        table's closed runs measured them: decode_stretch_in_context with no serving context."""
+        return self.decode_stretch_in_context(backend, rows, kv_tokens, kv_max, k, None, None, 0.0)
+
+    def decode_stretch_in_context(self, backend: str, rows: int, kv_tokens: int, kv_max: int, k: int,
+                                  policy: str | None, prev_kind: str | None, idle_s: float) -> list[float]:
+        """k consecutive decode steps of the same rows from this shape, each row one token longer a step, as serving
+        under `policy` pays them: the first after a step of `prev_kind`, `idle_s` after it, the others each right
+        after a decode step. With no correction, or no policy (no serving context), the closed runs' prices.
 
         The uniform cost at the longest row, less what the shorter rows save (per_token * (rows * kv_max -
         kv_tokens), the same at every step); between two measured row counts their two predictions weighed; past
         the widest, the line through the last two, never below the last. Interp is looked up (_Knots), in plain
-        Python: the simulator prices every stretch with it, a stretch is a few steps on average, and numpy's
-        per-call overhead would be most of the cost (tests/test_fast_paths.py holds it to numpy's arithmetic)."""
+        Python: the simulator prices every stretch with it (in one call: a stretch is a few steps on average), and
+        numpy's per-call overhead would be most of the cost (tests/test_fast_paths.py holds it to numpy's
+        arithmetic)."""
         try:
             d = self._decode[backend]
         except KeyError:
@@ -332,11 +329,19 @@ class CostModel:
         i, u, w = weights
         b, cb = d.knots[i].upto(end), d.per_token[i] * short
         if u is None:
-            return [y - cb for y in b[kv_max:end]]
-        a, ca = d.knots[i - 1].upto(end), d.per_token[i - 1] * short
-        if rows > d.rows[-1]:  # decode()'s floor past the widest measured batch: never below the last row count
-            return [max((x - ca) * u + (y - cb) * w, y - cb) for x, y in zip(a[kv_max:end], b[kv_max:end])]
-        return [(x - ca) * u + (y - cb) * w for x, y in zip(a[kv_max:end], b[kv_max:end])]
+            steps = [y - cb for y in b[kv_max:end]]
+        else:
+            a, ca = d.knots[i - 1].upto(end), d.per_token[i - 1] * short
+            if rows > d.rows[-1]:  # decode()'s floor past the widest measured batch: never below the last row count
+                steps = [max((x - ca) * u + (y - cb) * w, y - cb) for x, y in zip(a[kv_max:end], b[kv_max:end])]
+            else:
+                steps = [(x - ca) * u + (y - cb) * w for x, y in zip(a[kv_max:end], b[kv_max:end])]
+        c = self.correction
+        if c is None or policy is None:
+            return steps
+        kind = decode_kind(backend, policy)
+        first, rest = c.factor(kind, prev_kind, idle_s, rows), c.factor(kind, "decode", 0.0, rows)
+        return [steps[0] * first] + [x * rest for x in steps[1:]]
 
     def check_positive(self, path: Path | None = None) -> None:
         """Refuse a table whose fitted steps are not positive, finite durations over its own range."""

@@ -6,8 +6,8 @@ and retirement are the engine's decisions; only how long a step takes is modelle
 
 Fast-forward. Between two points where the scheduler has something to decide (a row finishing, a chunk step
 due, an arrival that could be admitted), the decode rows cannot change, so SimTimer prices the whole stretch of
-decode steps at once (CostModel.decode_stretch, in plain Python: a stretch is a few steps on average) and the
-loop's clock jumps to its end in one pass. When the next arrival would be admitted, the stretch stops
+decode steps at once (CostModel.decode_stretch_in_context, in plain Python: a stretch is a few steps on average)
+and the loop's clock jumps to its end in one pass. When the next arrival would be admitted, the stretch stops
 at the first step that ends at or after it, where the engine would admit it. The arithmetic is the one-step
 arithmetic done in order (the times are a cumulative sum that starts from the stretch's start), so a
 fast-forwarded run is identical, bit for bit, to one stepped one step at a time.
