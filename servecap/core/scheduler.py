@@ -155,6 +155,9 @@ class Scheduler:
         self._watermark = admission.watermark(pool)
         self._grows, self._fuses = admission.grows, policy.fuses  # asked every pass
         self.caching = isinstance(pool, CachingBlockPool)
+        # The arrivals' next candidate and the blocks it takes without caching (its request's alone): asked every
+        # pass until it comes.
+        self._candidate: tuple[Request | None, int] = (None, 0)
         self.preemptions = 0
         policy.check(max_batch)
 
@@ -260,8 +263,13 @@ class Scheduler:
             return math.inf
         when, req = arrivals.next_candidate(self)
         if req is not None:
-            need = self._need(self._seq(req))[0] if self.caching else \
-                self.admission.blocks_to_admit(req, req.prompt_tokens, self.pool)
+            if self.caching:
+                need = self._need(self._seq(req))[0]
+            else:
+                known, need = self._candidate
+                if known is not req:
+                    need = self.admission.blocks_to_admit(req, req.prompt_tokens, self.pool)
+                    self._candidate = (req, need)
             if need + self._watermark > self.pool.free:
                 return math.inf
         return when
