@@ -1,12 +1,13 @@
 """Shared test setup. The engine's kernels must be imported before anything else imports triton, so that
-on a CPU machine they run under Triton's interpreter (engine.kernels sets TRITON_INTERPRET)."""
+on a CPU machine they run under Triton's interpreter (servecap.engine.kernels sets TRITON_INTERPRET; the
+checkout's engine/ is only the shim for `python -m engine`, which imports nothing)."""
 from contextlib import nullcontext
 from typing import Callable
 
 import pytest
 
 try:
-    import engine.kernels  # noqa: F401
+    import servecap.engine.kernels  # noqa: F401
     HAVE_TORCH = True
 except ImportError:  # the simulator's own tests run without torch
     HAVE_TORCH = False
