@@ -10,13 +10,21 @@ from servecap.core.config import ServingConfig  # noqa: E402
 from servecap.engine.engine import Engine, EngineConfig  # noqa: E402
 from servecap.traces.workload import Request, Trace, length_trace  # noqa: E402
 
+from helpers import StepReplay, interpreter_buckets  # noqa: E402
+
 TINY = ServingConfig(model="tiny", dtype="float32", block_size=16, max_batch=4)
 
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine(EngineConfig(serving=TINY, max_prompt=80, max_budget=24, backends=("paged",), device="cpu"),
-                  log=lambda *a: None)
+    """Prefill steps in the interpreter's 16-token buckets, each distinct step run once: the two runs of a test
+    share their steps up to where the mechanism changes what the scheduler does (tests/helpers.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        interpreter_buckets(mp)
+        e = Engine(EngineConfig(serving=TINY, max_prompt=80, max_budget=24, backends=("paged",), device="cpu"),
+                   log=lambda *a: None)
+    StepReplay(e)
+    return e
 
 
 def _tokens(rec) -> dict[int, list[int]]:
