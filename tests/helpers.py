@@ -236,3 +236,19 @@ class StepReplay:
         written = s[s >= 0]
         self._step(key, written, lambda: self._prefill(bucket, inputs), self.runner.prefill_tokens)
 
+
+def interpreted_replica(*args, **kwargs) -> None:
+    """servecap.engine.fleet's replica process with the test suite's interpreter (tests/fast_interpreter.py) and
+    16-token prefill buckets (interpreter_buckets): a fleet's replicas are processes of their own, spawned, which
+    import nothing of the tests' unless their target does. Set as servecap.engine.fleet._replica in the test's
+    process, it is pickled by name and imported in each replica (from the path the parent gives a spawned process),
+    where servecap.engine.fleet._replica is the engine's own again."""
+    import pytest
+
+    import servecap.engine.kernels  # noqa: F401  (before triton, as in any process)
+    import fast_interpreter
+    import servecap.engine.fleet
+
+    fast_interpreter.install()
+    interpreter_buckets(pytest.MonkeyPatch())  # for the life of this process
+    servecap.engine.fleet._replica(*args, **kwargs)
