@@ -330,7 +330,8 @@ def test_tiny_calibration_end_to_end(tmp_path, capsys, monkeypatch, progress):
     assert main(argv) in (0, 1)
     printed = capsys.readouterr().out
     progress("calibrated; again, from the kept points")
-    assert "6 prefill shapes" in printed and "accuracy on held-out shapes" in printed  # 4 padded, 1 packed, 1 chunked
+    # 4 padded, 1 packed, 1 chunked, 1 fused (mixed: its closed runs decode beside the later prompt's chunks)
+    assert "7 prefill shapes" in printed and "accuracy on held-out shapes" in printed
     assert "stationarity (first run of a never-run shape / its repeats)" in printed
     table = load_cost_table(out, allow_nonstationary=True).raw
     assert table["model"]["config_hash"] == config_hash(TINY_QWEN2) and table["calibration"]["plan"] == "quick"
@@ -339,8 +340,9 @@ def test_tiny_calibration_end_to_end(tmp_path, capsys, monkeypatch, progress):
     cost = CostModel(table)
     assert cost.prefill(PrefillShape.padded(2, 24)) > 0 and cost.retire_s >= 0
     assert np.all(cost.decode("paged", 2, np.array([40, 60]), np.array([20, 30])) > 0)
-    assert set(table["accuracy"]["summary"]) == {"prefill", "prefill packed", "prefill chunked", "decode paged"}
-    assert {p["policy"] for p in table["prefill"]["points"]} == {"padded", "packed", "chunked"}
+    assert set(table["accuracy"]["summary"]) == {"prefill", "prefill packed", "prefill chunked", "prefill mixed",
+                                                 "decode paged"}
+    assert {p["policy"] for p in table["prefill"]["points"]} == {"padded", "packed", "chunked", "mixed"}
     # Everything is in the points file now: running again measures nothing and writes the same points.
     assert main(argv) == 2 and "already exists; pass --force" in capsys.readouterr().err
     assert main(argv + ["--force"]) in (0, 1)
