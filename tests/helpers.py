@@ -95,3 +95,160 @@ def run_cli(main, capsys, *argv) -> tuple[int, str, str]:
         code = e.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+# ---- engine hooks for the CPU tests (Triton's interpreter) -------------------------------------------------
+def interpreter_buckets(monkeypatch) -> None:
+    """Engines built after this (until `monkeypatch` is undone) round a prefill step up to a multiple of the
+    interpreter's query tile, 16 tokens, instead of the engine's 64. Under Triton's interpreter every padding token
+    is one more program of each per-token kernel and more query tiles of attention, all run one after another on
+    the CPU: a 1-token prompt costs 16 tokens' work instead of 64, a 40-token chunk 48 instead of 64. What a step
+    computes for its real tokens does not depend on its bucket (the padding attends within itself and is never
+    stored), and steps still run padded up to their buckets, so the padding stays covered
+    (test_a_prefill_bucket_longer_than_the_models_positions_stays_inside_them keeps the engine's own buckets).
+    Nothing changes with a GPU: its engine keeps its buckets, and its graphs."""
+    import torch
+
+    import servecap.engine.model_runner as model_runner
+    from servecap.engine.kernels.prefill_attention import INTERPRET_BLOCK_M
+
+    if torch.cuda.is_available():
+        return
+
+    def buckets(max_tokens: int, graph_tokens: int = model_runner.GRAPH_TOKENS) -> list[int]:
+        return list(range(INTERPRET_BLOCK_M, max_tokens + INTERPRET_BLOCK_M, INTERPRET_BLOCK_M))
+
+    monkeypatch.setattr(model_runner, "prefill_buckets", buckets)
+
+
+class StepReplay:
+    """Runs each distinct engine step's kernels once: a prefill or decode step whose inputs are the same as a step
+    this engine already ran gets that step's results again, its tokens and the K/V it wrote, instead of the
+    interpreter running the same kernels on the same numbers for tens of seconds.
+
+    The same means: the step's whole input buffers (token ids, positions, slots, sequence bounds, the attention
+    kernel's work list, block tables), the decode backend, and every pool position the step reads (each decode
+    row's cached tokens; each prefill sequence's prefix in the pool), byte for byte. Nothing else enters a step's
+    results: the kernels are deterministic, read nothing else, and mask what they load past a row's tokens.
+    The gate runs such steps often: the padded and dense backends' padded prefill steps (the backend only decodes),
+    a single prompt under padded, packed and chunked prefill where the chunk holds the prompt. Where the
+    scheduler put a step differently (other slots, another group), its inputs differ and the kernels run.
+
+    The parity gate's reference (engine/parity.py) also runs each prompt through the engine's prefill path outside
+    the pool (dense_logits), for its logit difference; a prompt's is the same in every scenario, so it is computed
+    once per prompt.
+
+    `replayed` and `ran` count the steps each way. Only for an engine under the interpreter (on a GPU the steps
+    replay CUDA graphs, and nothing here is installed)."""
+
+    def __init__(self, engine):
+        import torch
+
+        self.torch, self.runner = torch, engine.runner
+        self.memo: dict[bytes, tuple] = {}
+        self.replayed = self.ran = 0
+        if engine.device.type == "cuda":
+            return
+        r = self.runner
+        self._prefill, self._decode = r._prefill_forward, r._decode_forward
+        r._prefill_forward, r._decode_forward = self.prefill_forward, self.decode_forward
+        model = engine.model
+        dense_logits, logits = model.dense_logits, {}
+
+        def once_per_prompt(ids, block_size: int = 16):
+            key = (ids.cpu().numpy().tobytes(), tuple(ids.shape), block_size)
+            if key not in logits:
+                logits[key] = dense_logits(ids, block_size)
+            return logits[key]
+        model.dense_logits = once_per_prompt
+
+    def counts(self) -> tuple[int, int]:
+        return self.ran, self.replayed
+
+    def _pool_at(self, slots):
+        """K and V at these slots of the pool: [slots, layers, kv heads, head dim] each."""
+        r, t = self.runner, self.torch
+        s = t.as_tensor(slots, dtype=t.int64)
+        b, o = s // r.block_size, s % r.block_size
+        return r.k_cache[:, b, :, o, :].clone(), r.v_cache[:, b, :, o, :].clone()
+
+    def _store(self, slots, kv) -> None:
+        r, t = self.runner, self.torch
+        s = t.as_tensor(slots, dtype=t.int64)
+        b, o = s // r.block_size, s % r.block_size
+        r.k_cache[:, b, :, o, :], r.v_cache[:, b, :, o, :] = kv
+
+    def _slots(self, table, n: int):
+        """The pool slots of a sequence's first n positions, through its block table."""
+        import numpy as np
+
+        p = np.arange(n)
+        return np.asarray(table)[p // self.runner.block_size] * self.runner.block_size + p % self.runner.block_size
+
+    def _key(self, kind, tensors, read_slots) -> bytes:
+        import hashlib
+
+        import numpy as np
+
+        h = hashlib.blake2b(repr(kind).encode())
+        for x in tensors:
+            h.update(x.cpu().numpy().tobytes())
+            h.update(repr(tuple(x.shape)).encode())
+        if len(read_slots):
+            for x in self._pool_at(np.concatenate(read_slots)):
+                h.update(x.numpy().tobytes())
+        return h.digest()
+
+    def _step(self, key, written, run, out) -> None:
+        hit = self.memo.get(key)
+        if hit is not None:
+            tokens, kv = hit
+            out.copy_(tokens)
+            if len(written):
+                self._store(written, kv)
+            self.replayed += 1
+            return
+        run()
+        self.memo[key] = (out.clone(), self._pool_at(written) if len(written) else None)
+        self.ran += 1
+
+    def decode_forward(self, rows: int, backend: str) -> None:
+        r = self.runner
+        lens = r.lens[:rows].tolist()
+        tables = r.tables[:rows].cpu().numpy()
+        # Each row reads its first len - 1 positions from the pool and writes the last (its input token's K/V).
+        read = [self._slots(tables[i], n - 1) for i, n in enumerate(lens)]
+        key = self._key(("decode", backend, rows), [r.ids[:rows], r.pos[:rows], r.lens[:rows], r.slots[:rows],
+                                                   r.tables[:rows]], read)
+        written = r.slots[:rows].cpu().numpy()
+        self._step(key, written, lambda: self._decode(rows, backend), r.out_tokens[:rows])
+
+    def prefill_forward(self, bucket: int, inputs=None) -> None:
+        assert inputs is not None, "a CPU engine's prefill steps run eagerly, with their inputs"
+        ids, pos, slots, start, length, bseq, bq, last, prefix, tables = inputs
+        # Only a sequence with a prefix (a chunk's earlier positions) reads its block table, and the pool through it;
+        # the other rows of the table hold whatever an earlier step left there.
+        chunks = [(i, n) for i, n in enumerate(prefix.tolist()) if n > 0]
+        read = [self._slots(tables[i].cpu().numpy(), n) for i, n in chunks]
+        key = self._key(("prefill", bucket), [ids, pos, slots, start, length, bseq, bq, last, prefix,
+                                              *(tables[i] for i, _ in chunks)], read)
+        s = slots.cpu().numpy()
+        written = s[s >= 0]
+        self._step(key, written, lambda: self._prefill(bucket, inputs), self.runner.prefill_tokens)
+
+
+def interpreted_replica(*args, **kwargs) -> None:
+    """servecap.engine.fleet's replica process with the test suite's interpreter (tests/fast_interpreter.py) and
+    16-token prefill buckets (interpreter_buckets): a fleet's replicas are processes of their own, spawned, which
+    import nothing of the tests' unless their target does. Set as servecap.engine.fleet._replica in the test's
+    process, it is pickled by name and imported in each replica (from the path the parent gives a spawned process),
+    where servecap.engine.fleet._replica is the engine's own again."""
+    import pytest
+
+    import servecap.engine.kernels  # noqa: F401  (before triton, as in any process)
+    import fast_interpreter
+    import servecap.engine.fleet
+
+    fast_interpreter.install()
+    interpreter_buckets(pytest.MonkeyPatch())  # for the life of this process
+    servecap.engine.fleet._replica(*args, **kwargs)

@@ -1,6 +1,7 @@
 """The engine on the CPU: token parity with HF transformers in float32 at small shapes, with the Triton kernels
 under the interpreter, and its refusals of bad input."""
 import json
+import time
 
 import pytest
 
@@ -14,6 +15,8 @@ from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.records import read_run  # noqa: E402
 from servecap.traces.workload import Request, Trace, length_trace  # noqa: E402
 
+from helpers import StepReplay, interpreter_buckets  # noqa: E402
+
 TINY = ServingConfig(model="tiny", dtype="float32", block_size=16)
 
 
@@ -26,19 +29,29 @@ ENGINE = dict(max_prompt=80, max_budget=16, **cpu(8))
 GATE_BUDGET = 6
 GATE = scenarios(ENGINE["max_prompt"], GATE_BUDGET)
 # Chunks of two and a half blocks: prefixes that end inside a block, and under half the interpreted steps of the
-# default 16-token chunks (each chunk runs in a 64-token bucket).
+# default 16-token chunks (each chunk runs in a 48-token bucket under the interpreter).
 GATE_PREFILL = ("packed", "chunked:40")
+
+
+def _interpreted_engine(**kwargs) -> Engine:
+    """An engine whose prefill steps round up to the interpreter's 16-token tile, each distinct step run once
+    (tests/helpers.py: interpreter_buckets, StepReplay)."""
+    with pytest.MonkeyPatch.context() as mp:
+        interpreter_buckets(mp)
+        e = Engine(EngineConfig(**ENGINE, **kwargs), log=lambda *a: None)
+    e.replay = StepReplay(e)
+    return e
 
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine(EngineConfig(**ENGINE), log=lambda *a: None)
+    return _interpreted_engine()
 
 
 @pytest.fixture(scope="module")
 def paged_engine():
     """The same model (seeded weights) with the paged decode backend only."""
-    return Engine(EngineConfig(**ENGINE, backends=("paged",)), log=lambda *a: None)
+    return _interpreted_engine(backends=("paged",))
 
 
 def _same_lengths_throughout(trace, rows: int) -> bool:
@@ -50,9 +63,21 @@ def _same_lengths_throughout(trace, rows: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", list(GATE))
-def test_paged_engine_matches_hf_generate_token_for_token(engine, paged_engine, scenario, progress):
+def test_paged_engine_matches_hf_generate_token_for_token(engine, paged_engine, scenario, progress, monkeypatch):
     trace, rows = GATE[scenario]
     on = paged_engine if _same_lengths_throughout(trace, rows) else engine
+    run = on.run
+
+    def said(*args, **kwargs):  # a line per engine run: some take a minute under the interpreter
+        t, before = time.process_time(), on.replay.counts()
+        rec = run(*args, **kwargs)
+        (ran, replayed), (ran0, replayed0) = on.replay.counts(), before
+        backend = kwargs.get("backend", args[2] if len(args) > 2 else "paged")
+        progress(f"{backend} backend, {kwargs.get('policy', 'padded')} prefill, "
+                 f"{kwargs.get('admission', 'reserve')} admission: {time.process_time() - t:.0f} s CPU "
+                 f"({ran - ran0} steps interpreted, {replayed - replayed0} replayed)")
+        return rec
+    monkeypatch.setattr(on, "run", said)
     mismatches, compared = run_gate(on, budget=GATE_BUDGET, log=progress, only={scenario}, prefill=GATE_PREFILL,
                                     on_demand=False)  # on-demand and fused steps: tests/test_engine_mechanisms.py
     # Each request's tokens against the reference on each backend, paged against padded (where both run), and

@@ -10,19 +10,28 @@ from servecap.core.config import ServingConfig  # noqa: E402
 from servecap.engine.engine import Engine, EngineConfig  # noqa: E402
 from servecap.traces.workload import Request, Trace, length_trace  # noqa: E402
 
+from helpers import StepReplay, interpreter_buckets  # noqa: E402
+
 TINY = ServingConfig(model="tiny", dtype="float32", block_size=16, max_batch=4)
 
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine(EngineConfig(serving=TINY, max_prompt=80, max_budget=24, backends=("paged",), device="cpu"),
-                  log=lambda *a: None)
+    """Prefill steps in the interpreter's 16-token buckets, each distinct step run once: the two runs of a test
+    share their steps up to where the mechanism changes what the scheduler does (tests/helpers.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        interpreter_buckets(mp)
+        e = Engine(EngineConfig(serving=TINY, max_prompt=80, max_budget=24, backends=("paged",), device="cpu"),
+                   log=lambda *a: None)
+    StepReplay(e)
+    return e
 
 
 def _tokens(rec) -> dict[int, list[int]]:
     return {rid: g.sort_values("index")["token_id"].tolist() for rid, g in rec.tokens.groupby("request_id")}
 
 
+@pytest.mark.slow
 def test_a_preempted_request_recomputes_to_the_same_tokens(engine, progress):
     trace = length_trace([(0.0, 40, 12), (0.0, 33, 12), (0.0, 20, 12)])
     progress("reserve-on-admit, a pool that never binds")
@@ -34,6 +43,7 @@ def test_a_preempted_request_recomputes_to_the_same_tokens(engine, progress):
     assert _tokens(got) == _tokens(want)
 
 
+@pytest.mark.slow
 def test_fused_steps_decode_the_same_tokens_as_separate_ones(engine, progress):
     trace = length_trace([(0.0, 9, 6), (0.0, 70, 6), (0.0, 33, 6)])
     progress("padded prefill")
@@ -44,6 +54,7 @@ def test_fused_steps_decode_the_same_tokens_as_separate_ones(engine, progress):
     assert _tokens(got) == _tokens(want)
 
 
+@pytest.mark.slow
 def test_a_cached_prefix_gives_the_same_tokens_as_computing_it(engine, progress):
     reqs = [Request(i, 0.05 * i, p, 5, hash_ids=h, hash_block=32)
             for i, (p, h) in enumerate([(70, (1, 2, 3)), (66, (1, 2, 4)), (70, (1, 2, 3))])]

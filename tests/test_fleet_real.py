@@ -25,15 +25,22 @@ def test_an_unknown_router_or_no_replica_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_tiny_engines_behind_a_router_serve_every_request_once(tmp_path):
-    pytest.importorskip("torch")
+def test_two_tiny_engines_behind_a_router_serve_every_request_once(tmp_path, monkeypatch, progress):
+    torch = pytest.importorskip("torch")
+    import servecap.engine.fleet
     from servecap.core.config import ServingConfig
     from servecap.traces.records import read_run
+
+    from helpers import interpreted_replica
+
+    if not torch.cuda.is_available():  # the replicas' kernels interpreted as the suite's are (spawned: see there)
+        monkeypatch.setattr(servecap.engine.fleet, "_replica", interpreted_replica)
 
     trace = length_trace([(0.05 * i, 8 + 5 * i, 3) for i in range(6)], {"kind": "fleet-test"})
     cfg = dict(serving=ServingConfig(model="tiny", dtype="float32", block_size=16, max_batch=2), device="cpu",
                max_prompt=48, max_budget=4, backends=("paged",))
-    rec = read_run(serve_fleet(trace, tmp_path / "fleet", "round-robin", ["", ""], cfg, log=lambda *a: None))
+    progress("starting two replica processes")
+    rec = read_run(serve_fleet(trace, tmp_path / "fleet", "round-robin", ["", ""], cfg, log=progress))
     assert rec.meta["status"] == "complete" and rec.meta["router"] == "round-robin" and rec.meta["replicas"] == 2
     req = rec.requests.set_index("request_id").sort_index()
     assert list(req.index) == list(range(6)) and list(req.replica) == [0, 1, 0, 1, 0, 1]

@@ -20,7 +20,8 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -210,20 +211,24 @@ def standin(tmp_path_factory) -> tuple[Path, Path, Path]:
 
 
 @pytest.mark.slow
-def test_notebooks_standin(standin, tmp_path, no_torch):
+def test_notebooks_standin(standin, tmp_path, no_torch, progress):
     """Every notebook on the stand-in data, two at a time."""
     table, vdir, sag = standin
 
     def one(name: str):
         figures = tmp_path / name
         figures.mkdir()
-        return name, figures, run_notebook(name, figures, no_torch, SERVECAP_TABLE=str(table),
-                                           SERVECAP_VALIDATION=str(vdir), SERVECAP_SAG=str(sag),
-                                           SERVECAP_REQUESTS=str(STANDIN_N))
+        t = time.perf_counter()
+        proc = run_notebook(name, figures, no_torch, SERVECAP_TABLE=str(table), SERVECAP_VALIDATION=str(vdir),
+                            SERVECAP_SAG=str(sag), SERVECAP_REQUESTS=str(STANDIN_N))
+        return name, figures, proc, time.perf_counter() - t
 
     with ThreadPoolExecutor(2) as pool:
-        done = list(pool.map(one, FIGURES))
-    for name, figures, proc in done:
+        runs = [pool.submit(one, name) for name in FIGURES]
+        for run in as_completed(runs):  # a line as each ends, from this thread (the terminal's writer)
+            name, _, proc, wall = run.result()
+            progress(f"{name} exited {proc.returncode} after {wall:.0f} s")
+    for name, figures, proc, _ in (run.result() for run in runs):
         check_ran(name, proc, figures)
 
 

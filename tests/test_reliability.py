@@ -187,12 +187,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _ctrl_c_reaches_it() -> None:
+    """The child takes SIGINT as Ctrl-C even when the suite does not: a suite started as a background job of a shell
+    without job control (`pytest ... &` in a script or a subshell) ignores SIGINT, and a child inheriting that would
+    never hear the signal these tests send and would run on to its end."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_sweep(table: Path, out: Path, rates: int) -> tuple[subprocess.Popen, list[str]]:
     argv = ["sweep", "--rates", ",".join(str(r) for r in range(1, rates + 1)), "--max-batch", "8", "--pool-gib",
             "0.5", "--backend", "paged", "--n", "300", "--jobs", "2", "--table", str(table), "--out", str(out)]
     # A session of its own, so that a signal to its process group reaches the workers too, as Ctrl-C does.
     proc = subprocess.Popen([sys.executable, "-m", "sim", *argv], cwd=REPO, start_new_session=True, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_ctrl_c_reaches_it, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     return proc, argv
 
@@ -494,7 +501,7 @@ def test_an_interrupted_engine_run_keeps_every_completed_row(tmp_path):
                              str(trace), "--out", str(out), "--backends", "paged", "--max-prompt", "16",
                              "--max-budget", "4", "--max-batch", "2", "--block-size", "16"],
                             cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            preexec_fn=_ctrl_c_reaches_it, env={**os.environ, "PYTHONPATH": str(REPO)})
     deadline = time.monotonic() + 400
     requests = out / "requests.csv"
     while proc.poll() is None and time.monotonic() < deadline:
