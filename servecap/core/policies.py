@@ -191,10 +191,6 @@ class AdmissionPolicy:
         """Blocks that must stay free beyond the admitted request's."""
         return 0
 
-    def most_blocks(self, req: Request, pool: BlockPool) -> int:
-        """The most blocks the request ever needs free at once: more than the pool holds, and it can never run."""
-        return pool.blocks_for(req.prompt_tokens + req.budget)
-
     @staticmethod
     def parse(text: "str | AdmissionPolicy") -> "AdmissionPolicy":
         if isinstance(text, AdmissionPolicy):
@@ -231,11 +227,6 @@ class OnDemand(AdmissionPolicy):
 
     def watermark(self, pool: BlockPool) -> int:
         return int(self.WATERMARK * pool.num_blocks)
-
-    def most_blocks(self, req: Request, pool: BlockPool) -> int:
-        # A preempted request is readmitted with up to its whole prompt and budget to recompute, beside the
-        # watermark: were that more than the pool, it could never come back.
-        return pool.blocks_for(req.prompt_tokens + req.budget) + self.watermark(pool)
 
 
 ADMISSION: dict[str, type[AdmissionPolicy]] = {c.name: c for c in (Reserve, OnDemand)}

@@ -174,7 +174,9 @@ class Scheduler:
         if self.max_tokens is not None and total > self.max_tokens:
             raise InputError(f"request {rid}: prompt {req.prompt_tokens} + budget {req.budget} = {total} tokens is beyond "
                              f"the model's {self.max_tokens} positions")
-        need = self.admission.most_blocks(req, self.pool)
+        # The most blocks a request ever needs free at once, under any admission policy: its whole prompt and
+        # budget (reserved at admission, or readmitted to recompute after a preemption) beside the watermark.
+        need = self.pool.blocks_for(total) + self._watermark
         if need > self.pool.num_blocks:
             raise InputError(f"request {rid}: needs {need} blocks of {self.pool.block_size} tokens "
                              f"({total} tokens); the pool has {self.pool.num_blocks}")
