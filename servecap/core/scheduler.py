@@ -154,6 +154,12 @@ class Scheduler:
         self._groups = 0
         self._watermark = admission.watermark(pool)
         self._grows, self._fuses = admission.grows, policy.fuses  # asked every pass
+        # Whether every running row past its prompt has tokens left (none waits to retire): then the decode rows are
+        # the running rows, found without looking at each, and retire() has nothing to do. A row finishes only in a
+        # prefill step that gives its last token, or in a decode stretch that ran to its bound (at most every
+        # running row's remaining tokens: one cut short by an arrival finished none).
+        self._settled = True
+        self._bound = 1  # the last plan's bound on its decode stretch
         self.caching = isinstance(pool, CachingBlockPool)
         # The arrivals' next candidate and the blocks it takes without caching (its request's alone): asked every
         # pass until it comes.
@@ -213,7 +219,7 @@ class Scheduler:
         rows = [] if self._fuses and work is not None else self.decode_rows()
         if not rows:
             return _new(StepPlan, (step, group, work, first, rows, None, 0, math.inf, preempted))
-        limit = self.max_decode_steps(rows) if lookahead is not None else 1
+        limit = self._bound = self.max_decode_steps(rows) if lookahead is not None else 1
         stop = self.next_admission(lookahead) if limit > 1 else math.inf
         return _new(StepPlan, (step, group, work, first, rows, decode_shape(rows), limit, stop, preempted))
 
@@ -332,6 +338,8 @@ class Scheduler:
             if d:
                 s.generated += 1
                 done.append(s)
+                if s.generated >= s.budget:
+                    self._settled = False
         for s in done[work.decode:]:  # prompts complete in admission order, so the finished ones lead the deque
             self.prefilling.popleft().prefilling = False
         return done
@@ -344,6 +352,8 @@ class Scheduler:
 
     def decode_rows(self) -> list[Seq]:
         """Rows with their first token and budget left: the ones a decode step advances."""
+        if self._settled and not self.prefilling:  # most passes: every running row
+            return list(self.running)
         return [s for s in self.running if not s.prefilling and s.generated < s.budget]
 
     def max_decode_steps(self, rows: list[Seq]) -> int:
@@ -382,6 +392,8 @@ class Scheduler:
             s.kv_len += steps
             s.generated += steps
             s.last_token = t
+        if steps >= self._bound:  # the row with the fewest tokens left may have had its last
+            self._settled = False
         if self._grows and steps > 1:
             pool, bs = self.pool, self.pool.block_size
             for s in rows:
@@ -391,11 +403,14 @@ class Scheduler:
 
     def retire(self) -> list[Seq]:
         """Finish rows that generated their whole budget (at their last token) and free their blocks."""
+        if self._settled:
+            return _NONE
         done = [s for s in self.running if s.generated >= s.budget]
         for s in done:  # a pass retires a row or two: each taken out where it is, the batch not copied
             self.running.remove(s)
             s.finished = s.last_token
             self.pool.release(s.block_table)
+        self._settled = True
         return done
 
     @property

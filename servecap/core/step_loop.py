@@ -202,9 +202,7 @@ class StepLoop:
             # Let the steps' time pass, then retire the rows that finished (their records cost the timer's time)
             # and write the decode steps, the last ending where the next pass starts.
             yield ends[-1] if ends else t
-            # A stretch cut short of its bound (by an arrival) finished no row: the bound is at most every running
-            # row's remaining tokens, and 1 when a row has none left (Scheduler.max_decode_steps).
-            done = sched.retire() if not ends or len(ends) == limit else ()
+            done = sched.retire()
             if done:
                 rec.finish(done)
                 timer.retired(len(done))
