@@ -286,8 +286,8 @@ def test_run_sh_installs_only_when_pyproject_changed(tmp_path):
         return calls.read_text().splitlines()
 
     first = run()
-    assert any("pip install -q -e ." in c for c in first) and first[-1] == "-m sim --help"
-    assert run() == ["-m sim --help"]  # nothing changed: no install
+    assert any("pip install -q -e ." in c for c in first) and first[-1] == "-m servecap.sim --help"
+    assert run() == ["-m servecap.sim --help"]  # nothing changed: no install
     with open(tmp_path / "pyproject.toml", "a") as f:
         f.write("\n# a new dependency\n")
     assert any("pip install -q -e ." in c for c in run())
