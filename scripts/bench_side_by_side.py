@@ -12,15 +12,16 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
+# {p}: the packages' prefix in the tree measured ("servecap." since the namespace move, none before it)
 CHILD = """
 import json, sys, time
-from servecap.costs.model import CostModel
-from servecap.costs.table import load_cost_table
-from servecap.sim.bench import LOAD
-from servecap.sim.inputs import SHIPPED_TABLE, closed
-from servecap.sim.simulator import simulate
-from servecap.traces.metrics import served_rate
-from servecap.traces.workload import poisson_trace
+from {p}costs.model import CostModel
+from {p}costs.table import load_cost_table
+from {p}sim.bench import LOAD
+from {p}sim.inputs import SHIPPED_TABLE, closed
+from {p}sim.simulator import simulate
+from {p}traces.metrics import served_rate
+from {p}traces.workload import poisson_trace
 cost = CostModel(load_cost_table(SHIPPED_TABLE))
 rate = round(LOAD * served_rate(simulate(closed(poisson_trace(1.0, 400, 0)), cost).record), 2)
 trace = poisson_trace(rate, int(sys.argv[1]), 0)
@@ -33,7 +34,8 @@ print(json.dumps({"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time
 
 
 def once(tree: Path, n: int) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, str(n)], cwd=tree, env={"PYTHONPATH": str(tree)},
+    code = CHILD.replace("{p}", "servecap." if (tree / "servecap" / "sim").is_dir() else "")
+    done = subprocess.run([sys.executable, "-c", code, str(n)], cwd=tree, env={"PYTHONPATH": str(tree)},
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the run in {tree} failed:\n{done.stderr}")
