@@ -147,7 +147,7 @@ def simulated(cfg, rate: float | None):
     one replica), scored as a prediction is."""
     from dataclasses import replace
 
-    from servecap.traces.metrics import closed_run, summary
+    from servecap.traces.metrics import scored
 
     from .simulator import simulate
     cfg = replace(cfg, detail="steps")
@@ -158,10 +158,7 @@ def simulated(cfg, rate: float | None):
             rec = simulate_fleet(trace, cost, cfg).record
         else:
             rec = simulate(trace, cost, cfg).record
-        s = summary(rec, rate)
-        if rate is None:
-            s.update(closed_run(rec))
-        return s
+        return scored(rec, rate)
     return run
 
 

@@ -461,6 +461,14 @@ def slo_keys(slos: tuple[SLO, ...]) -> list[str]:
     return keys
 
 
+def scored(rec: RunRecord, rate: float | None) -> dict:
+    """How a run is scored against a prediction: summary(), and for a closed run (no rate) closed_run() too."""
+    s = summary(rec, rate)
+    if rate is None:
+        s.update(closed_run(rec))
+    return s
+
+
 def summary(rec: RunRecord, rate: float | None = None, slos: tuple[SLO, ...] = ()) -> dict:
     """The headline figures every report uses, flat and JSON-friendly (NaN where a run has none).
 

@@ -42,20 +42,16 @@ def _groups(validation: Path) -> dict[str, list[Path]]:
     return out
 
 
-def _speed_and_residuals(validation: Path, point: str, recs: list, table) -> tuple[list[float], list[dict]]:
+def _speed_and_residuals(validation: Path, p, recs: list, table) -> tuple[list[float], list[dict]]:
     """Each run's speed (summed real step time over its contextual price) and log(measured / simulated at that
-    speed) per metric, from the validation's plan of the point."""
+    speed) per metric, for point p of the validation's plan."""
     from servecap.costs.model import CostModel
     from servecap.costs.recorded import contextual, priced_steps
     from servecap.sim.intervals import scaled, simulated
 
     from .plan import point_config
-    from .points import build_trace, load_plan
+    from .points import build_trace
 
-    _, points = load_plan(validation)
-    p = next((q for q in points if q.id == point), None)
-    if p is None:
-        raise InputError(f"point {point} has real runs but is not in the plan", path=validation)
     cost = CostModel(table)
     trace = build_trace(p.trace, validation)
     rate = trace.meta.get("rate") or trace.offered_rate
@@ -72,10 +68,8 @@ def _speed_and_residuals(validation: Path, point: str, recs: list, table) -> tup
 
 
 def _metrics(rec, rate) -> dict:
-    from servecap.traces.metrics import closed_run, summary
-    s = summary(rec, rate)
-    if rate is None:
-        s.update(closed_run(rec))
+    from servecap.traces.metrics import scored
+    s = scored(rec, rate)
     return {k: float(s[k]) for k in METRICS if k in s and s[k] is not None and math.isfinite(s[k]) and s[k] > 0}
 
 
@@ -94,8 +88,11 @@ def measure(validations: list[Path], table=None) -> dict:
     CostTable) also each run's speed and what speed leaves unexplained (module docstring)."""
     from servecap.traces.records import read_run
 
+    from .points import load_plan
+
     groups = []
     for v in validations:
+        plan = {p.id: p for p in load_plan(Path(v))[1]} if table is not None else {}
         for point, runs in _groups(v).items():
             recs = [read_run(r) for r in runs]
             if len({r.meta["trace_id"] for r in recs}) > 1:
@@ -109,7 +106,9 @@ def measure(validations: list[Path], table=None) -> dict:
                  "values": {k: [x[k] for x in values] for k in keys},
                  "log_sd": {k: _sd(np.log([x[k] for x in values])) for k in keys}}
             if table is not None:
-                speeds, residuals = _speed_and_residuals(Path(v), point, recs, table)
+                if point not in plan:
+                    raise InputError(f"point {point} has real runs but is not in the plan", path=v)
+                speeds, residuals = _speed_and_residuals(Path(v), plan[point], recs, table)
                 rk = [k for k in keys if all(k in r for r in residuals)]
                 g.update(speed=speeds, speed_log_sd=_sd(np.log(speeds)),
                          residual_log_sd={k: _sd([r[k] for r in residuals]) for k in rk})

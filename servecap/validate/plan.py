@@ -30,7 +30,7 @@ from servecap.sim.sweep import Workload, run_sweep
 from servecap.traces.csvio import atomic_write_text
 from servecap.traces.errors import InputError
 from servecap.traces.importers import ImportOptions, import_azure, import_lengths
-from servecap.traces.metrics import closed_run, summary, token_gaps
+from servecap.traces.metrics import scored, summary, token_gaps
 from servecap.traces.provenance import provenance
 from servecap.traces.trace_io import write_trace
 from servecap.traces.workload import Trace, poisson_trace
@@ -80,9 +80,7 @@ def predict(table, p: Point, root: Path) -> dict:
     else:
         rec = simulate(trace, CostModel(table), cfg).record
     rate = trace.meta.get("rate") or trace.offered_rate
-    s = summary(rec, rate)
-    if rate is None:
-        s.update(closed_run(rec))
+    s = scored(rec, rate)
     if p.tokens:
         s["gap_max"] = token_gaps(rec)["gap_max"]
     return {k: (None if isinstance(v, float) and v != v else v) for k, v in s.items()}

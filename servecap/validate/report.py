@@ -25,7 +25,7 @@ from servecap.sim import inputs
 from servecap.sim.simulator import SimConfig, simulate
 from servecap.traces.csvio import atomic_write_text
 from servecap.traces.errors import InputError
-from servecap.traces.metrics import capacity_bracket, closed_run, summary, token_gaps
+from servecap.traces.metrics import capacity_bracket, scored, summary, token_gaps
 from servecap.traces.records import RunRecord, read_run
 
 from .points import ABS_FLOOR, Point, build_trace, complete_runs, load_plan, rel_error, run_dir
@@ -65,9 +65,7 @@ def _num(v) -> float:
 
 
 def _scored(rec: RunRecord, rate: float | None, tokens: bool) -> dict:
-    s = summary(rec, rate)
-    if rate is None:
-        s.update(closed_run(rec))
+    s = scored(rec, rate)
     if tokens and len(rec.tokens):
         s["gap_max"] = token_gaps(rec)["gap_max"]
     return s
