@@ -73,7 +73,7 @@ def _prev(steps) -> list[str]:
 
 def fit(steps) -> dict:
     """The correction's factors (every key level of costs.context.keys, with its step count) and clock term."""
-    ratio = (steps.real_s / steps.model_s).to_numpy()
+    ratio = ((steps.real_s - steps.retire_s) / steps.model_s).to_numpy()  # the factors scale steps, not retirement
     got: dict[str, list[float]] = {}
     for r, k, p, rows in zip(ratio, steps.kind, _prev(steps), steps.rows):
         for key in keys(k, p, int(rows)):
@@ -112,7 +112,7 @@ def evaluate(by_run: dict[Path, "object"], correction: dict | None) -> dict:
         return {}
     rows = []
     for path, s in by_run.items():
-        rows.append(s.assign(run=str(path), prev=_prev(s), before=s.model_s.to_numpy(), after=_priced(s, correction)))
+        rows.append(s.assign(run=str(path), prev=_prev(s), before=_priced(s, None), after=_priced(s, correction)))
     steps = pd.concat(rows, ignore_index=True)
 
     def medians(group_cols):

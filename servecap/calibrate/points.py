@@ -118,11 +118,14 @@ def first_over_again(run: Run, sample: dict) -> float:
 
 def usable_steps(sample: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """K/V tokens (all rows, longest row) and duration of the decode steps that make points: the settled ones
-    before the last (at least the last MIN_STEPS of them when a run is short)."""
-    start = np.asarray(sample["start"])[:-1]
+    before the last (at least the last MIN_STEPS of them when a run is short). A step lasts until the next one
+    starts, as the step loop tiles them (points measured before it did left the host work between two steps,
+    the decode records' writes, in a gap between them, which this counts as the engine's time all the same)."""
+    starts = np.asarray(sample["start"])
+    start = starts[:-1]
     first = min(int(np.searchsorted(start, start[0] + SETTLE_S)), max(len(start) - MIN_STEPS, 1))
     kv_tokens, kv_max = (np.asarray(sample[k], int)[first:-1] for k in ("kv_tokens", "kv_max"))
-    dur = (np.asarray(sample["end"])[:-1] - start)[first:]
+    dur = np.diff(starts)[first:]
     if not dur.size:
         raise ValueError("a decode run needs at least 3 decode steps (budget 4)")
     return kv_tokens, kv_max, dur

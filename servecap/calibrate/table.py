@@ -18,9 +18,10 @@ NOTES = (
     "Timings are the engine's own step rows (end - start), from closed runs made by `python -m calibrate`.",
     "A prefill step row spans admission, the prefill (padded, packed or one chunk), the KV store into the pool and "
     "the first tokens: admission's cost is inside the prefill costs.",
-    "A decode step row spans the decode step, retirement, the record writes and the next pass's arrival check: "
-    "it ends where the next step starts, so the rows tile a run's busy time. Decode points exclude a run's first "
-    "and last steps; overhead.retire_s is the median extra time of the last step (where all the run's rows retire "
+    "A decode step row spans the decode step and retirement; the host work after it (its records' writes, the next "
+    "pass's arrival check) is the next row's: a busy engine's rows meet end to start, so they tile a run's busy "
+    "time. A decode point's step lasts until the next step starts (points measured before the rows tiled hold the "
+    "host work so too). Decode points exclude a run's first and last steps; overhead.retire_s is the median extra time of the last step (where all the run's rows retire "
     "and their records are written to disk) over the fitted decode cost, per retired row.",
     "stationarity: shapes the engine had never run, each timed on its first run and on repeats (first / repeat).",
 )

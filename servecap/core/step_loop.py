@@ -14,6 +14,11 @@ simulator's, the same function, sets its virtual clock; a simulated fleet's repl
 Rows retire once that time has passed, so anything that looks at the scheduler from outside (a router) sees a
 row outstanding until its replica's clock has reached the end of its last step and its records are written.
 
+Steps tile the busy time: a pass that follows straight on from another starts where that one's last step ended
+(after its rows retired), so the host work in between (writing the decode steps' records, the next pass's own
+bookkeeping) is inside the next step's time, not in a gap between steps that no step's cost would hold. On the
+engine that work is 1-2% of a busy run; the simulator's clock does not move while it writes, so it is the same loop.
+
 Step numbers: a pass's first step has the pass's number; its prefill step (if any) and its first decode step
 both carry it, and its k decode steps take k consecutive numbers, so the next pass is numbered max(k, 1) on.
 """
@@ -158,9 +163,11 @@ class StepLoop:
         keep_times, keep_decode = rec.tokens, rec.keep_decode
         lookahead = arrivals if timer.fast_forward else None
         step = 0  # the next pass's number
+        resume = None  # where the pass that follows straight on starts: the last one's end, after its retirement
         while True:
-            # Arrivals: what is due by now; idle, wait for the next.
-            t = timer.now()
+            # Arrivals: what is due by the pass's start; idle, wait for the next.
+            t = timer.now() if resume is None else resume
+            resume = None
             due = arrivals.due(t)
             if due:
                 self._submit(due)
@@ -208,8 +215,9 @@ class StepLoop:
                 timer.retired(len(done))
                 if self.on_finish:
                     self.on_finish(done)
+            resume = timer.now()
             if ends and keep_decode:
-                rec.decode_steps(step, shape, t, ends, len(done), timer.now(), 0 if work is not None else len(preempted))
+                rec.decode_steps(step, shape, t, ends, len(done), resume, 0 if work is not None else len(preempted))
             step += len(ends) if ends else 1
 
 

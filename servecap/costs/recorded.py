@@ -1,8 +1,9 @@
 """A run record's steps beside the cost model's price for each, at its shape and in its serving context.
 
 One row per recorded step whose shape the record determines: its kind (servecap/costs/context.py), the previous step's kind
-and the idle gap before it (per replica, in the record's order), its rows, the measured duration, the table's
-price at the shape (decode: plus retirement's overhead for the rows it retired) and, where the run recorded GPU
+and the idle gap before it (per replica, in the record's order), its rows, the time it held the engine (held_s), the table's
+price at the shape, retirement's overhead for the rows that retire after it (the simulator adds it unscaled by any
+context factor, so it is apart) and, where the run recorded GPU
 telemetry, the SM clock at its start. servecap/calibrate/from_runs.py fits the correction on these and grades it
 (contextual: the price with a correction's factors). Torch-free (pandas).
 """
@@ -16,7 +17,8 @@ from .context import decode_kind, prefill_kind
 from .model import CostModel
 from .shapes import PrefillShape
 
-COLUMNS = ("replica", "start", "step_kind", "kind", "rows", "prev_kind", "idle_s", "real_s", "model_s", "clock_mhz")
+COLUMNS = ("replica", "start", "step_kind", "kind", "rows", "prev_kind", "idle_s", "real_s", "model_s", "retire_s",
+           "clock_mhz")
 
 
 def prefill_shape(row, groups: dict[int, list[int]] | None = None) -> PrefillShape | None:
@@ -61,6 +63,47 @@ def _groups(requests) -> dict[int, list[int]]:
     return {int(g): sorted(map(int, d.prompt_tokens)) for g, d in requests.groupby("group_id")}
 
 
+def held_s(steps, requests) -> np.ndarray:
+    """How long each step held the engine (`steps` sorted by replica and start): until the next step's start where
+    the engine went straight on to it (the step left rows running, or a request was waiting at its end), else
+    until its end. The step loop's steps tile its busy time (servecap/core/step_loop.py), so on its records this is
+    each step's end; records made before it tiled leave the host work between two steps (1-2% of a busy run) in
+    a gap, which belongs to the engine's time all the same."""
+    start, end = steps.start.to_numpy(float), steps.end.to_numpy(float)
+    replica = steps.replica.to_numpy()
+    out = end - start
+    if len(steps) < 2:
+        return out
+    nxt = np.r_[start[1:], np.inf]
+    same = np.r_[replica[1:] == replica[:-1], False]
+    running = (steps.kind != "decode").to_numpy() | (steps.rows > steps.retired).to_numpy()
+    waiting = np.zeros(len(steps), bool)
+    for r in np.unique(replica):
+        mine, reqs = replica == r, requests[requests.replica == r]
+        arrived = np.searchsorted(np.sort(reqs.arrival.to_numpy(float)), end[mine], side="right")
+        admitted = np.searchsorted(np.sort(reqs.admitted.to_numpy(float)), end[mine], side="right")
+        waiting[mine] = arrived > admitted
+    on = same & (running | waiting) & (nxt >= end)
+    out[on] = nxt[on] - start[on]
+    return out
+
+
+def _retired_after(steps, requests) -> np.ndarray:
+    """Per step (sorted by replica and start): the rows that retire right after it where it is a prefill or fused
+    step ending its pass. Their retirement then follows the step, with no decode step of the pass to hold it (a
+    decode step's row counts its own, `retired`); they are the requests that finished at its end."""
+    out = np.zeros(len(steps), int)
+    if not len(requests):
+        return out
+    finished = requests.groupby(["replica", "finished"]).size().to_dict()
+    rep, step, kind, end = (steps[c].to_numpy() for c in ("replica", "step", "kind", "end"))
+    for i in np.flatnonzero(kind != "decode"):
+        if i + 1 < len(steps) and rep[i + 1] == rep[i] and step[i + 1] == step[i] and kind[i + 1] == "decode":
+            continue
+        out[i] = finished.get((rep[i], end[i]), 0)
+    return out
+
+
 def priced_steps(rec, cost: CostModel, telemetry=None):
     """The record's steps (RunRecord) with their context and price (COLUMNS), as a DataFrame; prefill steps whose
     shape the record does not determine are left out. `telemetry` (servecap/traces/telemetry.py) adds the clock."""
@@ -82,25 +125,25 @@ def priced_steps(rec, cost: CostModel, telemetry=None):
     dec = (steps.kind == "decode").to_numpy()
     for rows, idx in steps[dec].groupby("rows").groups.items():
         d = steps.loc[idx]
-        model[idx] = np.asarray(cost.decode(backend, int(rows), d.kv_tokens.to_numpy(), d.kv_max.to_numpy()), float) \
-            + cost.retire_s * d.retired.to_numpy()
+        model[idx] = cost.decode(backend, int(rows), d.kv_tokens.to_numpy(), d.kv_max.to_numpy())
     for i in np.flatnonzero(~dec):
         shape = prefill_shape(steps.iloc[i], groups)
         if shape is not None:
             model[i] = cost.prefill(shape)
+    retired = np.where(dec, steps.retired.to_numpy(), _retired_after(steps, rec.requests))
     kinds = np.where(dec, decode_kind(backend, policy), prefill_kind(policy))
     out = pd.DataFrame({"replica": steps.replica, "start": steps.start, "step_kind": steps.kind, "kind": kinds,
                         "rows": steps.rows.astype(int), "prev_kind": prev_kind.where(prev_kind.notna(), None),
-                        "idle_s": idle, "real_s": steps.end - steps.start, "model_s": model,
-                        "clock_mhz": steps.sm_clock_mhz})
+                        "idle_s": idle, "real_s": held_s(steps, rec.requests), "model_s": model,
+                        "retire_s": cost.retire_s * retired, "clock_mhz": steps.sm_clock_mhz})
     return out[np.isfinite(out.model_s)].reset_index(drop=True)
 
 
 def contextual(steps, correction) -> np.ndarray:
     """The price of each priced step (priced_steps) in its serving context: model_s x the factor of `correction`
-    (a costs.context.Correction, e.g. CostModel.correction; None: model_s as it is)."""
+    (a costs.context.Correction, e.g. CostModel.correction; None: model_s as it is), plus its retirement."""
     if correction is None or not len(steps):
-        return steps.model_s.to_numpy()
+        return steps.model_s.to_numpy() + steps.retire_s.to_numpy()
     f = [correction.factor(k, p, i, r, c if c == c else None) for k, p, i, r, c in
          zip(steps.kind, steps.prev_kind, steps.idle_s, steps.rows, steps.clock_mhz.astype(float))]
-    return steps.model_s.to_numpy() * np.asarray(f)
+    return steps.model_s.to_numpy() * np.asarray(f) + steps.retire_s.to_numpy()

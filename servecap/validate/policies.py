@@ -10,33 +10,31 @@ from pathlib import Path
 import numpy as np
 
 from servecap.costs.model import CostModel
+from servecap.costs.recorded import priced_steps
 from servecap.sim import inputs
 from servecap.traces.csvio import atomic_write_text
 from servecap.traces.errors import InputError
 from servecap.traces.records import read_run
 
 from .points import run_dir
-from .report import Compared, _fmt, _num, compare, step_shape
+from .report import Compared, _fmt, _num, compare
 
 KEYS = (("served_rate", "served req/s"), ("queue_wait_p50", "queue p50 s"), ("ttft_p95", "TTFT p95 s"),
         ("wall_time_s", "wall s"), ("gap_max", "largest gap s"))
 
 
 def step_ratios(results: list[Compared], out: Path, tables: dict) -> dict:
-    """Measured prefill and decode step times over each table's model, per policy (prefill: the steps whose shape the
-    record determines, report.step_shape)."""
+    """Measured prefill and decode step times over each table's price at the same shape, per policy (prefill: the
+    steps whose shape the record determines, servecap/costs/recorded.py)."""
     models = {name: CostModel(t) for name, t in tables.items()}
     got: dict[tuple[str, str, str], list[float]] = {}
     for c in results:
         rec = read_run(run_dir(out, c.point, 1))
-        for row in rec.steps.itertuples():
-            for name, cost in models.items():
-                if row.kind == "decode":
-                    pred = float(cost.decode("paged", int(row.rows), int(row.kv_tokens), int(row.kv_max)))
-                    got.setdefault((str(c.point.serving.prefill), "decode", name), []).append((row.end - row.start) / pred)
-                elif (shape := step_shape(row)) is not None:
-                    got.setdefault((str(c.point.serving.prefill), "prefill", name), []).append((row.end - row.start) /
-                                                                                 cost.prefill(shape))
+        for name, cost in models.items():
+            s = priced_steps(rec, cost)
+            for kind, g in s.groupby(np.where(s.step_kind == "decode", "decode", "prefill")):
+                got.setdefault((str(c.point.serving.prefill), kind, name), []).extend(
+                    (g.real_s / (g.model_s + g.retire_s)).tolist())
     return {k: float(np.median(v)) for k, v in got.items()}
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from servecap.costs.model import CostModel
-from servecap.costs.recorded import prefill_shape as step_shape  # validate.policies reads it here too
+from servecap.costs.recorded import priced_steps
 from servecap.sim import inputs
 from servecap.sim.simulator import SimConfig, simulate
 from servecap.traces.csvio import atomic_write_text
@@ -141,23 +141,16 @@ def beyond_spread(c: Compared, key: str) -> bool | None:
 
 
 def step_check(results: list[Compared], out: Path, table) -> dict:
-    """Measured step durations over the cost model's prediction at the same shape, by kind, over every real run."""
+    """Measured step time (servecap/costs/recorded.held_s) over the cost model's price at the same shape, with no
+    serving context, by kind (prefill per policy, decode per backend), over every real run."""
     cost = CostModel(table)
     ratios: dict[str, list[float]] = {}
     for c in results:
         for k in range(1, c.point.repeats + 1):
-            rec = read_run(run_dir(out, c.point, k))
-            policy = rec.meta.get("prefill", "padded").partition(":")[0]
-            for row in rec.steps.itertuples():
-                dur = row.end - row.start
-                if row.kind == "prefill":
-                    shape = step_shape(row)
-                    if shape is not None:
-                        ratios.setdefault(f"prefill {policy}", []).append(dur / cost.prefill(shape))
-                else:
-                    pred = float(cost.decode(rec.meta["backend"], int(row.rows), int(row.kv_tokens), int(row.kv_max)))
-                    pred += cost.retire_s * row.retired
-                    ratios.setdefault(f"decode {rec.meta['backend']}", []).append(dur / pred)
+            s = priced_steps(read_run(run_dir(out, c.point, k)), cost)
+            kind = s.kind.str.replace(r"^(decode \S+) .*$", r"\1", regex=True)
+            for key, g in s.groupby(kind):
+                ratios.setdefault(key, []).extend((g.real_s / (g.model_s + g.retire_s)).tolist())
     return {k: {"n": len(v), "p10": float(np.percentile(v, 10)), "p50": float(np.median(v)),
                 "p90": float(np.percentile(v, 90))} for k, v in ratios.items()}
 
