@@ -105,7 +105,7 @@ S.save(fig, "02_targets",
 # blind prediction's error (policies) and the seed spread (seeded traces).
 #
 # The report's seed spread of a fleet point is computed for one engine at the fleet's rate
-# (`validate.report._spread` simulates a single replica), so it is left out for fleet points.
+# (`validate.comparison._spread` simulates a single replica), so it is left out for fleet points.
 
 # %%
 METRICS = {"served_rate": ("served rate", "req/s"), "queue_wait_p50": ("queue wait p50", "s"),

@@ -10,7 +10,7 @@ import pytest
 from servecap.traces.cli import main
 from servecap.traces.conversations import Conversations, conversation_trace
 from servecap.traces.errors import InputError
-from servecap.traces.prompts import request_token_ids
+from servecap.traces.request_tokens import request_token_ids
 from servecap.traces.trace_io import read_trace
 from servecap.traces.workload import hash_error, poisson_arrivals
 

@@ -1,5 +1,5 @@
 """Prompt block hashes in request traces: the file format (version 1 unchanged without them, version 2 with them),
-their checks on read, and the token ids a request's hashes give (traces.prompts.request_token_ids).
+their checks on read, and the token ids a request's hashes give (traces.request_tokens.request_token_ids).
 
 Expectations are written out here: pinned digests of files written before hashes existed, hand-made files, and
 the documented token draw (raw PCG64 words of the seed words, modulo the vocabulary)."""
@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from servecap.traces.errors import InputError
-from servecap.traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens, request_token_ids
+from servecap.traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens
+from servecap.traces.request_tokens import request_token_ids
 from servecap.traces.trace_io import read_trace, write_trace
 from servecap.traces.workload import Request, Trace, closed_mixed, length_trace, poisson_trace, synthetic_trace
 

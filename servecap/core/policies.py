@@ -36,15 +36,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from servecap.traces.errors import InputError
+from servecap.traces.workload import Request
 
-if TYPE_CHECKING:  # the scheduler imports this module
-    from servecap.traces.workload import Request
-
-    from .block_pool import BlockPool
-    from .scheduler import Seq
+from .block_pool import BlockPool
+from .sequence import Seq
 
 Selection = "tuple[list[Seq], list[int], list[int], list[int]]"  # seqs, prefix, new, computed
 

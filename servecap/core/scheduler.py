@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from servecap.costs.shapes import DecodeShape, PrefillShape
 from servecap.traces.errors import InputError
@@ -27,48 +27,11 @@ from servecap.traces.workload import Request
 from .block_pool import BlockPool
 from .policies import PADDED, RESERVE, AdmissionPolicy, PrefillPolicy
 from .prefix_cache import CachingBlockPool, block_keys
-
-if TYPE_CHECKING:
-    from .step_loop import Arrivals
+from .sequence import Seq
 
 # The named tuples made every pass (a plan, a step's shape) are made from their fields in order, by tuple.__new__:
 # a named tuple's own __new__ is a Python function that takes keywords.
 _new = tuple.__new__
-
-
-class Seq:
-    """A request inside the engine: its blocks, progress and the times the records need."""
-
-    __slots__ = ("req", "budget", "blocks_needed", "block_table", "kv_len", "generated", "admitted", "admit_step",
-                 "group_id", "group_size", "first_token", "last_token", "finished", "token_times", "token_ids",
-                 "prefilling", "preemptions", "recomputed", "peak", "cached", "keys")
-
-    def __init__(self, req: Request, blocks_needed: int):
-        self.req = req
-        self.budget = req.budget  # the request's, at hand: the scheduler compares it with every row every pass
-        self.blocks_needed = blocks_needed
-        self.block_table: list[int] = []
-        self.kv_len = 0  # tokens whose K/V are in the pool: the prompt's computed part, then one per decode step
-        self.generated = 0
-        self.admitted = self.first_token = self.last_token = self.finished = math.nan
-        self.admit_step = self.group_id = self.group_size = -1
-        self.token_times: list[float] = []
-        self.token_ids: list[int] = []
-        self.prefilling = False  # admitted, its target positions not yet all in the pool
-        self.preemptions = 0
-        self.recomputed = 0  # positions whose K/V were computed, lost to a preemption, and computed again
-        self.peak = 0  # the most positions it had in the pool before its last preemption
-        self.cached = 0  # prompt positions found in the prefix cache at admission
-        self.keys: list[int] = []  # its full prompt blocks' cache keys (prefix caching; servecap/core/prefix_cache.py)
-
-    @property
-    def remaining(self) -> int:
-        return self.budget - self.generated
-
-    @property
-    def target(self) -> int:
-        """Positions in the pool once this sequence has its next token's inputs: prompt + generated tokens."""
-        return self.req.prompt_tokens + self.generated
 
 
 @dataclass
@@ -132,6 +95,17 @@ class StepPlan(NamedTuple):
     max_steps: int
     stop: float
     preempted: list[Seq]  # requests preempted at the pass's start (back at the head of the queue)
+
+
+class Lookahead(Protocol):
+    """What the scheduler asks of the arrivals to bound a decode stretch (the step loop's Arrivals are one; the
+    protocol is the scheduler's so that it need not import the loop that drives it). Invariant: next_candidate never
+    says later than the first moment a request the scheduler would accept can arrive (it bounds fast-forward: a
+    bound too early costs a pass, one too late would change the run)."""
+
+    def next_candidate(self, sched: Scheduler) -> tuple[float, Request | None]:
+        """When the next request the scheduler could admit may arrive, and that request where it is known (the
+        scheduler then checks it fits: Scheduler.next_admission holds the admission rule)."""
 
 
 _NONE: list = []  # an empty list no one appends to (no one admitted or preempted, no first tokens): made once
@@ -200,7 +174,7 @@ class Scheduler:
         self.queue.append(seq)
         return seq
 
-    def schedule(self, now: float, step: int, lookahead: Arrivals | None = None) -> StepPlan:
+    def schedule(self, now: float, step: int, lookahead: Lookahead | None = None) -> StepPlan:
         """Plan the pass that starts at `now` as step `step`: admit, choose the prefill step and the decode rows.
         The prefill step's bookkeeping (positions in the pool, first tokens generated) is done here; its time, and
         every decode step's, are set once they have run (the loop's, advance). With `lookahead` (a timer that
@@ -260,7 +234,7 @@ class Scheduler:
         self.queue.appendleft(s)
         return s
 
-    def next_admission(self, arrivals: Arrivals) -> float:
+    def next_admission(self, arrivals: Lookahead) -> float:
         """The earliest time an admission can happen before the running rows change: never while the queue head
         waits for blocks or no row is free; else when the arrivals' next candidate comes, unless it is a known
         request that does not fit in the free blocks (it would block everything behind it). With prefix caching a

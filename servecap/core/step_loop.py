@@ -31,7 +31,7 @@ from servecap.costs.shapes import DecodeShape
 from servecap.traces.errors import InputError
 from servecap.traces.workload import Request
 
-from .scheduler import PrefillWork, Scheduler, Seq
+from .scheduler import Lookahead, PrefillWork, Scheduler, Seq
 
 
 class RunLog(Protocol):
@@ -53,11 +53,10 @@ class RunLog(Protocol):
     def reject(self, req: Request, reason: str) -> None: ...
 
 
-class Arrivals(Protocol):
-    """The requests a loop serves, as it sees them at each pass's start. Invariants: due(t) hands each request
-    over once, in arrival order, and only once its arrival is <= t; exhausted is final; next_candidate never says
-    later than the first moment a request the scheduler would accept can arrive (it bounds fast-forward: a bound
-    too early costs a pass, one too late would change the run)."""
+class Arrivals(Lookahead, Protocol):
+    """The requests a loop serves, as it sees them at each pass's start, and the scheduler's lookahead. Invariants:
+    due(t) hands each request over once, in arrival order, and only once its arrival is <= t; exhausted is final;
+    next_candidate keeps the Lookahead's."""
 
     def due(self, t: float) -> list[Request]: ...
 
@@ -67,10 +66,6 @@ class Arrivals(Protocol):
 
     def next_time(self) -> float | None:
         """When the next request comes (when idle); None when that is not known yet (then wait())."""
-
-    def next_candidate(self, sched: Scheduler) -> tuple[float, Request | None]:
-        """When the next request the scheduler could admit may arrive, and that request where it is known (the
-        scheduler then checks it fits: Scheduler.next_admission holds the admission rule)."""
 
     def wait(self):
         """Block (or, in SimPy, an event to yield) until a request comes or none ever will."""

@@ -24,7 +24,7 @@ import torch
 from servecap.costs.shapes import BACKENDS
 from servecap.core.block_pool import blocks_for
 from servecap.core.scheduler import PrefillWork, Seq
-from servecap.traces.prompts import request_token_ids
+from servecap.traces.request_tokens import request_token_ids
 from servecap.traces.workload import Request
 
 from .kernels import default_num_splits, paged_attention, paged_attention_workspace

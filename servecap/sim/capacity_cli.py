@@ -19,6 +19,7 @@ from servecap.traces.slo import describe
 from servecap.traces.workload import DEFAULT_N
 
 from . import capacity, inputs, sweep
+from .arg_types import backend_arg, router_arg, seeds_arg
 from .sweep import Workload
 
 _positive = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number")
@@ -28,7 +29,6 @@ _tolerance = checked(float, lambda v: 0 < v < 1, "a fraction between 0 and 1 (e.
 def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
     from servecap.core.options import PREFILL_HELP, add_memory_options, policy_arg as _policy
 
-    from .cli import _backend, _router, _seeds
     p = sub.add_parser("capacity", help="the highest rate that meets the SLOs (or stays stable), or the fewest "
                                         "replicas for a rate or each window of a trace, by search", description=(
         "Search, rather than sweep, for capacity: with no --rate, the highest arrival rate at which the configuration "
@@ -36,14 +36,14 @@ def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
         "that hold it; with --trace and --window-s, the fewest replicas for each window of the trace at its own rate. "
         "Every probe is a sweep point (the same verdict `sim sweep` gives at that rate); the search runs on each seed "
         "of --seeds and reports min, median and max."))
-    p.add_argument("--backend", type=_backend, default="paged", help="decode backend (default paged)")
+    p.add_argument("--backend", type=backend_arg, default="paged", help="decode backend (default paged)")
     p.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
     p.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY", help=PREFILL_HELP + " (default padded)")
     add_memory_options(p)
     p.add_argument("--pool-gib", type=gib_arg, default=4.0, help="KV pool size in GiB (default %(default)s)")
     p.add_argument("--replicas", type=count_arg, default=1,
                    help="engines behind a router, for the rate search (default 1)")
-    p.add_argument("--router", type=_router, default="round-robin",
+    p.add_argument("--router", type=router_arg, default="round-robin",
                    help=f"{', '.join(ROUTERS)} (default round-robin)")
     p.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC", help=SLO_HELP)
     p.add_argument("--rate", type=rate_arg, help="find the fewest replicas that hold this rate (requests/s)")
@@ -59,7 +59,7 @@ def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
     p.add_argument("--n", type=requests_arg, help=f"requests of the seeded trace (default {DEFAULT_N})")
     seeds = p.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=seed_arg, help="workload seed (default 0)")
-    seeds.add_argument("--seeds", type=_seeds, metavar="A-B|S1,S2,...",
+    seeds.add_argument("--seeds", type=seeds_arg, metavar="A-B|S1,S2,...",
                        help="search on each of these workload seeds and report min, median and max")
     add_arrival_options(p)
     p.add_argument("--jobs", type=count_arg, help="seeds searched in parallel (default: every core)")

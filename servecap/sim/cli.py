@@ -15,15 +15,15 @@ import warnings
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from servecap.core.block_pool import DEFAULT_BLOCK_SIZE, PoolSize
 from servecap.core.config import ServingConfig
 from servecap.core.options import PREFILL_HELP, add_memory_options, policy_arg as _policy
 from servecap.core.routing import ROUTERS
-from servecap.costs.shapes import BACKENDS, backend_from_user
+from servecap.costs.shapes import BACKENDS
 from servecap.traces.arrival_options import add_arrival_options, given
-from servecap.traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, level_arg, rate_arg,
+from servecap.traces.cli import (SLO_HELP, batch_arg, blocks_arg, count_arg, gib_arg, level_arg, rate_arg,
                         requests_arg, seed_arg, slo_arg)
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
@@ -33,6 +33,7 @@ from servecap.traces.prompts import PROMPT_NAMES
 from servecap.traces.workload import DEFAULT_N
 
 from . import inputs
+from .arg_types import backend_arg, list_of, router_arg, seeds_arg
 from .store import FILE, PointStore
 from .sweep import AUTO_POINTS, AUTO_SPAN, RemoteMap, Workload, run_sweep
 
@@ -42,32 +43,10 @@ from .sweep import AUTO_POINTS, AUTO_SPAN, RemoteMap, Workload, run_sweep
 
 DEFAULT_OUT = Path("sim-out")
 SUBCOMMANDS = ("run", "sweep", "capacity")
-MAX_SEEDS = 1000  # a guard against a typo (0-99999), not a limit of the method
-
-
-def _list(item: Callable[[str], object]) -> Callable[[str], list]:
-    return lambda text: [item(t.strip()) for t in text.split(",") if t.strip()] or item("")
-
-
-_backend = checked(lambda v: backend_from_user(v, "sim"), lambda v: v in BACKENDS, f"a backend ({', '.join(BACKENDS)})")
-_router = checked(str, lambda v: v in ROUTERS, f"a router ({', '.join(ROUTERS)})")
-
-
-def _seeds(text: str) -> list[int]:
-    """Workload seeds: a range A-B (both included) or a list A,B,C."""
-    first, dash, last = text.partition("-")
-    if dash and first.strip() and last.strip():
-        lo, hi = seed_arg(first.strip()), seed_arg(last.strip())
-        if hi < lo:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a range of seeds A-B with A <= B")
-        if hi - lo >= MAX_SEEDS:
-            raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_SEEDS} seeds")
-        return list(range(lo, hi + 1))
-    return list(dict.fromkeys(_list(seed_arg)(text)))
 
 
 def _rates(text: str) -> list[float] | None:
-    return None if text.strip() == "auto" else _list(rate_arg)(text)
+    return None if text.strip() == "auto" else list_of(rate_arg)(text)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -100,7 +79,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--n", type=requests_arg, help=f"requests of --rate or --closed-uniform (default {DEFAULT_N})")
     run.add_argument("--seed", type=seed_arg, help="seed of --rate's trace or --closed-mixed's draw (default 0)")
     add_arrival_options(run)
-    run.add_argument("--backend", type=_backend, default="paged",
+    run.add_argument("--backend", type=backend_arg, default="paged",
                      help="decode backend: paged or dense (every row read at the widest; old name padded) (default paged)")
     run.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
     run.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY",
@@ -111,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
     pool.add_argument("--pool-blocks", type=blocks_arg, help="KV pool size in blocks (default: enough that it never binds)")
     run.add_argument("--replicas", type=count_arg, default=1,
                      help="engines of this configuration behind a router, each with its own rows and pool (default 1)")
-    run.add_argument("--router", type=_router,
+    run.add_argument("--router", type=router_arg,
                      help=f"with --replicas: how the router picks a replica: {', '.join(ROUTERS)} (default round-robin)")
     run.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC", help=SLO_HELP)
     run.add_argument("--interval", type=level_arg, metavar="LEVEL",
@@ -142,19 +121,19 @@ def parser() -> argparse.ArgumentParser:
     sweep.add_argument("--rates", type=_rates, default=None, metavar="R1,R2,...|auto",
                        help=f"arrival rates in requests/s, or 'auto' (default): {AUTO_POINTS} rates from "
                             f"{AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x each configuration's estimated capacity")
-    sweep.add_argument("--pool-gib", type=_list(gib_arg), default=[0.5, 1, 2, 4], metavar="G1,G2,...",
+    sweep.add_argument("--pool-gib", type=list_of(gib_arg), default=[0.5, 1, 2, 4], metavar="G1,G2,...",
                        help="KV pool sizes in GiB (default 0.5,1,2,4)")
-    sweep.add_argument("--max-batch", type=_list(batch_arg), default=[16, 32], metavar="B1,B2,...",
+    sweep.add_argument("--max-batch", type=list_of(batch_arg), default=[16, 32], metavar="B1,B2,...",
                        help="batch rows (default 16,32)")
-    sweep.add_argument("--backend", type=_list(_backend), default=list(BACKENDS), metavar="paged,dense",
+    sweep.add_argument("--backend", type=list_of(backend_arg), default=list(BACKENDS), metavar="paged,dense",
                        help="decode backends (default paged,dense; padded is the old name of dense)")
-    sweep.add_argument("--prefill", type=_list(_policy), default=["padded"], metavar="P1,P2,...",
+    sweep.add_argument("--prefill", type=list_of(_policy), default=["padded"], metavar="P1,P2,...",
                        help="prefill policies: padded, packed, chunked:N, mixed:N (default padded)")
-    add_memory_options(sweep, many=_list)
-    sweep.add_argument("--replicas", type=_list(count_arg), default=[1], metavar="N1,N2,...",
+    add_memory_options(sweep, many=list_of)
+    sweep.add_argument("--replicas", type=list_of(count_arg), default=[1], metavar="N1,N2,...",
                        help="fleet sizes: engines behind a router (default 1); with more than one, the sweep also "
                             "says the fewest replicas that hold each rate")
-    sweep.add_argument("--router", type=_list(_router), metavar="R1,R2,...",
+    sweep.add_argument("--router", type=list_of(router_arg), metavar="R1,R2,...",
                        help=f"with --replicas above 1: routers, {', '.join(ROUTERS)} (default round-robin)")
     sweep.add_argument("--slo", type=slo_arg, default=(), metavar="SPEC",
                        help=SLO_HELP + "; capacity is then defined by the SLOs")
@@ -170,7 +149,7 @@ def parser() -> argparse.ArgumentParser:
                        help=PERCENTILES_HELP + "; the table shows the lowest and highest, sweep.csv every one")
     seeds = sweep.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=seed_arg, help="workload seed (default 0)")
-    seeds.add_argument("--seeds", type=_seeds, metavar="A-B|S1,S2,...",
+    seeds.add_argument("--seeds", type=seeds_arg, metavar="A-B|S1,S2,...",
                        help="run every point on each of these workload seeds (e.g. 0-9) and report each number as a "
                             "band across them (mean, sd, min, max), with sweep.bands.csv beside sweep.csv")
     sweep.add_argument("--out", type=Path, default=DEFAULT_OUT,

@@ -16,7 +16,7 @@ from servecap.traces.csvio import atomic_write_text
 from servecap.traces.errors import InputError
 from servecap.traces.provenance import provenance
 
-from .report import Compared
+from .comparison import Compared, compare
 
 
 def bands_for(plan: dict, results: list[Compared], table, level: float | None, out: Path) -> tuple[dict, dict]:
@@ -78,7 +78,6 @@ def write(out: Path, table_path: Path | None, level: float | None, allow_nonstat
     """coverage.md and coverage.json in the validation directory (report.md is left as it is)."""
     from servecap.sim import inputs
 
-    from .report import compare
     out = Path(out)
     if (out / "coverage.md").exists() and not force:
         raise InputError("already holds a coverage report; pass --force to write it again", path=out / "coverage.md")

@@ -1,20 +1,14 @@
 """The validation report: every point's prediction, made at plan time from the frozen table, beside the measured
 repeats; for the prefill policies also the blind prediction, made before the engine had them; the targets met and
 missed; the measured step costs against the model; whether the table and each run came from the same GPU; which
-differences exceed the sampling spread of the trace; and a figure. CPU only, from the records.
-
-The protocol is checked, not assumed: a run made before the table existed, or planned against another table, is
-refused (an error naming the point), since its prediction could not have been blind.
+differences exceed the sampling spread of the trace; and a figure. CPU only, from the records, as
+servecap/validate/comparison.py compares them (its protocol checks refuse a prediction that could not have been blind).
 """
 from __future__ import annotations
 
 import csv
 import io
 import math
-import statistics
-import warnings
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -22,115 +16,19 @@ import numpy as np
 from servecap.costs.model import CostModel
 from servecap.costs.recorded import priced_steps
 from servecap.sim import inputs
-from servecap.sim.simulator import SimConfig, simulate
 from servecap.traces.csvio import atomic_write_text
 from servecap.traces.errors import InputError
-from servecap.traces.metrics import capacity_bracket, scored, summary, token_gaps
-from servecap.traces.records import RunRecord, read_run
+from servecap.traces.metrics import capacity_bracket
+from servecap.traces.records import read_run
 
-from .points import ABS_FLOOR, Point, build_trace, complete_runs, load_plan, rel_error, run_dir
+from .comparison import Compared, _num, _number, compare
+from .coverage import bands_for, coverage, markdown
+from .points import ABS_FLOOR, run_dir
 
 KEYS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "group_size_p95",
         "padding_waste_p95")
-SPREAD_SEEDS = 10  # trace seeds the sampling spread of a seeded point is measured over
 TARGETS = {"served": 0.03, "ttft_p50": 0.10, "closed_wall": 0.05, "blind": 0.10, "recalibrated": 0.03, "gap": 0.20,
            "sag": 0.25}
-
-
-@dataclass
-class Compared:
-    point: Point
-    rate: float | None
-    sim: dict
-    real: list[dict] = field(default_factory=list)  # one per repeat
-    meta: list[dict] = field(default_factory=list)
-    blind: dict | None = None
-    spread: dict | None = None  # sd of served rate and queue p50 over trace seeds (seeded traces only)
-
-    @property
-    def measured(self) -> dict:
-        return {k: statistics.median(r[k] for r in self.real) for k in self.real[0] if _number(self.real[0][k])}
-
-    def err(self, key: str, pred: dict | None = None) -> float:
-        pred = self.sim if pred is None else pred
-        return rel_error(_num(pred.get(key)), _num(self.measured.get(key)), key)
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _num(v) -> float:
-    return float(v) if _number(v) else math.nan
-
-
-def _scored(rec: RunRecord, rate: float | None, tokens: bool) -> dict:
-    s = scored(rec, rate)
-    if tokens and len(rec.tokens):
-        s["gap_max"] = token_gaps(rec)["gap_max"]
-    return s
-
-
-def _when(iso: str | None) -> float:
-    return datetime.fromisoformat(iso).timestamp() if iso else math.nan
-
-
-def compare(out: Path, table_path: Path | None, allow_nonstationary: bool = False) -> tuple[dict, list[Compared]]:
-    """Every point with real records, after the protocol checks."""
-    plan, points = load_plan(out)
-    table = inputs.load_table(table_path, allow_nonstationary=allow_nonstationary)
-    if table.table_id != plan["table"]["id"]:
-        raise InputError(f"the plan was made from cost table {plan['table']['id']}, not {table.table_id}; grade it "
-                         f"against its own table (--table)", path=Path(out) / "plan.json")
-    made = _when(table.created_at)
-    if math.isnan(made):
-        warnings.warn(f"cost table {table.table_id} has no creation time: whether each run came after it is not checked")
-    planned = _when(plan.get("created_at"))  # provenance, stamped once every prediction is in the plan
-    if math.isnan(planned):
-        warnings.warn("the plan has no creation time: whether each run came after it is not checked")
-    missing = [p.id for p in points if not complete_runs(out, p)]
-    if missing:
-        warnings.warn(f"{len(missing)} point(s) have no complete real records and are not graded: {', '.join(missing)}")
-    blind = plan.get("blind", {}).get("predictions", {})
-    results = []
-    for p in points:
-        runs = complete_runs(out, p)
-        if not runs:
-            continue
-        trace = build_trace(p.trace, out)
-        for r in runs:
-            if r.meta["trace_id"] != trace.trace_id:
-                raise InputError(f"point {p.id}: the real run replayed trace {r.meta['trace_id']}, the plan's is "
-                                 f"{trace.trace_id}")
-            if r.meta.get("plan_table_id") != plan["table"]["id"]:
-                raise InputError(f"point {p.id}: a real run was planned against cost table {r.meta.get('plan_table_id')}"
-                                 f", not the plan's {plan['table']['id']}")
-            if not math.isnan(made) and not _when(r.meta.get("created_at")) >= made:
-                raise InputError(f"point {p.id}: a real run ({r.meta.get('created_at')}) was made before cost table "
-                                 f"{table.table_id} existed ({table.created_at}): its prediction was not blind")
-            if not math.isnan(planned) and not _when(r.meta.get("created_at")) >= planned:
-                raise InputError(f"point {p.id}: a real run ({r.meta.get('created_at')}) was made before the plan "
-                                 f"({plan.get('created_at')}; an earlier plan's run?): its prediction was not blind; "
-                                 f"run the point again (validate real)", path=Path(out) / "plan.json")
-        rate = trace.meta.get("rate") or trace.offered_rate
-        results.append(Compared(p, rate, plan["predictions"][p.id], [_scored(r, rate, p.tokens) for r in runs],
-                                [r.meta for r in runs], blind.get(p.id), _spread(table, p, rate)))
-    return plan, results
-
-
-def _spread(table, p: Point, rate: float | None) -> dict | None:
-    """The sampling spread of a seeded arrival point: served rate and queue wait p50 over SPREAD_SEEDS trace seeds
-    (the same workload, rate and configuration; only the draw differs)."""
-    if rate is None or p.trace["kind"] not in ("poisson", "synthetic"):
-        return None
-    cost = CostModel(table)
-    cfg = SimConfig(p.serving)
-    got = []
-    for seed in range(SPREAD_SEEDS):
-        s = summary(simulate(build_trace({**p.trace, "seed": seed}, Path(".")), cost, cfg).record, rate)
-        got.append((s["served_rate"], s["queue_wait_p50"]))
-    served, wait = np.array(got).T
-    return {"served_rate": float(np.std(served, ddof=1)), "queue_wait_p50": float(np.std(wait, ddof=1))}
 
 
 def beyond_spread(c: Compared, key: str) -> bool | None:
@@ -288,7 +186,6 @@ def write_report(out: Path, table_path: Path | None, force: bool = False, allow_
     steps = step_check(results, out, table)
     text = _markdown(plan, results, rows, steps, table)
     if "intervals" in plan:  # frozen with the plan: graded blind here (validate coverage grades any plan)
-        from .coverage import bands_for, coverage, markdown
         bands, what = bands_for(plan, results, table, None, out)
         text += "\n" + "\n".join(markdown(coverage(results, bands), what))
     atomic_write_text(out / "report.md", text)
