@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from servecap.traces.errors import InputError
-
-DEFAULT_BLOCK_SIZE = 64
+from servecap.traces.model_spec import DEFAULT_BLOCK_SIZE
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

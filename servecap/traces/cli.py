@@ -11,7 +11,6 @@ from typing import Callable
 
 import numpy as np
 
-from servecap.core.block_pool import DEFAULT_BLOCK_SIZE  # the engine's KV block: the prefix cache `show` reports on
 
 from .arrival_options import add_arrival_options, given
 from .command import Parser, command
@@ -21,6 +20,7 @@ from .outpath import reason
 from .importers import (FORMATS, TIME_UNITS, ImportOptions, import_azure, import_lengths, import_mooncake,
                         import_note, import_table, time_unit_warning)
 from .outpath import check_new_file
+from .model_spec import DEFAULT_BLOCK_SIZE
 from .prefix import cached_prefix_share, repeated_block_share
 from .prompts import PROMPT_NAMES
 from .slo import SLO, parse_slos

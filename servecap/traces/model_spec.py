@@ -31,6 +31,9 @@ def config_hash(spec: dict) -> str:
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
+DEFAULT_BLOCK_SIZE = 64  # tokens per KV block: the engine's pool, and the unit a prefix cache reuses
+
+
 def kv_bytes_per_token(spec: dict, dtype: str) -> int:
     """Bytes of K and V one token holds in the pool, over every layer."""
     if dtype not in DTYPE_BYTES:
