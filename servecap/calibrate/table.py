@@ -21,8 +21,9 @@ NOTES = (
     "A decode step row spans the decode step and retirement; the host work after it (its records' writes, the next "
     "pass's arrival check) is the next row's: a busy engine's rows meet end to start, so they tile a run's busy "
     "time. A decode point's step lasts until the next step starts (points measured before the rows tiled hold the "
-    "host work so too). Decode points exclude a run's first and last steps; overhead.retire_s is the median extra time of the last step (where all the run's rows retire "
-    "and their records are written to disk) over the fitted decode cost, per retired row.",
+    "host work so too). Decode points exclude a run's first and last steps; overhead.retire_s is the median extra "
+    "time of the last step (where all the run's rows retire and their records are written to disk) over the fitted "
+    "decode cost, per retired row.",
     "stationarity: shapes the engine had never run, each timed on its first run and on repeats (first / repeat).",
 )
 

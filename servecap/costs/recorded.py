@@ -1,11 +1,11 @@
 """A run record's steps beside the cost model's price for each, at its shape and in its serving context.
 
-One row per recorded step whose shape the record determines: its kind (servecap/costs/context.py), the previous step's kind
-and the idle gap before it (per replica, in the record's order), its rows, the time it held the engine (held_s), the table's
-price at the shape, retirement's overhead for the rows that retire after it (the simulator adds it unscaled by any
-context factor, so it is apart) and, where the run recorded GPU
-telemetry, the SM clock at its start. servecap/calibrate/from_runs.py fits the correction on these and grades it
-(contextual: the price with a correction's factors). Torch-free (pandas).
+One row per recorded step whose shape the record determines: its kind (servecap/costs/context.py), the previous
+step's kind and the idle gap before it (per replica, in the record's order), its rows, the time it held the engine
+(held_s), the table's price at the shape, retirement's overhead for the rows that retire after it (apart: the
+simulator adds it unscaled by any context factor) and, where the run recorded GPU telemetry, the SM clock at its
+start. servecap/calibrate/from_runs.py fits the correction on these and grades it (contextual: the price with a
+correction's factors). Torch-free (pandas).
 """
 from __future__ import annotations
 
