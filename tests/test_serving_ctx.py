@@ -462,7 +462,7 @@ def test_the_clock_term_is_fitted_where_the_runs_recorded_telemetry():
     model = rng.uniform(0.002, 0.003, 400)
     ref = float(np.median(clock))
     steps = pd.DataFrame({"kind": "decode paged padded", "prev_kind": "decode", "idle_s": 0.0, "rows": 32,
-                          "model_s": model, "retire_s": 0.0, "real_s": 1.05 * model * (ref / clock) ** 0.8,
+                          "model_s": model, "retire_s": 0.0, "kv_max": 1000, "real_s": 1.05 * model * (ref / clock) ** 0.8,
                           "clock_mhz": clock})
     c = fit(steps)
     assert c["clock"]["reference_mhz"] == pytest.approx(ref)
@@ -610,3 +610,34 @@ def test_a_calibration_decode_step_lasts_until_the_next_one_starts():
               "kv_max": list(range(n))}
     _, _, dur = usable_steps(sample)
     assert np.allclose(dur, 1.1)
+
+
+def test_a_decode_steps_longest_row_has_a_factor_of_its_own_and_a_stretch_changes_it_where_its_rows_cross():
+    """A correction fitted with the longest-row term (costs.context.KV_BUCKETS) prices each decode step of a
+    fast-forwarded stretch in its own class, so the simulator's record priced step by step in context gives back
+    its durations, across class edges; a correction without the term prices as before."""
+    import numpy as np
+    from helpers import linear_table, sim_config
+
+    from servecap.costs.context import Correction, keys
+    from servecap.costs.model import CostModel
+    from servecap.costs.recorded import contextual, priced_steps
+    from servecap.sim.simulator import simulate
+    from servecap.traces.workload import length_trace
+    raw = linear_table()
+    classes = {"k1-1024": 0.8, "k1025-2048": 1.1, "k2049-3072": 1.3, "k3073+": 1.5}
+    factors = {f"decode paged padded|{prev}|{rows}|{kv}": {"factor": f, "n": 100}
+               for prev in ("prefill", "decode", "idle") for rows in ("r1", "r2-8") for kv, f in classes.items()}
+    factors["prefill padded"] = {"factor": 1.0, "n": 100}
+    raw.update(version=3, correction={"factors": factors, "min_steps": 30})
+    cost = CostModel(raw)
+    assert cost.correction.by_kv and keys("decode paged padded", "decode", 4, 2000)[0].endswith("|r2-8|k1025-2048")
+    trace = length_trace([(0.5 * i, 700 + 300 * (i % 4), 400 + 50 * i % 300) for i in range(12)])
+    rec = simulate(trace, cost, sim_config(detail="steps", max_batch=4)).record  # fast-forward on
+    steps = priced_steps(rec, cost)
+    dec = steps[steps.step_kind == "decode"]
+    crossing = dec[(dec.kv_max - 1) % 1024 == 0]  # the first step of a class: where a stretch's factor changes
+    assert len(crossing) >= 3
+    assert np.allclose(contextual(steps, cost.correction), steps.real_s, rtol=1e-9, atol=0)
+    plain = Correction({"factors": {"decode paged padded|decode|r2-8": {"factor": 1.2, "n": 100}}})
+    assert not plain.by_kv and plain.factor("decode paged padded", "decode", 0.0, 4, kv_max=3000) == 1.2

@@ -1,9 +1,9 @@
 """`python -m calibrate --from-runs RUN_DIR ... --table T --out T2`: correct a cost table for serving from the steps of
 real run records (the validation's, or a user's own serving logs), no GPU.
 
-Every recorded step whose shape the record determines is priced by T at its shape (servecap/costs/recorded.py) and put in
-its serving-context class (servecap/costs/context.py: previous step, idle gap, rows; the SM clock where the run recorded
-telemetry). The correction is the median real / model of each class. Held out by run: the runs of each prefill
+Every recorded step whose shape the record determines is priced by T at its shape (servecap/costs/recorded.py) and
+put in its serving-context class (servecap/costs/context.py: previous step, idle gap, rows, a decode step's longest
+row; the SM clock where the run recorded telemetry). The correction is the median real / model of each class. Held out by run: the runs of each prefill
 policy, in path order, every HOLDOUT_EVERY-th is left out of the fit, and the report (printed, and stored in the
 table) gives, on the held-out runs only, the median real / model per step kind before and after the correction, each
 run's summed step time error before and after, and the residual spread the intervals use (servecap/sim/intervals.py). The
@@ -75,8 +75,8 @@ def fit(steps) -> dict:
     """The correction's factors (every key level of costs.context.keys, with its step count) and clock term."""
     ratio = ((steps.real_s - steps.retire_s) / steps.model_s).to_numpy()  # the factors scale steps, not retirement
     got: dict[str, list[float]] = {}
-    for r, k, p, rows in zip(ratio, steps.kind, _prev(steps), steps.rows):
-        for key in keys(k, p, int(rows)):
+    for r, k, p, rows, kv in zip(ratio, steps.kind, _prev(steps), steps.rows, steps.kv_max):
+        for key in keys(k, p, int(rows), int(kv)):
             got.setdefault(key, []).append(r)
     factors = {k: {"factor": float(np.median(v)), "n": len(v)} for k, v in sorted(got.items())}
     correction = {"method": "median real / model per (step kind, context class)", "idle_s": IDLE_S,

@@ -7,12 +7,16 @@ few discrete levels, so that a factor is a median of real / model over many step
 - the previous step: `prefill` (a decode step right after a prefill pays for it: 1.09-1.13x in issue 21's runs),
   `decode`, or `idle` (the first step after IDLE_S or more with nothing running, or the first of a run);
 - the batch: the step's rows in ROW_BUCKETS (host work per step that grows with the batch);
+- a decode step's longest row, its K/V tokens in KV_BUCKETS (the decode surface interpolates a uniform batch at the
+  longest row less what the shorter rows save; serving's batches of long-tailed rows leave an error that follows
+  the longest row), where the correction was fitted with it (older corrections have no such keys);
 - the SM clock, where the runs recorded telemetry: factor (reference / clock) ** exponent, the exponent fitted on
   the residuals, the reference the median clock of the fitting runs; the simulator, which has no clock, prices at
   the reference (the sustained clock the runs saw), and pricing a recorded step with its clock uses its clock.
 Chunk steps are priced at their real prefix by the shape itself (servecap/costs/shapes.py); their factor is the chunked
 policy's prefill kind. A class with fewer than `min_steps` fitted steps falls back to the next coarser key
-(kind|previous|rows, kind|previous, kind, and for decode the backend across policies), and to 1.
+(kind|previous|rows|longest row for decode, kind|previous|rows, kind|previous, kind, and for decode the backend
+across policies), and to 1.
 
 `scale` multiplies every step: the prediction intervals' sampled cost factor (servecap/sim/intervals.py).
 
@@ -27,6 +31,7 @@ from .shapes import backend_named
 
 IDLE_S = 0.02  # seconds with nothing running after which a step counts as the first after idle
 ROW_BUCKETS = (1, 8, 16, 32)  # rows up to each bound share a class; more than the last, one more
+KV_BUCKETS = (1024, 2048, 3072)  # a decode step's longest row (K/V tokens) up to each bound shares a class
 MIN_STEPS = 30
 
 
@@ -44,6 +49,20 @@ def rows_class(rows: int) -> str:
     return f"r{lo}+"
 
 
+def kv_class(kv_max: int) -> str:
+    lo = 1
+    for hi in KV_BUCKETS:
+        if kv_max <= hi:
+            return f"k{lo}-{hi}"
+        lo = hi + 1
+    return f"k{lo}+"
+
+
+def kv_class_end(kv_max: int) -> float:
+    """The longest row at which kv_max's class ends (inf for the last)."""
+    return next((hi for hi in KV_BUCKETS if kv_max <= hi), math.inf)
+
+
 def prefill_kind(policy: str) -> str:
     return f"prefill {policy.partition(':')[0]}"
 
@@ -52,10 +71,12 @@ def decode_kind(backend: str, policy: str) -> str:
     return f"decode {backend} {policy.partition(':')[0]}"
 
 
-def keys(kind: str, prev: str, rows: int) -> list[str]:
-    """The factor keys of one step, most specific first."""
+def keys(kind: str, prev: str, rows: int, kv_max: int | None = None) -> list[str]:
+    """The factor keys of one step, most specific first (a decode step's longest row where kv_max is given)."""
     out = [f"{kind}|{prev}|{rows_class(rows)}", f"{kind}|{prev}", kind]
     if kind.startswith("decode "):
+        if kv_max is not None:
+            out.insert(0, f"{out[0]}|{kv_class(kv_max)}")
         out.append(" ".join(kind.split(" ")[:2]))  # the backend across policies
     return out
 
@@ -74,19 +95,23 @@ class Correction:
         self.idle_s = float(raw.get("idle_s", IDLE_S))
         self.factors = {current_kind(k): float(v["factor"]) for k, v in raw["factors"].items()
                         if v["n"] >= self.min_steps}
+        self.by_kv = any(k.count("|") == 3 for k in self.factors)  # fitted with the longest-row term
         self.scale = float(raw.get("scale", 1.0))  # one factor on every step: an interval's sampled cost draw
         clock = raw.get("clock") or {}
         self.clock_ref, self.clock_exp = clock.get("reference_mhz"), clock.get("exponent")
         self._cache: dict[tuple, float] = {}
 
     def factor(self, kind: str, prev_kind: str | None, idle_s: float, rows: int,
-               clock_mhz: float | None = None) -> float:
+               clock_mhz: float | None = None, kv_max: int | None = None) -> float:
+        """kv_max: a decode step's longest row (ignored for other steps, and where the correction has no such
+        term)."""
         prev = previous(prev_kind, idle_s, self.idle_s)
-        key = (kind, prev, rows)
+        kv = kv_class(kv_max) if self.by_kv and kv_max is not None and kind.startswith("decode ") else None
+        key = (kind, prev, rows, kv)
         f = self._cache.get(key)
         if f is None:
-            f = self._cache[key] = self.scale * next((self.factors[k] for k in keys(kind, prev, rows)
-                                                      if k in self.factors), 1.0)
+            found = keys(kind, prev, rows, kv_max if kv else None)
+            f = self._cache[key] = self.scale * next((self.factors[k] for k in found if k in self.factors), 1.0)
         if clock_mhz is not None and self.clock_exp is not None and math.isfinite(clock_mhz) and clock_mhz > 0:
             f *= (self.clock_ref / clock_mhz) ** self.clock_exp
         return f

@@ -32,6 +32,9 @@
   fitting runs' steps of that class. The terms, each a factor of its own class:
   previous step: `prefill`, `decode`, or `idle` (IDLE_S = 20 ms or more with nothing running before the step);
   batch: the step's rows in buckets 1, 2-8, 9-16, 17-32, 33+ (host work per step that grows with the batch);
+  a decode step's longest row in buckets to 1024, 2048, 3072 and beyond K/V tokens, where the correction has it
+  (serving's long-tailed batches leave an error in the decode surface that follows the longest row), each step of
+  a stretch in its own;
   chunk steps: the chunked policy's own prefill kind, each step priced at its real prefix by its shape;
   SM clock: (clock_ref / clock) ** e where the fitting runs recorded telemetry, e fitted on the residuals; where
   the clock is not known (the simulator) the factor is 1, i.e. the runs' median clock.
@@ -50,7 +53,7 @@ import numpy as np
 
 from servecap.traces.errors import InputError
 
-from .context import Correction, decode_kind, prefill_kind
+from .context import Correction, decode_kind, kv_class_end, prefill_kind
 from .shapes import PrefillShape, backend_named
 from .table import PATH_PARAM, PREFILL_PARAMS, PREFIX_PARAM, CostTable, as_cost_table, table_id
 
@@ -340,8 +343,20 @@ class CostModel:
         if c is None or policy is None:
             return steps
         kind = decode_kind(backend, policy)
-        first, rest = c.factor(kind, prev_kind, idle_s, rows), c.factor(kind, "decode", 0.0, rows)
-        return [steps[0] * first] + [x * rest for x in steps[1:]]
+        first = steps[0] * c.factor(kind, prev_kind, idle_s, rows, kv_max=kv_max)
+        if not c.by_kv:
+            rest = c.factor(kind, "decode", 0.0, rows)
+            return [first] + [x * rest for x in steps[1:]]
+        # Step j's longest row is kv_max + j: the stretch's steps after the first change factor where their longest
+        # row crosses into the next class.
+        out, j = [first], 1
+        while j < len(steps):
+            end = kv_class_end(kv_max + j)
+            n = len(steps) if end == math.inf else min(len(steps), end - kv_max + 1)
+            rest = c.factor(kind, "decode", 0.0, rows, kv_max=kv_max + j)
+            out += [x * rest for x in steps[j:n]]
+            j = n
+        return out
 
     def check_positive(self, path: Path | None = None) -> None:
         """Refuse a table whose fitted steps are not positive, finite durations over its own range."""

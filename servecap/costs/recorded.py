@@ -17,8 +17,8 @@ from .context import decode_kind, prefill_kind
 from .model import CostModel
 from .shapes import PrefillShape
 
-COLUMNS = ("replica", "start", "step_kind", "kind", "rows", "prev_kind", "idle_s", "real_s", "model_s", "retire_s",
-           "clock_mhz")
+COLUMNS = ("replica", "start", "step_kind", "kind", "rows", "kv_max", "prev_kind", "idle_s", "real_s", "model_s",
+           "retire_s", "clock_mhz")
 
 
 def prefill_shape(row, groups: dict[int, list[int]] | None = None) -> PrefillShape | None:
@@ -133,7 +133,8 @@ def priced_steps(rec, cost: CostModel, telemetry=None):
     retired = np.where(dec, steps.retired.to_numpy(), _retired_after(steps, rec.requests))
     kinds = np.where(dec, decode_kind(backend, policy), prefill_kind(policy))
     out = pd.DataFrame({"replica": steps.replica, "start": steps.start, "step_kind": steps.kind, "kind": kinds,
-                        "rows": steps.rows.astype(int), "prev_kind": prev_kind.where(prev_kind.notna(), None),
+                        "rows": steps.rows.astype(int), "kv_max": steps.kv_max.astype(int),
+                        "prev_kind": prev_kind.where(prev_kind.notna(), None),
                         "idle_s": idle, "real_s": held_s(steps, rec.requests), "model_s": model,
                         "retire_s": cost.retire_s * retired, "clock_mhz": steps.sm_clock_mhz})
     return out[np.isfinite(out.model_s)].reset_index(drop=True)
@@ -144,6 +145,6 @@ def contextual(steps, correction) -> np.ndarray:
     (a costs.context.Correction, e.g. CostModel.correction; None: model_s as it is), plus its retirement."""
     if correction is None or not len(steps):
         return steps.model_s.to_numpy() + steps.retire_s.to_numpy()
-    f = [correction.factor(k, p, i, r, c if c == c else None) for k, p, i, r, c in
-         zip(steps.kind, steps.prev_kind, steps.idle_s, steps.rows, steps.clock_mhz.astype(float))]
+    f = [correction.factor(k, p, i, r, c if c == c else None, m) for k, p, i, r, c, m in
+         zip(steps.kind, steps.prev_kind, steps.idle_s, steps.rows, steps.clock_mhz.astype(float), steps.kv_max)]
     return steps.model_s.to_numpy() * np.asarray(f) + steps.retire_s.to_numpy()
