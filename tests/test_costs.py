@@ -133,3 +133,18 @@ def test_attention_over_the_pool_gets_its_own_coefficient_where_points_have_it()
     for p in whole + chunks:
         shape = PrefillShape.of(p["computed"], p["prefix"])
         assert cost.prefill(shape) == pytest.approx(p["median_s"], rel=0.05)
+
+
+def test_a_shorter_row_saves_at_most_what_a_token_of_each_row_costs_a_uniform_batch():
+    """Noisy mixed steps (a shared CPU) cannot fit a saving that prices a batch of short rows below zero: the
+    saving per token is bounded by the steepest uniform segment over the rows."""
+    from servecap.costs.fit import fit_decode
+
+    def point(kv_tokens, kv_max, t):
+        return {"rows": 2, "kv_tokens": kv_tokens, "kv_max": kv_max, "median_s": t, "p10_s": t, "p90_s": t, "n": 9}
+    uniform = [point(8, 4, 1.0e-3), point(72, 36, 1.1e-3)]
+    fitted = fit_decode(uniform + [point(37, 36, 0.2e-3)])  # a step far too cheap for its shape
+    bound = (1.1e-3 - 1.0e-3) / 32 / 2
+    assert 0 < fitted["per_token_s"][0] <= bound * (1 + 1e-9)
+    assert 1.1e-3 - fitted["per_token_s"][0] * (2 * 36 - 37) > 0
+    assert fit_decode([point(8, 4, 1.0e-3), point(72, 36, 0.9e-3), point(37, 36, 0.2e-3)])["per_token_s"] == [0.0]

@@ -84,12 +84,16 @@ def fit_decode(points: list[dict]) -> dict:
         ks = [[m, float(np.median([p["median_s"] for p in uniform if p["kv_max"] == m]))] for m in lengths]
         knots.append(ks)
         mixed = [p for p in pts if p["kv_tokens"] < r * p["kv_max"]]
-        if mixed:
+        # A row one token shorter saves at most what one token more of each row costs a uniform batch, over its
+        # rows: the steepest knot segment / r. Without the bound, noisy steps (a shared CPU) can fit a saving that
+        # prices a batch of short rows below zero.
+        most = max([0.0, *((b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(ks, ks[1:]))]) / r
+        if mixed and most > 0:
             base = np.array([interp(ks, p["kv_max"]) for p in mixed])
             short = np.array([r * p["kv_max"] - p["kv_tokens"] for p in mixed], float)
             y = np.array([p["median_s"] for p in mixed])
-            # least squares on relative error of base - b * short = y, b >= 0
-            per_token.append(float(lsq_linear((-short / y)[:, None], 1 - base / y, bounds=(0, np.inf)).x[0]))
+            # least squares on relative error of base - b * short = y, 0 <= b <= most
+            per_token.append(float(lsq_linear((-short / y)[:, None], 1 - base / y, bounds=(0, most)).x[0]))
         else:
             per_token.append(0.0)
     return {"rows": rows, "knots": knots, "per_token_s": per_token, "sigma": sigma(points)}

@@ -21,7 +21,8 @@
   w sequences of n_i; a chunk of c positions of a prompt whose first p are in the pool is one sequence of c
   positions after a prefix of p (attention c * (c + 2p)).
 - Decode (rows, K/V tokens, longest row): the step a uniform batch would take at the longest row's length, less
-  what the shorter rows save: t = uniform(rows, kv_max) - per_token * (rows * kv_max - kv_tokens). The uniform
+  what the shorter rows save: t = uniform(rows, kv_max) - per_token * (rows * kv_max - kv_tokens), per_token at most
+  the steepest uniform segment over the rows (a row a token shorter saves at most a token of a row). The uniform
   cost is interpolated piecewise-linearly in the length through measured knots, per measured row count; row
   counts between measured ones interpolate their neighbours.
 - Overhead: the extra cost of a decode step per row it retires (their records are written then).
