@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_left
 
 from .shapes import backend_named
 
@@ -49,18 +50,21 @@ def rows_class(rows: int) -> str:
     return f"r{lo}+"
 
 
+def kv_index(kv_max: int) -> int:
+    """kv_max's class: the first bound of KV_BUCKETS it is within (len(KV_BUCKETS) past the last)."""
+    return bisect_left(KV_BUCKETS, kv_max)
+
+
 def kv_class(kv_max: int) -> str:
-    lo = 1
-    for hi in KV_BUCKETS:
-        if kv_max <= hi:
-            return f"k{lo}-{hi}"
-        lo = hi + 1
-    return f"k{lo}+"
+    i = kv_index(kv_max)
+    lo = KV_BUCKETS[i - 1] + 1 if i else 1
+    return f"k{lo}-{KV_BUCKETS[i]}" if i < len(KV_BUCKETS) else f"k{lo}+"
 
 
 def kv_class_end(kv_max: int) -> float:
     """The longest row at which kv_max's class ends (inf for the last)."""
-    return next((hi for hi in KV_BUCKETS if kv_max <= hi), math.inf)
+    i = kv_index(kv_max)
+    return KV_BUCKETS[i] if i < len(KV_BUCKETS) else math.inf
 
 
 def prefill_kind(policy: str) -> str:
@@ -106,11 +110,11 @@ class Correction:
         """kv_max: a decode step's longest row (ignored for other steps, and where the correction has no such
         term)."""
         prev = previous(prev_kind, idle_s, self.idle_s)
-        kv = kv_class(kv_max) if self.by_kv and kv_max is not None and kind.startswith("decode ") else None
+        kv = kv_index(kv_max) if self.by_kv and kv_max is not None and kind.startswith("decode ") else None
         key = (kind, prev, rows, kv)
         f = self._cache.get(key)
         if f is None:
-            found = keys(kind, prev, rows, kv_max if kv else None)
+            found = keys(kind, prev, rows, None if kv is None else kv_max)
             f = self._cache[key] = self.scale * next((self.factors[k] for k in found if k in self.factors), 1.0)
         if clock_mhz is not None and self.clock_exp is not None and math.isfinite(clock_mhz) and clock_mhz > 0:
             f *= (self.clock_ref / clock_mhz) ** self.clock_exp
