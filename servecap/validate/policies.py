@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from servecap.costs.model import CostModel
-from servecap.costs.recorded import priced_steps
+from servecap.costs.recorded import contextual, priced_steps
 from servecap.sim import inputs
 from servecap.traces.csvio import atomic_write_text
 from servecap.traces.errors import InputError
@@ -32,9 +32,9 @@ def step_ratios(results: list[Compared], out: Path, tables: dict) -> dict:
         rec = read_run(run_dir(out, c.point, 1))
         for name, cost in models.items():
             s = priced_steps(rec, cost)
-            for kind, g in s.groupby(np.where(s.step_kind == "decode", "decode", "prefill")):
-                got.setdefault((str(c.point.serving.prefill), kind, name), []).extend(
-                    (g.real_s / (g.model_s + g.retire_s)).tolist())
+            ratio = s.real_s / contextual(s, None)
+            for kind, r in ratio.groupby(np.where(s.step_kind == "decode", "decode", "prefill")):
+                got.setdefault((str(c.point.serving.prefill), kind, name), []).extend(r.tolist())
     return {k: float(np.median(v)) for k, v in got.items()}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from servecap.costs.model import CostModel
-from servecap.costs.recorded import priced_steps
+from servecap.costs.recorded import contextual, priced_steps
 from servecap.sim import inputs
 from servecap.traces.csvio import atomic_write_text
 from servecap.traces.errors import InputError
@@ -46,9 +46,9 @@ def step_check(results: list[Compared], out: Path, table) -> dict:
     for c in results:
         for k in range(1, c.point.repeats + 1):
             s = priced_steps(read_run(run_dir(out, c.point, k)), cost)
-            kind = s.kind.str.replace(r"^(decode \S+) .*$", r"\1", regex=True)
-            for key, g in s.groupby(kind):
-                ratios.setdefault(key, []).extend((g.real_s / (g.model_s + g.retire_s)).tolist())
+            ratio = s.real_s / contextual(s, None)
+            for key, r in ratio.groupby(s.kind.str.replace(r"^(decode \S+) .*$", r"\1", regex=True)):
+                ratios.setdefault(key, []).extend(r.tolist())
     return {k: {"n": len(v), "p10": float(np.percentile(v, 10)), "p50": float(np.median(v)),
                 "p90": float(np.percentile(v, 90))} for k, v in ratios.items()}
 
