@@ -1,13 +1,15 @@
 """The README's grading of a validation's real runs against its frozen plan, per the issues' targets.
 
-Usage: PYTHONPATH=. python scripts/grade_validation.py TABLE VALIDATION [VALIDATION ...]
+Usage: PYTHONPATH=. python scripts/grade_validation.py VALIDATION [VALIDATION ...]
 
-For each validation directory (plan.json and real/POINT/run-K, as `python -m validate plan` and `real` make them):
+For each validation directory (plan.json and real/POINT/run-K, as `python -m validate plan` and `real` make them),
+compared with its plan under the protocol checks of servecap/validate/comparison.py, on the plan's own table:
 - at every arrival point, the mean of its repeats: served rate error, and TTFT p50 error against max(10%, the
   repeats' spread, (max - min) / median);
-- each run's summed step time over its price in context on TABLE (servecap/costs/recorded.py), and the median
-  real / model per step kind;
-- the plan's 90% bands: the share of every run's measurements inside, by group (public, fused `mixed`, `cache`).
+- each run's summed step time over its price in context (servecap/costs/recorded.py), and the median real / price
+  per step kind;
+- the plan's 90% bands: the share of every run's measurements inside (servecap/validate/coverage.py), by the
+  points' role (public, mixed, prefix-cache).
 """
 from __future__ import annotations
 
@@ -21,45 +23,35 @@ import numpy as np
 
 from servecap.costs.model import CostModel
 from servecap.costs.recorded import contextual, priced_steps
-from servecap.costs.table import load_cost_table
+from servecap.sim import inputs
 from servecap.traces.errors import InputError
-from servecap.traces.metrics import scored
 from servecap.traces.records import read_run
+from servecap.validate.comparison import compare
+from servecap.validate.coverage import coverage
+from servecap.validate.points import run_dir
 
 
-def group(point_id: str) -> str:
-    return "mixed" if point_id.startswith("mixed") else "cache" if point_id.startswith("cache") else "public"
-
-
-def grade(validation: Path, cost: CostModel) -> None:
-    plan = json.loads((validation / "plan.json").read_text())
-    bands = plan.get("intervals", {}).get("bands", {})
-    targets, runs, kinds, inside = [], [], {}, {}
-    for pid, predicted in plan["predictions"].items():
-        recs = [read_run(d) for d in sorted((validation / "real" / pid).glob("run-*"))]
-        if not recs:
-            continue
-        rate = recs[0].meta["trace"].get("rate")
-        measured = [scored(r, rate) for r in recs]
-        for rec in recs:
-            steps = priced_steps(rec, cost)
+def grade(validation: Path) -> None:
+    table_path = Path(json.loads((validation / "plan.json").read_text())["table"]["path"])
+    plan, results = compare(validation, table_path)
+    cost = CostModel(inputs.load_table(table_path))
+    targets, runs, kinds = [], [], {}
+    for c in results:
+        for k in range(1, len(c.real) + 1):
+            steps = priced_steps(read_run(run_dir(validation, c.point, k)), cost)
             price = contextual(steps, cost.correction)
             runs.append(float(steps.real_s.sum() / price.sum()))
-            for kind, g in steps.assign(price=price).groupby("kind"):
-                kinds.setdefault(kind, []).extend((g.real_s / g.price).tolist())
-        for key, band in bands.get(pid, {}).items():
-            got = [m.get(key) for m in measured]
-            inside.setdefault(group(pid), []).extend(band["lo"] <= x <= band["hi"] for x in got
-                                                     if x is not None and np.isfinite(x))
-        if rate is None:
+            for kind, r in (steps.real_s / price).groupby(steps.kind):
+                kinds.setdefault(kind, []).extend(r.tolist())
+        if c.point.trace.get("kind") == "closed-mixed":
             continue
-        served = float(np.mean([m["served_rate"] for m in measured]))
-        ttft = [m["ttft_p50"] for m in measured]
+        served = float(np.mean([m["served_rate"] for m in c.real]))
+        ttft = [m["ttft_p50"] for m in c.real]
         spread = (max(ttft) - min(ttft)) / float(np.median(ttft)) if len(ttft) > 1 else 0.0
-        e_served = predicted["served_rate"] / served - 1
-        e_ttft = predicted["ttft_p50"] / float(np.mean(ttft)) - 1
-        targets.append((pid, e_served, e_ttft, spread, abs(e_ttft) <= max(0.10, spread)))
-    print(f"{validation}: {len(targets)} arrival points; served within 2%: "
+        e_served = c.sim["served_rate"] / served - 1
+        e_ttft = c.sim["ttft_p50"] / float(np.mean(ttft)) - 1
+        targets.append((c.point.id, e_served, e_ttft, spread, abs(e_ttft) <= max(0.10, spread)))
+    print(f"{validation} (table {plan['table']['id']}): {len(targets)} arrival points; served within 2%: "
           f"{sum(abs(t[1]) <= 0.02 for t in targets)}, within 3%: {sum(abs(t[1]) <= 0.03 for t in targets)}; "
           f"TTFT p50 within max(10%, spread): {sum(t[4] for t in targets)}")
     for pid, e_s, e_t, spread, ok in targets:
@@ -69,22 +61,23 @@ def grade(validation: Path, cost: CostModel) -> None:
           f"{int((abs(r - 1) <= 0.02).sum())} of {len(r)}")
     for kind, v in sorted(kinds.items()):
         print(f"  median real / price in context, {kind:22s} n={len(v):6d} {np.median(v):.3f}")
-    for g, v in sorted(inside.items()):
-        print(f"  90% bands, {g} points: {sum(v)} of {len(v)} inside ({sum(v) / len(v):.1%})")
+    bands = plan.get("intervals", {}).get("bands", {})
+    for role in dict.fromkeys(c.point.role for c in results):
+        cov = coverage([c for c in results if c.point.role == role], bands)
+        if cov["graded"]:
+            print(f"  90% bands, {role} points: {cov['inside']} of {cov['graded']} inside ({cov['share']:.1%})")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("table", type=Path)
     p.add_argument("validations", type=Path, nargs="+")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")  # extrapolation notes about a few long steps; the grading reads every step
     try:
-        cost = CostModel(load_cost_table(args.table))
         for v in args.validations:
             if not (v / "plan.json").is_file():
                 raise InputError("holds no plan.json", path=v)
-            grade(v, cost)
+            grade(v)
     except InputError as e:
         print(f"grade_validation: {e}", file=sys.stderr)
         return 2
