@@ -27,7 +27,7 @@ from servecap.traces.outpath import check_out_file, refuse_special
 
 from .accuracy import report
 from .measure import STATIONARY_SETTLE_S
-from .plan import FULL, H200_SPEEDS, LONG, QUICK, describe, make_plan, max_rows, run_plan
+from .plan import FULL, FULL_LENGTH, H200_SPEEDS, LONG, QUICK, describe, make_plan, max_rows, run_plan
 from .store import PointsFile, points_path
 
 
@@ -99,6 +99,10 @@ def parser() -> argparse.ArgumentParser:
     size.add_argument("--long", action="store_true", help=(
         f"full length: prompts to {LONG.max_prompt} tokens and decode contexts to the model's positions, at up to "
         f"{LONG.max_rows} rows (a table for long-context traces)"))
+    size.add_argument("--full-length", action="store_true", help=(
+        f"the full grid at {FULL.max_prompt} tokens and full length to {FULL_LENGTH.max_prompt} in one table, the "
+        f"engine capped at {FULL_LENGTH.max_step_tokens} tokens a prefill step (serve with "
+        f"--max-num-batched-tokens {FULL_LENGTH.max_step_tokens}): a 32-row table for long-context traces"))
     return p
 
 
@@ -132,9 +136,9 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         raise InputError("--out TABLE.json is required (the cost table to write), except with --check-stationary")
     elif args.out.exists() and not args.force:
         raise InputError("already exists; pass --force to replace it", path=args.out)
-    plan = QUICK if args.quick else LONG if args.long else FULL
+    plan = QUICK if args.quick else LONG if args.long else FULL_LENGTH if args.full_length else FULL
     serving = ServingConfig(model=args.model, dtype="float16" if args.device == "cuda" else "float32",
-                            max_batch=max_rows(plan, args.max_batch))
+                            max_batch=max_rows(plan, args.max_batch), max_num_batched_tokens=plan.max_step_tokens)
     cfg = EngineConfig(serving, max_prompt=plan.max_prompt, max_budget=plan.max_budget, backends=args.backend,
                        checkpoint=args.checkpoint, device=args.device, expect_gpu=args.expect_gpu)
     if args.refresh is not None:

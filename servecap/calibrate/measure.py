@@ -70,10 +70,17 @@ def measure(engine, run: Run, settle_s: float = STATIONARY_SETTLE_S) -> dict:
                              telemetry=False)  # the calibration records it through all of its runs
         # A fused run's steps with decode rows in them are its prefill steps too (kind `mixed`); its rows retire
         # apart, as they finished their prompts apart, so only decode runs hold every row to the end.
+        # A decode run whose prompts one step cannot hold (the plan's long_rows) is prefilled in several groups:
+        # its points are the steps that hold every row, from the last group's first token to the first finish.
         pre, dec = rec.steps[rec.steps.kind.isin(("prefill", "mixed"))], rec.steps[rec.steps.kind == "decode"]
-        if pre.n_admitted.iloc[0] != run.width or (run.kind.endswith("decode") and (dec.rows != run.width).any()):
-            raise RuntimeError(f"{run.label}: the engine did not admit the run as one group of {run.width} "
-                               f"(admitted {pre.n_admitted.tolist()}); is its KV pool too small?")
+        split = run.kind == "decode" and run.width * run.padded_len > (engine.cfg.serving.max_num_batched_tokens
+                                                                       or run.width * run.padded_len)
+        dec = dec[dec.rows == run.width] if split else dec
+        whole = pre.n_admitted.sum() == run.width if split else pre.n_admitted.iloc[0] == run.width
+        if not whole or (run.kind.endswith("decode") and ((dec.rows != run.width).any() or len(dec) < 4)):
+            raise RuntimeError(f"{run.label}: the engine did not admit the run as {'its' if split else 'one'} "
+                               f"group{'s' if split else ''} of {run.width} (admitted {pre.n_admitted.tolist()}); "
+                               f"is its KV pool too small?")
         if stationary:
             clocks.append([before, gpu.sm_clock_mhz()])
         if i >= run.warmup:

@@ -54,6 +54,17 @@ class Plan:
     stationary_prefill: int  # never-run prefill shapes in the stationarity check
     stationary_decode: int
     seed: int = 0
+    # The engine's per-step token cap (max_num_batched_tokens; None: none). Every prefill shape fits one step of
+    # it; a row count of long_rows also runs uniform decode at the lengths one step cannot hold for it, its
+    # prompts prefilled in several groups (its points are the steps that hold every row).
+    max_step_tokens: int | None = None
+    long_rows: tuple[int, ...] = ()
+    fused_budget: int | None = None  # the budget the fused runs' prompts are scaled to outlast (None: max_budget)
+
+    def longest(self, rows: int) -> int:
+        """The longest prompt a group of `rows` prompts may have, for their prefill to be one step."""
+        return self.max_prompt if self.max_step_tokens is None else \
+            max(1, min(self.max_prompt, self.max_step_tokens // rows))
 
 
 FULL = Plan("full", max_prompt=4096, max_budget=256, widths=WIDTHS, lengths=LENGTHS, prefill_reps=5,
@@ -66,6 +77,14 @@ LONG = Plan("long", max_prompt=32256, max_budget=512, widths=(1, 2, 4), lengths=
             prefill_reps=3, decode_rows=(1, 2, 3, 4), decode_lengths=(16, 1024, 4096, 8192, 16384, 32256), mixed_runs=3,
             decode_budget=64, window=32, max_rows=4, policy_runs=8, chunk=512, check_prefill=12, check_decode=6,
             check_reps=2, stationary_prefill=12, stationary_decode=4)
+# Both in one table: FULL's grid at 32 rows and LONG's lengths, each at the rows one step of 32 x 4096 tokens holds
+# (the engine serves 32k prompts beside 32 rows under that cap), and uniform decode to the full length at 8-32 rows.
+FULL_LENGTH = Plan("full-length", max_prompt=32256, max_budget=512, widths=WIDTHS,
+                   lengths=LENGTHS + (8192, 16384, 32256), prefill_reps=5, decode_rows=DECODE_ROWS,
+                   decode_lengths=(16, 256, 1024, 2048, 4096, 8192, 16384, 32256), mixed_runs=3, decode_budget=64,
+                   window=32, max_rows=None, policy_runs=24, chunk=512, check_prefill=20, check_decode=10,
+                   check_reps=3, stationary_prefill=24, stationary_decode=6, max_step_tokens=32 * 4096,
+                   long_rows=(8, 16, 32), fused_budget=FULL.max_budget)
 QUICK = Plan("quick", max_prompt=32, max_budget=5, widths=(1, 2), lengths=(16, 32), prefill_reps=2,
              decode_rows=(1, 2), decode_lengths=(16,), mixed_runs=1, decode_budget=5, window=32, max_rows=2,
              policy_runs=1, chunk=16, check_prefill=2, check_decode=1, check_reps=2, stationary_prefill=2,
@@ -132,9 +151,10 @@ class Run:
         return self.count * (self.budget - 1)
 
 
-def _on(backend: str, policy: str = "padded", rows: int | None = None) -> ServingConfig:
+def _on(plan: Plan, backend: str, policy: str = "padded", rows: int | None = None) -> ServingConfig:
     """The serving configuration of a run on `rows` rows at most (a fused policy's budget must hold them all)."""
-    return ServingConfig(backend=backend, prefill=policy, **({"max_batch": rows} if rows else {}))
+    return ServingConfig(backend=backend, prefill=policy, max_num_batched_tokens=plan.max_step_tokens,
+                         **({"max_batch": rows} if rows else {}))
 
 
 def _rows(r: int) -> str:
@@ -163,21 +183,24 @@ def make_plan(plan: Plan, max_batch: int, backends: Sequence[str], policies: Seq
     others = [p for p in policies if p != "padded"]
     runs = stationarity_runs(plan, max_batch, backends, others)
     # Prefill does not depend on the decode backend; a run still names one the engine compiled.
-    runs += [Run("prefill", (n,) * w, 1, _on(backends[0]), reps=plan.prefill_reps, warmup=1, label=f"prefill {w} x {n}")
-             for w in widths for n in lengths]
+    runs += [Run("prefill", (n,) * w, 1, _on(plan, backends[0]), reps=plan.prefill_reps, warmup=1, label=f"prefill {w} x {n}")
+             for w in widths for n in lengths if n <= plan.longest(w)]
     runs += policy_runs(plan, max_batch, backends[0], others, "prefill", plan.policy_runs, seed=2)
     uniform = _clip(plan.decode_lengths, plan.max_prompt)
     for b in backends:
         for r in _clip(plan.decode_rows, rows_max):
             for k in uniform:
+                if k > plan.longest(r) and r not in plan.long_rows:
+                    continue
                 # The longest prompts run the whole budget, so the points reach the largest K/V a request holds.
                 budget = plan.max_budget if k == plan.max_prompt else plan.decode_budget
-                runs.append(Run("decode", (k,) * r, budget, _on(b), label=f"decode {b} {_rows(r)} x {k}"))
+                runs.append(Run("decode", (k,) * r, budget, _on(plan, b), label=f"decode {b} {_rows(r)} x {k}"))
             for m in range(plan.mixed_runs if r > 1 else 0):
-                draw = np.random.default_rng([plan.seed, r, m]).integers(lengths[0], plan.max_prompt + 1, r)
-                runs.append(Run("decode", tuple(int(k) for k in draw), plan.decode_budget, _on(b),
+                draw = np.random.default_rng([plan.seed, r, m]).integers(lengths[0], plan.longest(r) + 1, r)
+                runs.append(Run("decode", tuple(int(k) for k in draw), plan.decode_budget, _on(plan, b),
                                 label=f"decode {b} {_rows(r)} mixed {m + 1}"))
-    return runs + check_runs(plan, max_batch, backends, others)
+    runs += check_runs(plan, max_batch, backends, others)
+    return list({r.key: r for r in runs}.values())  # a seeded draw may repeat a run: it is measured once
 
 
 def policy_runs(plan: Plan, max_batch: int, backend: str, policies: Sequence[str], kind: str, count: int,
@@ -194,18 +217,21 @@ def policy_runs(plan: Plan, max_batch: int, backend: str, policies: Sequence[str
     for policy in policies:
         for i in range(count):
             budget = 1
-            if policy == "packed":
+            if policy == "packed":  # a group the step cap holds: its prompts scaled down to fit
                 w = int(rng.integers(1, rows_max + 1))
                 prompts = tuple(int(round(np.exp(x))) for x in rng.uniform(lo, hi, w))
+                if plan.max_step_tokens is not None and sum(prompts) > plan.max_step_tokens:
+                    prompts = tuple(max(1, p * plan.max_step_tokens // sum(prompts)) for p in prompts)
             elif policy.startswith("mixed"):
-                w = int(rng.integers(2, max(2, rows_max) + 1))
-                prompts, budget = fused_group(rng.uniform(lo, hi, w), plan.chunk, plan.max_budget)
+                w = int(rng.integers(2, max(2, rows_max) + 1))  # prompts to what a full batch's step holds
+                prompts, budget = fused_group(rng.uniform(lo, np.log(plan.longest(rows_max)), w), plan.chunk,
+                                              plan.fused_budget or plan.max_budget)
             else:
                 w = 1 if i % 2 == 0 else int(rng.integers(2, max(3, rows_max // 4) + 1))
                 top = hi if w == 1 else np.log(max(17, plan.chunk))
                 prompts = tuple(int(round(np.exp(x))) for x in rng.uniform(lo, top, w))
             reps = plan.prefill_reps if kind == "prefill" else plan.check_reps
-            runs.append(Run(kind, prompts, budget, _on(backend, policy, rows_max), reps=reps, warmup=1,
+            runs.append(Run(kind, prompts, budget, _on(plan, backend, policy, rows_max), reps=reps, warmup=1,
                             label=f"{kind} {policy} {_rows(w)} ({sum(prompts)} tokens)"))
     return runs
 
@@ -233,18 +259,18 @@ def check_runs(plan: Plan, max_batch: int, backends: Sequence[str], policies: Se
     runs = []
     while len(runs) < plan.check_prefill:
         w, n = int(rng.integers(1, rows_max + 1)), int(round(np.exp(rng.uniform(lo, hi))))
-        if w in widths and n in lengths:
+        if (w in widths and n in lengths) or n > plan.longest(w):
             continue
         prompts = (n, *(int(p) for p in rng.integers(min(lengths[0], n), n + 1, w - 1)))
-        runs.append(Run("check-prefill", prompts, 1, _on(backends[0]), reps=plan.check_reps, warmup=1,
+        runs.append(Run("check-prefill", prompts, 1, _on(plan, backends[0]), reps=plan.check_reps, warmup=1,
                         label=f"check prefill {w} x {n}"))
     runs += policy_runs(plan, max_batch, backends[0], policies, "check-prefill", max(1, plan.check_prefill // 2),
                         seed=3)
     for b in backends:
         for _ in range(plan.check_decode):
             r = int(rng.integers(1, rows_max + 1))
-            prompts = tuple(int(p) for p in rng.integers(lengths[0], plan.max_prompt + 1, r))
-            runs.append(Run("check-decode", prompts, plan.decode_budget, _on(b), label=f"check decode {b} {_rows(r)}"))
+            prompts = tuple(int(p) for p in rng.integers(lengths[0], plan.longest(r) + 1, r))
+            runs.append(Run("check-decode", prompts, plan.decode_budget, _on(plan, b), label=f"check decode {b} {_rows(r)}"))
     return runs
 
 
@@ -258,19 +284,19 @@ def stationarity_runs(plan: Plan, max_batch: int, backends: Sequence[str], polic
     runs, seen = [], set()
     while len(runs) < plan.stationary_prefill:
         w, n = int(rng.integers(1, rows_max + 1)), int(rng.integers(min(17, plan.max_prompt), plan.max_prompt + 1))
-        if n in lengths or (w, n) in seen:
+        if n in lengths or (w, n) in seen or n > plan.longest(w):
             continue
         seen.add((w, n))
         prompts = (n, *(int(p) for p in rng.integers(1, n + 1, w - 1)))
-        runs.append(Run("stationary-prefill", prompts, 1, _on(backends[0]), reps=3, label=f"stationarity prefill {w} x {n}"))
+        runs.append(Run("stationary-prefill", prompts, 1, _on(plan, backends[0]), reps=3, label=f"stationarity prefill {w} x {n}"))
     runs += [Run("stationary-prefill", r.prompts, r.budget, r.serving, reps=3,
                  label=r.label.replace("stationary-prefill", "stationarity"))
              for r in policy_runs(plan, max_batch, backends[0], policies, "stationary-prefill", min(2, plan.policy_runs),
                                   seed=4)]
     for _ in range(plan.stationary_decode):
         r = int(rng.integers(1, rows_max + 1))
-        prompts = tuple(int(p) for p in rng.integers(17, plan.max_prompt + 1, r))
-        runs.append(Run("stationary-decode", prompts, plan.decode_budget, _on(backends[0]), reps=2,
+        prompts = tuple(int(p) for p in rng.integers(17, plan.longest(r) + 1, r))
+        runs.append(Run("stationary-decode", prompts, plan.decode_budget, _on(plan, backends[0]), reps=2,
                         label=f"stationarity decode {_rows(r)}"))
     return runs
 

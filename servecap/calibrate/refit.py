@@ -18,7 +18,7 @@ from servecap.costs.table import load_cost_table, save_cost_table
 from servecap.traces.errors import InputError
 from servecap.traces.provenance import git_commit
 
-from .plan import FULL, LONG, QUICK, make_plan
+from .plan import FULL, FULL_LENGTH, LONG, QUICK, make_plan
 from .store import PointsFile, points_path
 from .table import build_table
 
@@ -30,7 +30,7 @@ def refit(source: Path, out: Path, points: Path | None, argv: list[str]) -> str:
     old = load_cost_table(source, allow_nonstationary=True)
     raw = old.raw
     cal = raw.get("calibration", {})
-    plan = {p.name: p for p in (FULL, LONG, QUICK)}.get(cal.get("plan"))
+    plan = {p.name: p for p in (FULL, FULL_LENGTH, LONG, QUICK)}.get(cal.get("plan"))
     if plan is None:
         raise InputError(f"cost table {old.table_id} does not say which calibration plan made it", path=source)
     points = Path(points) if points else points_path(source)

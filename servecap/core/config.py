@@ -29,7 +29,9 @@ class ServingConfig:
     """model: a key of traces.model_spec.MODELS; dtype: the K/V (and weights') dtype; block_size: tokens per KV
     block; max_batch: batch rows; pool: the KV pool (GiB, blocks or unbounded); backend: the decode backend;
     prefill, admission: the scheduler's policies (or their names; servecap/core/policies.py); prefix_cache: share full
-    prompt blocks by content (servecap/core/prefix_cache.py); replicas behind `router` (one: a single engine)."""
+    prompt blocks by content (servecap/core/prefix_cache.py); max_num_batched_tokens: the most positions one prefill
+    step computes (vLLM's name; None: no cap, a group is bounded by rows and blocks alone); replicas behind `router`
+    (one: a single engine)."""
 
     model: str = "qwen2.5-1.5b"
     dtype: str = "float16"
@@ -40,6 +42,7 @@ class ServingConfig:
     prefill: PrefillPolicy = PADDED
     admission: AdmissionPolicy = RESERVE
     prefix_cache: bool = False
+    max_num_batched_tokens: int | None = None
     replicas: int = 1
     router: str = SINGLE_ROUTER
 
@@ -51,6 +54,8 @@ class ServingConfig:
         _count(self.block_size, "the block size must be a whole number of tokens >= 1")
         _count(self.max_batch, "max batch must be a whole number of rows >= 1")
         _count(self.replicas, "a fleet needs a whole number of replicas >= 1")
+        if self.max_num_batched_tokens is not None:
+            _count(self.max_num_batched_tokens, "max_num_batched_tokens must be a whole number of tokens >= 1")
         object.__setattr__(self, "backend", backend_named(self.backend))  # an old plan's or command's `padded`
         if self.backend not in BACKENDS:
             raise InputError(f"unknown backend {self.backend!r}; choose {', '.join(BACKENDS)}")
@@ -65,7 +70,7 @@ class ServingConfig:
         # Names are parsed (once, here), so that a configuration can be written as text.
         object.__setattr__(self, "prefill", PrefillPolicy.parse(self.prefill))
         object.__setattr__(self, "admission", AdmissionPolicy.parse(self.admission))
-        self.prefill.check(self.max_batch)
+        self.prefill.check(self.max_batch, self.max_num_batched_tokens)
 
     @property
     def spec(self) -> dict:
@@ -93,7 +98,8 @@ class ServingConfig:
         """A scheduler of this configuration's policies on a pool of `num_blocks` (caching when prefix_cache), for
         requests of at most `max_tokens` (None: any), with `max_batch` rows (None: the configuration's)."""
         pool = (CachingBlockPool if self.prefix_cache else BlockPool)(num_blocks, self.block_size)
-        return Scheduler(max_batch or self.max_batch, pool, max_tokens, self.prefill, self.admission)
+        return Scheduler(max_batch or self.max_batch, pool, max_tokens, self.prefill, self.admission,
+                         self.max_num_batched_tokens)
 
     def but(self, **changes) -> "ServingConfig":
         """This configuration with some knobs changed."""
@@ -104,12 +110,15 @@ class ServingConfig:
         policy = "" if self.prefill == PADDED else f", {self.prefill} prefill"
         policy += "" if self.admission == RESERVE else f", {self.admission} admission"
         policy += ", prefix cache" if self.prefix_cache else ""
+        policy += f", step cap {self.max_num_batched_tokens} tokens" if self.max_num_batched_tokens else ""
         fleet = "" if self.replicas == 1 else f", {self.replicas} replicas behind {self.router}"
         return f"{self.backend}{policy}, max batch {self.max_batch}, pool {self.pool}{fleet}"
 
     def axes(self) -> dict:
-        """The knobs a sweep varies, flat, as its rows and points files name them (a pool in GiB)."""
+        """The knobs a sweep varies, flat, as its rows and points files name them (a pool in GiB); the step cap
+        only where there is one, so that sweeps and plans made before it existed read and resume as they were."""
+        cap = {} if self.max_num_batched_tokens is None else {"max_num_batched_tokens": self.max_num_batched_tokens}
         return {"backend": self.backend, "max_batch": self.max_batch, "pool_gib": self.pool.gib,
                 "prefill": str(self.prefill), "admission": str(self.admission),
-                "prefix_cache": self.prefix_cache, "replicas": self.replicas,
+                "prefix_cache": self.prefix_cache, **cap, "replicas": self.replicas,
                 "router": self.router}

@@ -29,9 +29,12 @@ admission_arg = _parsed(AdmissionPolicy.parse)
 on_off_arg = checked(lambda v: {"on": True, "off": False}.get(v, v), lambda v: isinstance(v, bool), "on or off")
 
 
-def add_memory_options(p: argparse.ArgumentParser, many: Callable | None = None) -> None:
+step_cap_arg = checked(int, lambda v: v >= 1, "a whole number of tokens >= 1")
+
+
+def add_scheduler_options(p: argparse.ArgumentParser, many: Callable | None = None) -> None:
     """--admission and --prefix-cache: one value each, or with `many` (a list type maker) a list, each a sweep
-    axis."""
+    axis; and --max-num-batched-tokens, one value (a sweep's every configuration has it)."""
     kind = many or (lambda f: f)
     p.add_argument("--admission", type=kind(admission_arg), default=["reserve"] if many else "reserve",
                    metavar="A1,A2" if many else "POLICY",
@@ -41,3 +44,7 @@ def add_memory_options(p: argparse.ArgumentParser, many: Callable | None = None)
     p.add_argument("--prefix-cache", type=kind(on_off_arg), default=[False] if many else False,
                    metavar="off,on" if many else "on|off",
                    help="share full prompt blocks by the trace's hash ids (default off)")
+    p.add_argument("--max-num-batched-tokens", type=step_cap_arg, metavar="N",
+                   help="the most positions one prefill step computes (vLLM's name): a padded or packed admission "
+                        "group stops before its step would pass N, so that long prompts and a large batch fit one "
+                        "engine; chunked:N and mixed:N steps must fit in it (default: no cap)")

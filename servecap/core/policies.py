@@ -29,6 +29,10 @@ Admission policies decide how many blocks a request must have free to be admitte
   and on readmission its prompt and the tokens it had generated are prefilled again. A pass that preempts
   admits no one (vLLM V0's rule), so a freed request is not readmitted into the memory it just gave up.
 
+A per-step token cap (ServingConfig.max_num_batched_tokens, vLLM's name) bounds every prefill step: a padded or packed
+admission group stops growing before its step would compute more positions than the cap (so a 32-row engine can
+also serve 32k-token prompts, a few at a time), and a chunked or mixed step of N tokens must fit in it.
+
 A new policy is one class registered in PREFILL or ADMISSION; the scheduler, the engine, the simulator, the CLIs
 and the cost model's derivation check all take it from there.
 """
@@ -60,8 +64,14 @@ class PrefillPolicy:
         of each already in the pool, computed new, and computed in all (new plus padding)."""
         raise NotImplementedError
 
-    def check(self, max_batch: int) -> None:
-        """Refuse a batch this policy cannot serve (one line)."""
+    def group_tokens(self, rows: int, widest: int, total: int) -> int:
+        """The positions one prefill step computes for an admission group of `rows` prompts, `widest` positions in
+        the widest and `total` in all: what the per-step token cap bounds at admission (0: the policy's own size
+        bounds its steps, whatever the group)."""
+        return 0
+
+    def check(self, max_batch: int, max_step_tokens: int | None = None) -> None:
+        """Refuse a batch (or a per-step token cap) this policy cannot serve (one line)."""
 
     @classmethod
     def sample(cls, chunk: int) -> "PrefillPolicy":
@@ -100,6 +110,9 @@ class Padded(PrefillPolicy):
         new = [s.target - s.kv_len for s in seqs]
         return seqs, prefix, new, [max(new)] * len(seqs)
 
+    def group_tokens(self, rows, widest, total):
+        return rows * widest
+
 
 @dataclass(frozen=True)
 class Packed(PrefillPolicy):
@@ -110,6 +123,9 @@ class Packed(PrefillPolicy):
         prefix = [s.kv_len for s in seqs]
         new = [s.target - s.kv_len for s in seqs]
         return seqs, prefix, new, new
+
+    def group_tokens(self, rows, widest, total):
+        return total
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,11 @@ class Chunked(PrefillPolicy):
 
     def select(self, prefilling, decoding):
         return chunks(prefilling, self.chunk, [], [], [])
+
+    def check(self, max_batch: int, max_step_tokens: int | None = None) -> None:
+        if max_step_tokens is not None and self.chunk > max_step_tokens:
+            raise InputError(f"{self}: its steps hold {self.chunk} tokens, more than the per-step cap "
+                             f"(max_num_batched_tokens {max_step_tokens})")
 
     def __str__(self) -> str:
         return f"{self.name}:{self.chunk}"
@@ -153,7 +174,8 @@ class Mixed(Chunked):
         return chunks(prefilling, self.chunk - len(decoding), list(decoding), [s.kv_len for s in decoding],
                       [1] * len(decoding))
 
-    def check(self, max_batch: int) -> None:
+    def check(self, max_batch: int, max_step_tokens: int | None = None) -> None:
+        super().check(max_batch, max_step_tokens)
         if self.chunk < max_batch:
             raise InputError(f"{self}: a fused step holds every decode row, so its token budget must be at least "
                              f"the max batch ({max_batch})")

@@ -6,7 +6,10 @@ code of its own, so they cannot disagree about who is admitted when or what a st
 
 Admission: the queue head is admitted only when a batch row is free and the blocks its admission policy asks
 for (reserve: prompt + full budget, in whole blocks; on-demand: what it computes now, plus a watermark) are free;
-if it does not fit, it and everything behind it wait. The requests admitted in one step form an admission group.
+if it does not fit, it and everything behind it wait. The requests admitted in one step form an admission group;
+with a per-step token cap (max_step_tokens, vLLM's max_num_batched_tokens) a padded or packed group also stops
+before its prefill step would compute more positions than the cap, and the head not admitted for it comes in the
+next pass (a request whose own prefill, or recompute after a preemption, would exceed it is refused).
 
 A sequence gets its next token from the step that computes the last of its `target` positions: its prompt and
 the tokens it has generated, less the last (whose K/V the next step writes). So a prompt's last chunk gives its
@@ -113,7 +116,7 @@ _NONE: list = []  # an empty list no one appends to (no one admitted or preempte
 
 class Scheduler:
     def __init__(self, max_batch: int, pool: BlockPool, max_tokens: int | None = None, policy: PrefillPolicy = PADDED,
-                 admission: AdmissionPolicy = RESERVE):
+                 admission: AdmissionPolicy = RESERVE, max_step_tokens: int | None = None):
         if max_batch <= 0:
             raise ValueError(f"max batch must be positive, got {max_batch}")
         self.max_batch = max_batch
@@ -121,6 +124,9 @@ class Scheduler:
         self.max_tokens = max_tokens  # prompt + budget the model can hold (its positions), None = unbounded
         self.policy = policy
         self.admission = admission
+        self.max_step_tokens = max_step_tokens  # positions a prefill step may compute (None: unbounded)
+        # whether admission groups are cut by the cap: the policy's steps grow with the group
+        self._capped = max_step_tokens is not None and policy.group_tokens(1, 1, 1) > 0
         self.queue: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.prefilling: deque[Seq] = deque()  # admitted, prompt not yet whole in the pool, in admission order
@@ -139,7 +145,7 @@ class Scheduler:
         # pass until it comes.
         self._candidate: tuple[Request | None, int] = (None, 0)
         self.preemptions = 0
-        policy.check(max_batch)
+        policy.check(max_batch, max_step_tokens)
 
     def check(self, req: Request) -> None:
         """Refuse a request the engine could never serve, naming why."""
@@ -154,6 +160,13 @@ class Scheduler:
         if self.max_tokens is not None and total > self.max_tokens:
             raise InputError(f"request {rid}: prompt {req.prompt_tokens} + budget {req.budget} = {total} tokens is beyond "
                              f"the model's {self.max_tokens} positions")
+        if self._capped:
+            # a preempted request recomputes its prompt and what it had generated, in one step of its own
+            n = req.prompt_tokens + (req.budget - 1 if self._grows else 0)
+            if self.policy.group_tokens(1, n, n) > self.max_step_tokens:
+                raise InputError(f"request {rid}: its prefill of {n} positions is beyond the per-step cap "
+                                 f"(max_num_batched_tokens {self.max_step_tokens}); chunked:N or mixed:N prefill "
+                                 f"splits it")
         # The most blocks a request ever needs free at once, under any admission policy: its whole prompt and
         # budget (reserved at admission, or readmitted to recompute after a preemption) beside the watermark.
         need = self.pool.blocks_for(total) + self._watermark
@@ -239,8 +252,8 @@ class Scheduler:
         waits for blocks or no row is free; else when the arrivals' next candidate comes, unless it is a known
         request that does not fit in the free blocks (it would block everything behind it). With prefix caching a
         waiting head can fit once this pass's prefill has cached the prefix it shares: then at once."""
-        if self.queue:
-            return -math.inf if self.caching and self.can_admit() else math.inf
+        if self.queue:  # it waits for blocks or a row, unless the cache or the step cap is what held it back
+            return -math.inf if (self.caching or self._capped) and self.can_admit() else math.inf
         if len(self.running) >= self.max_batch:
             return math.inf
         when, req = arrivals.next_candidate(self)
@@ -277,11 +290,17 @@ class Scheduler:
         """Admit from the queue head while a row and the blocks its admission policy asks for are free."""
         group: list[Seq] = []
         pool = self.pool
+        widest = total = 0  # the group's prefill positions, for the step cap
         while self.can_admit():
-            seq = self.queue.popleft()
-            hits = []
+            seq = self.queue[0]
+            hits = self._need(seq)[1] if seq.keys else []
+            if self._capped:
+                new = seq.target - len(hits) * pool.block_size
+                widest, total = max(widest, new), total + new
+                if group and self.policy.group_tokens(len(group) + 1, widest, total) > self.max_step_tokens:
+                    break
+            self.queue.popleft()
             if seq.keys:
-                _, hits = self._need(seq)
                 pool.take(hits, min(len(seq.keys), (seq.target - 1) // pool.block_size))
                 seq.kv_len = len(hits) * pool.block_size
                 seq.cached += seq.kv_len

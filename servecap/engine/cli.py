@@ -14,7 +14,7 @@ from pathlib import Path
 
 from servecap.core.block_pool import PoolSize, blocks_for_gib
 from servecap.core.config import ServingConfig
-from servecap.core.options import PREFILL_HELP, add_memory_options, policy_arg
+from servecap.core.options import PREFILL_HELP, add_scheduler_options, policy_arg
 from servecap.costs.shapes import BACKENDS, backend_from_user
 from servecap.traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, seed_arg, slo_arg,
                         workload_from_args, workload_options)
@@ -116,6 +116,7 @@ def check_workload(trace: Trace, args: argparse.Namespace) -> None:
     """Refuse a workload with a request the engine would refuse (it records such a request as rejected and
     serves the rest, which on a whole-workload mismatch is a run of nothing), naming the first one."""
     from servecap.core.block_pool import BlockPool, largest_request_tokens, unbounded_pool
+    from servecap.core.policies import AdmissionPolicy, PrefillPolicy
     from servecap.core.scheduler import Scheduler
 
     if not trace.requests:
@@ -132,7 +133,9 @@ def check_workload(trace: Trace, args: argparse.Namespace) -> None:
                 raise InputError(f"{misfit}: request {req.request_id}: {what} of {value} tokens is beyond {option} "
                                  f"{limit}")
     pool = unbounded_pool(1, largest_request_tokens(trace.requests), args.block_size)
-    sched = Scheduler(1, BlockPool(pool, args.block_size), args.max_prompt + args.max_budget)
+    sched = Scheduler(1, BlockPool(pool, args.block_size), args.max_prompt + args.max_budget,
+                      PrefillPolicy.parse(args.prefill), AdmissionPolicy.parse(args.admission),
+                      args.max_num_batched_tokens)
     try:
         for req in trace.requests:
             sched.submit(req)
@@ -144,7 +147,8 @@ def _build_engine(args: argparse.Namespace):
     from .engine import Engine, EngineConfig  # torch is imported only once a command needs the engine
     serving = ServingConfig(model=args.model, dtype=args.dtype or ("float32" if args.device == "cpu" else "float16"),
                             block_size=args.block_size, max_batch=args.max_batch,
-                            pool=PoolSize(args.pool_gib, args.pool_blocks))
+                            pool=PoolSize(args.pool_gib, args.pool_blocks),
+                            max_num_batched_tokens=args.max_num_batched_tokens)
     cfg = EngineConfig(serving, max_prompt=args.max_prompt, max_budget=args.max_budget,
                        backends=tuple(args.backends.split(",")), checkpoint=args.checkpoint, seed=args.weights_seed,
                        device=args.device, expect_gpu=args.expect_gpu)
@@ -188,7 +192,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             rec = engine.run(trace, out, args.backend, tokens=not args.no_tokens, policy=args.prefill,
                              admission=args.admission, prefix_cache=args.prefix_cache,
-                             extra_meta={"repeat": None if warm else i - args.warmup + 1, "warmup_runs": args.warmup})
+                             max_num_batched_tokens=args.max_num_batched_tokens, extra_meta={"repeat": None if warm else i - args.warmup + 1, "warmup_runs": args.warmup})
         except KeyboardInterrupt:
             kept = f"; its completed rows are kept in {out} (meta.json says status running)" if out else ""
             print(f"\nengine: interrupted during {'warm-up ' if warm else ''}run {i + 1} of {runs}{kept}",
@@ -244,7 +248,7 @@ def parser() -> argparse.ArgumentParser:
                    help="decode attention (default paged)")
     r.add_argument("--prefill", type=policy_arg, default="padded", metavar="POLICY",
                    help=PREFILL_HELP + " (default padded)")
-    add_memory_options(r)
+    add_scheduler_options(r)
     r.add_argument("--out", metavar="DIR", help="write the run record here (rows appended as they complete)")
     r.add_argument("--no-tokens", action="store_true", help="do not record per-token times")
     r.add_argument("--trace-events", metavar="FILE",
@@ -265,7 +269,7 @@ def parser() -> argparse.ArgumentParser:
     g = sub.add_parser("gate", parents=[engine_options()],
                        help="token parity against HF transformers' greedy generate, and paged against padded")
     g.add_argument("--budget", type=count_arg, default=12, help="tokens per request (default 12)")
-    g.set_defaults(func=_gate)
+    g.set_defaults(func=_gate, max_num_batched_tokens=None)  # the gate's steps are its own
     return p
 
 

@@ -49,6 +49,12 @@ class EngineConfig:
     def max_tokens(self) -> int:
         return self.max_prompt + self.max_budget
 
+    @property
+    def max_step_tokens(self) -> int:
+        """The most positions a prefill step computes: a full group of the longest prompts, or the step cap."""
+        full, cap = self.serving.max_batch * self.max_prompt, self.serving.max_num_batched_tokens
+        return full if cap is None else min(full, cap)
+
 
 def device_info(device: torch.device) -> dict:
     if device.type != "cuda":
@@ -89,7 +95,7 @@ class Engine:
             f"({gib_of(num_blocks, serving.block_size, self.kv_bytes_per_token):.2f} GiB); "
             f"largest prefill transient {self.peak_prefill_bytes / 2**30:.2f} GiB; capturing prefill and decode graphs")
         self.runner = ModelRunner(self.model, num_blocks, serving.block_size, serving.max_batch, cfg.max_tokens,
-                                  cfg.max_prompt, cfg.backends)
+                                  cfg.max_step_tokens, cfg.backends)
         if dev.type == "cuda":
             self._largest_prefill()  # proves the largest group still fits beside the pool and the graphs
             torch.cuda.synchronize()
@@ -103,15 +109,17 @@ class Engine:
         return kv_bytes_per_token(self.loaded.spec, self.cfg.serving.dtype)  # a checkpoint's own shapes
 
     def _largest_prefill(self) -> int:
-        """Run the largest admission-group prefill the configuration allows; return its transient peak in bytes.
+        """Run the largest prefill step the configuration allows (as many of the longest prompts as the step
+        holds); return its transient peak in bytes.
 
         It writes nothing to a pool (every slot is -1), so it can run before the pool exists.
         """
         cfg = self.cfg
+        width = min(cfg.max_prompt, cfg.max_step_tokens)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        self.model.dense_logits(torch.zeros((cfg.serving.max_batch, cfg.max_prompt), dtype=torch.int64),
+        self.model.dense_logits(torch.zeros((cfg.max_step_tokens // width, width), dtype=torch.int64),
                                 cfg.serving.block_size)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
@@ -158,13 +166,15 @@ class Engine:
             pool_blocks: int | None = None, max_batch: int | None = None, progress: bool = True,
             extra_meta: dict | None = None, policy: str = "padded", arrivals=None, replica: int = 0,
             clock=None, on_finish: Callable[[list[int]], None] | None = None, telemetry: bool = True,
-            admission: str = "reserve", prefix_cache: bool = False) -> RunRecord:
+            admission: str = "reserve", prefix_cache: bool = False,
+            max_num_batched_tokens: int | None = None) -> RunRecord:
         """Replay `trace` in real time from now; rows are appended to `out_dir` as they complete.
 
         `pool_blocks` and `max_batch` may narrow the engine's own for this run (a smaller pool, fewer rows). As a
         replica behind a router (servecap/engine/fleet.py), `arrivals` hands over the requests routed here as they come,
         `clock` is the fleet's, and `trace` is the whole fleet's (its metadata). `on_finish` gets the ids of the
-        requests each step finished. `policy`, `admission` and `prefix_cache` are the scheduler's
+        requests each step finished. `policy`, `admission`, `prefix_cache` and the per-step token cap
+        `max_num_batched_tokens` (None: the engine's; at most the largest step it was built for) are the scheduler's
         (servecap/core/policies.py, servecap/core/prefix_cache.py). With `telemetry` the GPU's clock, temperature and power are
         sampled into out_dir's telemetry.csv through the run (servecap/engine/telemetry.py).
         """
@@ -174,14 +184,19 @@ class Engine:
         max_batch = max_batch or self.cfg.serving.max_batch
         if max_batch > self.cfg.serving.max_batch:
             raise InputError(f"max batch {max_batch} is above the engine's {self.cfg.serving.max_batch}")
+        cap = max_num_batched_tokens or self.cfg.serving.max_num_batched_tokens
+        if cap is not None and cap > self.cfg.max_step_tokens:
+            raise InputError(f"a step cap of {cap} tokens is above the engine's largest prefill step "
+                             f"({self.cfg.max_step_tokens})")
         serving = self.cfg.serving.but(backend=backend, max_batch=max_batch, prefill=policy, admission=admission,
-                                       prefix_cache=prefix_cache)
+                                       prefix_cache=prefix_cache, max_num_batched_tokens=cap)
         pool_blocks = pool_blocks or self.runner.num_blocks
         if pool_blocks > self.runner.num_blocks:
             raise InputError(f"pool of {pool_blocks} blocks is larger than the engine's {self.runner.num_blocks}")
         telemetry = record_run(out_dir if telemetry else None, device_info(self.device))
         meta = {**self.metadata(), "backend": backend, "prefill": str(serving.prefill),
-                "admission": str(serving.admission), "prefix_cache": serving.prefix_cache, "trace_id": trace.trace_id,
+                "admission": str(serving.admission), "prefix_cache": serving.prefix_cache,
+                "max_num_batched_tokens": serving.max_num_batched_tokens, "trace_id": trace.trace_id,
                 "trace": trace.meta, "max_batch": max_batch, "pool_blocks": pool_blocks,
                 "telemetry": telemetry.source, **(extra_meta or {})}
         writer = RunWriter(out_dir, meta)

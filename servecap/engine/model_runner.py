@@ -94,7 +94,7 @@ class PrefillInputs:
 
 class ModelRunner:
     def __init__(self, model: PagedQwen2, num_blocks: int, block_size: int, max_batch: int, max_tokens: int,
-                 max_prompt: int, backends=BACKENDS, graphs: bool | None = None):
+                 max_step_tokens: int, backends=BACKENDS, graphs: bool | None = None):
         self.model = model
         self.num_blocks, self.block_size = num_blocks, block_size
         self.max_batch, self.max_tokens = max_batch, max_tokens
@@ -125,7 +125,7 @@ class ModelRunner:
 
         # Prefill: buckets, the kernel's tile, static inputs for the graph buckets, and the first tokens.
         self.block_m = default_block_m(dev)
-        self.buckets = prefill_buckets(max_batch * max_prompt)
+        self.buckets = prefill_buckets(max_step_tokens)
         use_graphs = dev.type == "cuda" if graphs is None else graphs
         graph_top = max([t for t in self.buckets if t <= GRAPH_TOKENS], default=0) if use_graphs else 0
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}

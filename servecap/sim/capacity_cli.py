@@ -27,7 +27,7 @@ _tolerance = checked(float, lambda v: 0 < v < 1, "a fraction between 0 and 1 (e.
 
 
 def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    from servecap.core.options import PREFILL_HELP, add_memory_options, policy_arg as _policy
+    from servecap.core.options import PREFILL_HELP, add_scheduler_options, policy_arg as _policy
 
     p = sub.add_parser("capacity", help="the highest rate that meets the SLOs (or stays stable), or the fewest "
                                         "replicas for a rate or each window of a trace, by search", description=(
@@ -39,7 +39,7 @@ def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
     p.add_argument("--backend", type=backend_arg, default="paged", help="decode backend (default paged)")
     p.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
     p.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY", help=PREFILL_HELP + " (default padded)")
-    add_memory_options(p)
+    add_scheduler_options(p)
     p.add_argument("--pool-gib", type=gib_arg, default=4.0, help="KV pool size in GiB (default %(default)s)")
     p.add_argument("--replicas", type=count_arg, default=1,
                    help="engines behind a router, for the rate search (default 1)")
@@ -83,7 +83,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     _check(args)
     config = ServingConfig(block_size=args.block_size, max_batch=args.max_batch, pool=PoolSize(gib=args.pool_gib),
                            backend=args.backend, prefill=args.prefill, admission=args.admission,
-                           prefix_cache=args.prefix_cache, replicas=args.replicas, router=args.router)
+                           prefix_cache=args.prefix_cache, max_num_batched_tokens=args.max_num_batched_tokens,
+                           replicas=args.replicas, router=args.router)
     table = inputs.load_table(args.table, config, args.allow_nonstationary)
     inputs.check_backend(table, args.backend)
     seeds = args.seeds or [0 if args.seed is None else args.seed]

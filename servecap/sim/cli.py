@@ -19,7 +19,7 @@ from typing import Iterator
 
 from servecap.core.block_pool import DEFAULT_BLOCK_SIZE, PoolSize
 from servecap.core.config import ServingConfig
-from servecap.core.options import PREFILL_HELP, add_memory_options, policy_arg as _policy
+from servecap.core.options import PREFILL_HELP, add_scheduler_options, policy_arg as _policy
 from servecap.core.routing import ROUTERS
 from servecap.costs.shapes import BACKENDS
 from servecap.traces.arrival_options import add_arrival_options, given
@@ -84,7 +84,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
     run.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY",
                      help=PREFILL_HELP + " (default padded)")
-    add_memory_options(run)
+    add_scheduler_options(run)
     pool = run.add_mutually_exclusive_group()
     pool.add_argument("--pool-gib", type=gib_arg, help="KV pool size in GiB")
     pool.add_argument("--pool-blocks", type=blocks_arg, help="KV pool size in blocks (default: enough that it never binds)")
@@ -129,7 +129,7 @@ def parser() -> argparse.ArgumentParser:
                        help="decode backends (default paged,dense; padded is the old name of dense)")
     sweep.add_argument("--prefill", type=list_of(_policy), default=["padded"], metavar="P1,P2,...",
                        help="prefill policies: padded, packed, chunked:N, mixed:N (default padded)")
-    add_memory_options(sweep, many=list_of)
+    add_scheduler_options(sweep, many=list_of)
     sweep.add_argument("--replicas", type=list_of(count_arg), default=[1], metavar="N1,N2,...",
                        help="fleet sizes: engines behind a router (default 1); with more than one, the sweep also "
                             "says the fewest replicas that hold each rate")
@@ -269,7 +269,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     serving = ServingConfig(block_size=args.block_size, max_batch=args.max_batch,
                             pool=PoolSize(args.pool_gib, args.pool_blocks), backend=args.backend,
                             prefill=args.prefill, admission=args.admission, prefix_cache=args.prefix_cache,
-                            replicas=args.replicas, router=args.router)
+                            max_num_batched_tokens=args.max_num_batched_tokens, replicas=args.replicas,
+                            router=args.router)
     table = inputs.load_table(args.table, serving, args.allow_nonstationary)
     inputs.check_backend(table, args.backend)
     trace = inputs.make_trace(rate=args.rate, n=args.n, seed=args.seed, trace_file=args.trace,
@@ -391,7 +392,7 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
                          "simulate it with `sim run --trace`", path=args.trace)
     configs = list(dict.fromkeys(ServingConfig(block_size=args.block_size, max_batch=m, pool=PoolSize(gib=g),
                                                backend=b, prefill=p, admission=a, prefix_cache=c, replicas=k,
-                                               router=r)
+                                               router=r, max_num_batched_tokens=args.max_num_batched_tokens)
                                  for b in args.backend for p in args.prefill for a in args.admission
                                  for c in args.prefix_cache for m in args.max_batch for g in args.pool_gib
                                  for r in args.router for k in args.replicas))

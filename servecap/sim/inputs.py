@@ -149,7 +149,8 @@ def check_trace(trace: Trace, table: CostTable, serving: ServingConfig, pool_blo
     reqs = trace.requests
     if (min(map(attrgetter("prompt_tokens"), reqs)) > 0 and min(map(attrgetter("budget"), reqs)) > 0
             and largest.prompt_tokens + largest.budget <= serving.max_positions
-            and len(set(map(attrgetter("request_id"), reqs))) == len(reqs)):
+            and len(set(map(attrgetter("request_id"), reqs))) == len(reqs)
+            and not (serving.max_num_batched_tokens and serving.prefill.group_tokens(1, 1, 1))):
         return
     sched = serving.scheduler(pool_blocks, serving.max_positions)
     for req in reqs:

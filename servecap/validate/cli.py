@@ -12,6 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from servecap.core.options import step_cap_arg
 from servecap.traces.cli import count_arg, level_arg, seed_arg
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
@@ -121,6 +122,9 @@ def parser() -> argparse.ArgumentParser:
                            "(admission with preemption), mixed (fused steps), prefix-cache (servecap/validate/mechanisms.py)")
     plan.add_argument("--cache-trace", type=_named_path, action="append", metavar="NAME=PATH",
                       help="with --mechanisms prefix-cache: a trace file with prefix hashes (repeatable)")
+    plan.add_argument("--max-num-batched-tokens", type=step_cap_arg, metavar="N",
+                      help="every point's per-step token cap, in its capacity search too (a full-length trace's "
+                           "long prompts beside 32 rows: the --full-length table's 131072)")
     plan.add_argument("--interval", type=level_arg, metavar="LEVEL",
                       help="freeze a LEVEL%% band for every point's metrics with the predictions (servecap/sim/intervals.py)")
     plan.add_argument("--allow-nonstationary", action="store_true",
@@ -219,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                                    predictions=args.predictions, force=args.force,
                                    allow_nonstationary=args.allow_nonstationary, interval=args.interval,
                                    public_policies=args.public_policies, repeats=args.repeats,
-                                   mechanisms=args.mechanisms, cache_traces=dict(args.cache_trace or []) or None)
+                                   mechanisms=args.mechanisms, cache_traces=dict(args.cache_trace or []) or None,
+                                   max_num_batched_tokens=args.max_num_batched_tokens)
                 print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
                 for p in points:
                     print(f"  {p.id:40s} {p.role:12s} {p.serving.backend} {p.serving.prefill} {p.serving.admission}"

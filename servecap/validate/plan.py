@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -91,12 +92,14 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
               predictions: Path | None = None, force: bool = False, allow_nonstationary: bool = False,
               interval: float | None = None, public_policies: tuple[str, ...] = ("padded",),
               repeats: int | None = None, mechanisms: tuple[str, ...] = (),
-              cache_traces: dict[str, Path] | None = None) -> list[Point]:
+              cache_traces: dict[str, Path] | None = None,
+              max_num_batched_tokens: int | None = None) -> list[Point]:
     """Points chosen the way a user would: from the simulator's own sweep of the table. The public traces are
     planned for each of `public_policies`. `repeats` K: K fresh runs at every near- and past-capacity point,
     public and mechanism (the engine's own run-to-run spread is measured there); None: one at the public points,
     the mechanisms' own counts (servecap/validate/mechanisms.py). `mechanisms` adds servecap/validate/mechanisms.py's groups (the
-    prefix cache's on the trace files of `cache_traces`, by name)."""
+    prefix cache's on the trace files of `cache_traces`, by name). `max_num_batched_tokens`: every point's per-step
+    token cap, its capacity searches' too (a full-length trace's long prompts beside 32 rows)."""
     out = Path(out)
     if (out / "plan.json").exists() and not force:
         raise InputError("already holds a validation plan; its real runs were graded against it. Choose another "
@@ -122,13 +125,19 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     workload = Workload(n, seed)
     cap = small_cap = None
 
+    def capped(config: ServingConfig) -> ServingConfig:
+        return config.but(max_num_batched_tokens=max_num_batched_tokens)
+
+    def search(config: ServingConfig, w: Workload) -> float:
+        return capacity(table, capped(config), w)
+
     def poisson(rate: float) -> dict:
         return {"kind": "poisson", "rate": rate, "n": n, "seed": seed}
 
     points = []
     if "curve" not in skip:
-        cap = capacity(table, LARGE_POOL, workload)
-        small_cap = capacity(table, LARGE_POOL.but(pool=PoolSize(gib=0.5)), workload)
+        cap = search(LARGE_POOL, workload)
+        small_cap = search(LARGE_POOL.but(pool=PoolSize(gib=0.5)), workload)
         points += [Point(f"rate-{_round(f * cap):g}", role, poisson(_round(f * cap)), repeats=2 if role == "near" else 1)
                    for f, role in ((0.5, "below"), (0.8, "below"), (1.0, "near"), (1.3, "past"), (2.0, "past"))]
         points.append(Point(f"small-pool-rate-{_round(1.5 * small_cap):g}", "small-pool",
@@ -151,7 +160,7 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
             tag = "" if policy == "padded" else policy.replace(":", "") + "-"
             for base, name, loads in ((window, "azure-conv", ((0.6, "below"), (1.0, "near"), (1.5, "past"))),
                                       (lengths, "sharegpt", ((0.7, "below"), (1.3, "past")))):
-                bcap = capacity(table, LARGE_POOL.but(prefill=policy), Workload(base=base))
+                bcap = search(LARGE_POOL.but(prefill=policy), Workload(base=base))
                 for f, role in loads:
                     if role != "below" or "public-below" not in skip:
                         points.append(_scaled(base, f * bcap, f"{tag}{name}-{role}", traces_dir, "public",
@@ -161,12 +170,14 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
         added, blind = _blind_points(Path(predictions), traces_dir)
         points += added
     if mechanisms:
-        points += _mechanism_points(table, mechanisms, poisson, workload, window, lengths, cache_traces, traces_dir,
+        points += _mechanism_points(search, mechanisms, poisson, workload, window, lengths, cache_traces, traces_dir,
                                     seed, repeats)
     if sag is not None:
         points += _sag_points(sag)
     if "fleet" not in skip:
-        points += fleet_points(table, n, seed)
+        points += fleet_points(table, n, seed, capped(ServingConfig()))
+    for p in points:
+        p.serving = capped(p.serving)
     predicted = {p.id: predict(table, p, out) for p in points}
     intervals = None
     if interval is not None:  # frozen with the predictions, before any real run
@@ -185,14 +196,12 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     return points
 
 
-def _mechanism_points(table, groups: tuple[str, ...], poisson, workload: Workload, window: Trace | None,
+def _mechanism_points(search: Callable[[ServingConfig, Workload], float], groups: tuple[str, ...], poisson,
+                      workload: Workload, window: Trace | None,
                       lengths: Trace | None, cache_traces: dict[str, Path] | None, traces_dir: Path,
                       seed: int, repeats: int | None) -> list[Point]:
     from servecap.traces.trace_io import read_trace
     k = mechanisms.Repeats(repeats, repeats, True) if repeats else mechanisms.Repeats()
-
-    def cap(config: ServingConfig, w: Workload) -> float:
-        return capacity(table, config, w)
 
     def scaled(base: Trace, rate: float, name: str, role: str, serving: ServingConfig, n: int = 1,
                fresh: bool = False) -> Point:
@@ -200,11 +209,11 @@ def _mechanism_points(table, groups: tuple[str, ...], poisson, workload: Workloa
 
     points = []
     if "on-demand" in groups:
-        points += mechanisms.on_demand_points(cap, poisson, workload, window, scaled, k)
+        points += mechanisms.on_demand_points(search, poisson, workload, window, scaled, k)
     if "mixed" in groups:
-        points += mechanisms.mixed_points(cap, poisson, workload, window, lengths, scaled, seed, k)
+        points += mechanisms.mixed_points(search, poisson, workload, window, lengths, scaled, seed, k)
     if "prefix-cache" in groups:
-        points += mechanisms.prefix_cache_points(cap, {name: read_trace(p) for name, p in cache_traces.items()},
+        points += mechanisms.prefix_cache_points(search, {name: read_trace(p) for name, p in cache_traces.items()},
                                                  scaled, k)
     return points
 
@@ -251,14 +260,14 @@ def _fleet_rates(table, cfg: SimConfig, trace_of) -> float:
     return float(max(stable, default=0.5 * est))
 
 
-def fleet_points(table, n: int, seed: int) -> list[Point]:
+def fleet_points(table, n: int, seed: int, base: ServingConfig = ServingConfig()) -> list[Point]:
     """Two replicas: the seeded workload at three fleet rates (below, near, past the fleet's capacity) under two
     routers, and the workload and rate, of a few, where the simulated routers differ most in TTFT p95, under the
     best and the worst router there."""
     from servecap.traces.workload import synthetic_trace
 
     k, nf = FLEET["replicas"], n * FLEET["n_factor"]
-    fleet = ServingConfig(replicas=k)
+    fleet = base.but(replicas=k)
     cfg = SimConfig(fleet)
     cap = _fleet_rates(table, cfg, lambda r: poisson_trace(r, nf, seed))
     points = [Point(f"fleet-{router}-rate-{_round(f * cap):g}", "fleet",

@@ -54,8 +54,9 @@ class Point:
 
 
 LOADS = ("below", "near", "past")
-# plan.json's names (a plan made before admission and prefix_cache were knobs has neither: the defaults)
-SERVING_KEYS = ("backend", "max_batch", "pool_gib", "prefill", "admission", "prefix_cache", "replicas", "router")
+# plan.json's names (a plan made before admission, prefix_cache or the step cap were knobs has none: the defaults)
+SERVING_KEYS = ("backend", "max_batch", "pool_gib", "prefill", "admission", "prefix_cache", "max_num_batched_tokens",
+                "replicas", "router")
 
 
 def round_rate(x: float) -> float:

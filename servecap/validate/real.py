@@ -80,12 +80,16 @@ def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = 
     for runs in todo:
         traces = {p.id: build_trace(p.trace, out) for p, _ in runs}
         reqs = [r for t in traces.values() for r in t.requests]
-        engine = Engine(EngineConfig(ServingConfig(max_batch=max(p.serving.max_batch for p, _ in runs)),
+        caps = [p.serving.max_num_batched_tokens for p, _ in runs]
+        cap = None if None in caps else max(caps)  # the engine's largest step: what its points ask for
+        engine = Engine(EngineConfig(ServingConfig(max_batch=max(p.serving.max_batch for p, _ in runs),
+                                                   max_num_batched_tokens=cap),
                                      max_prompt=max(4096, *(r.prompt_tokens for r in reqs)),
                                      max_budget=max(256, *(r.budget for r in reqs)), expect_gpu=expect_gpu))
         for p, k in runs:
             trace = traces[p.id]
-            memory = dict(admission=str(p.serving.admission), prefix_cache=p.serving.prefix_cache)
+            memory = dict(admission=str(p.serving.admission), prefix_cache=p.serving.prefix_cache,
+                          max_num_batched_tokens=p.serving.max_num_batched_tokens)
             pool = None if p.serving.pool.unbounded else p.serving.pool.num_blocks(
                 engine.cfg.serving.block_size, engine.kv_bytes_per_token, p.serving.max_batch, engine.cfg.max_tokens)
             if k == 1:
