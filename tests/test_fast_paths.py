@@ -57,15 +57,20 @@ def _numpy_decode(cost: CostModel, backend: str, rows: int, kv_tokens, kv_max):
     kv_tokens, kv_max = np.asarray(kv_tokens, float), np.asarray(kv_max, float)
     short = rows * kv_max - kv_tokens
 
-    def at(i: int):
+    def uniform(i: int, length):
         k = d.knots[i]
-        return _interp(k.x, k.y, kv_max, k.min_slope, k.floor_from) - d.per_token[i] * short
+        return _interp(k.x, k.y, length, k.min_slope, k.floor_from)
+
+    def at(i: int):
+        return uniform(i, kv_max) - d.per_token[i] * short
+    mean = kv_tokens // rows  # the floor's uniform batch holding as much K/V (tables fitted with it)
     if len(r) == 1:
-        return at(0)
+        return np.maximum(at(0), uniform(0, mean)) if d.floored else at(0)
     i = int(np.clip(np.searchsorted(r, rows), 1, len(r) - 1))
     w = (rows - r[i - 1]) / (r[i] - r[i - 1])
     c = at(i - 1) * (1 - w) + at(i) * w
-    return np.maximum(c, at(len(r) - 1)) if rows > r[-1] else c
+    c = np.maximum(c, at(len(r) - 1)) if rows > r[-1] else c
+    return np.maximum(c, uniform(i - 1, mean) * (1 - w) + uniform(i, mean) * w) if d.floored else c
 
 
 def test_decode_stretch_equals_the_numpy_decode_to_the_bit(cost):

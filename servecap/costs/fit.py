@@ -96,7 +96,9 @@ def fit_decode(points: list[dict]) -> dict:
             per_token.append(float(lsq_linear((-short / y)[:, None], 1 - base / y, bounds=(0, most)).x[0]))
         else:
             per_token.append(0.0)
-    return {"rows": rows, "knots": knots, "per_token_s": per_token, "sigma": sigma(points)}
+    # "floor": priced never below the uniform batch at the mean length (CostModel.decode_stretch_in_context); a
+    # table fitted before has no such key and is priced as it always was.
+    return {"rows": rows, "knots": knots, "per_token_s": per_token, "floor": "uniform-mean", "sigma": sigma(points)}
 
 
 def fit(prefill_points: list[dict], decode_points: dict[str, list[dict]], engine: dict | None = None) -> dict:

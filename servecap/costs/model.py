@@ -22,7 +22,9 @@
   positions after a prefix of p (attention c * (c + 2p)).
 - Decode (rows, K/V tokens, longest row): the step a uniform batch would take at the longest row's length, less
   what the shorter rows save: t = uniform(rows, kv_max) - per_token * (rows * kv_max - kv_tokens), per_token at most
-  the steepest uniform segment over the rows (a row a token shorter saves at most a token of a row). The uniform
+  the steepest uniform segment over the rows (a row a token shorter saves at most a token of a row), and, in tables
+  fitted with the floor (fit.decode[backend].floor), never below uniform(rows, kv_tokens // rows): the uniform batch
+  that reads as much K/V. The uniform
   cost is interpolated piecewise-linearly in the length through measured knots, per measured row count; row
   counts between measured ones interpolate their neighbours.
 - Overhead: the extra cost of a decode step per row it retires (their records are written then).
@@ -179,6 +181,7 @@ class _DecodeFit:
         self.knots = [_Knots(ks, max(0.0, p) * r, max_tokens) for ks, p, r in zip(d["knots"], self.per_token,
                                                                                 self.rows)]
         self.top = max(k[-1][0] for k in d["knots"])  # the longest length measured at any row count
+        self.floored = d.get("floor") == "uniform-mean"
         self.weights: dict[int, tuple] = {}  # rows -> how decode() weighs the measured row counts (row_weights)
 
     def row_weights(self, rows: int) -> tuple:
@@ -330,16 +333,22 @@ class CostModel:
         # decode()'s rows * kv_max - kv_tokens: the same at every step, and exact in floats as in integers (whole
         # numbers far below 2**53), so computed once, here in integers.
         short = float(rows * kv_max - kv_tokens)
+        # Never below a uniform batch of the same rows holding as much K/V (its rows at the mean length, floored):
+        # the same reads, spread evenly. A saving fitted at short contexts must not carry one long row beside many
+        # short ones below it (at 32 rows and 32k it went below zero).
         i, u, w = weights
         b, cb = d.knots[i].upto(end), d.per_token[i] * short
+        a, ca = (d.knots[i - 1].upto(end), d.per_token[i - 1] * short) if u is not None else (b, cb)
         if u is None:
             steps = [y - cb for y in b[kv_max:end]]
+        elif rows > d.rows[-1]:  # decode()'s floor past the widest measured batch: never below the last row count
+            steps = [max((x - ca) * u + (y - cb) * w, y - cb) for x, y in zip(a[kv_max:end], b[kv_max:end])]
         else:
-            a, ca = d.knots[i - 1].upto(end), d.per_token[i - 1] * short
-            if rows > d.rows[-1]:  # decode()'s floor past the widest measured batch: never below the last row count
-                steps = [max((x - ca) * u + (y - cb) * w, y - cb) for x, y in zip(a[kv_max:end], b[kv_max:end])]
-            else:
-                steps = [(x - ca) * u + (y - cb) * w for x, y in zip(a[kv_max:end], b[kv_max:end])]
+            steps = [(x - ca) * u + (y - cb) * w for x, y in zip(a[kv_max:end], b[kv_max:end])]
+        if d.floored and short:
+            mean = kv_tokens // rows
+            lo = b[mean:mean + k] if u is None else [x * u + y * w for x, y in zip(a[mean:mean + k], b[mean:mean + k])]
+            steps = [max(t, f) for t, f in zip(steps, lo)]
         c = self.correction
         if c is None or policy is None:
             return steps
