@@ -371,6 +371,28 @@ def test_the_default_workload_on_the_tiny_model_is_refused_at_start(capsys, no_e
             "request 0: prompt")
 
 
+def test_the_engine_says_what_a_traces_import_dropped_before_it_runs(capsys, monkeypatch, tmp_path):
+    from servecap.traces.cli import main as traces_main
+    src = tmp_path / "m.jsonl"
+    src.write_text("".join(json.dumps({"timestamp": 10 * i, "input_length": n, "output_length": 40, "hash_ids": [i]})
+                           + "\n" for i, n in enumerate((20, 500, 30))))
+    assert traces_main(["import-mooncake", str(src), "--out", str(tmp_path / "t.csv"), "--max-prompt", "96",
+                        "--max-budget", "8"]) == 0
+
+    def stop(args):
+        raise InputError("stopped before the engine")
+    monkeypatch.setattr(engine.cli, "build_engine", stop)
+    capsys.readouterr()
+    code, out, err = run_cli(engine.cli.main, capsys, "run", "--model", "tiny", "--device", "cpu", "--trace",
+                             tmp_path / "t.csv")
+    assert code == 2 and "stopped before the engine" in err
+    assert "import   1 of 3 prompts over 96 tokens dropped, 2 of 2 outputs clipped to 8 tokens" in out
+    # and a request whose prefill the step cap cannot hold is refused before the model loads
+    code, _, err = run_cli(engine.cli.main, capsys, "run", "--model", "tiny", "--device", "cpu", "--closed-uniform",
+                           "p16", "--n", "2", "--budget", "4", "--max-num-batched-tokens", "10")
+    refused(code, err, "request 0: its prefill of 16 positions is beyond the per-step cap (max_num_batched_tokens 10)")
+
+
 @pytest.mark.parametrize("where", ["file", "under-a-file", "a record"])
 def test_engine_out_is_checked_before_the_model_loads(capsys, no_engine, tmp_path, where):
     f = tmp_path / "f"

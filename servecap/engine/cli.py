@@ -164,6 +164,7 @@ def _out_dirs(args: argparse.Namespace) -> list[Path]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from servecap.traces.importers import import_note
     from servecap.traces.metrics import slo_keys, summary
     from servecap.traces.timeline import write_timeline
 
@@ -183,6 +184,9 @@ def _run(args: argparse.Namespace) -> int:
         check_result_path(args.save_result)
     trace = workload_from_args(args)
     check_workload(trace, args)
+    note = import_note(trace.meta)
+    if note:  # what the trace's import dropped or clipped, before the run, as `sim run` says it
+        print(f"import   {note}")
     engine = build_engine(args)
     runs = args.warmup + args.repeat
     walls = []
