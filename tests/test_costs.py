@@ -148,3 +148,28 @@ def test_a_shorter_row_saves_at_most_what_a_token_of_each_row_costs_a_uniform_ba
     assert 0 < fitted["per_token_s"][0] <= bound * (1 + 1e-9)
     assert 1.1e-3 - fitted["per_token_s"][0] * (2 * 36 - 37) > 0
     assert fit_decode([point(8, 4, 1.0e-3), point(72, 36, 0.9e-3), point(37, 36, 0.2e-3)])["per_token_s"] == [0.0]
+
+
+def test_a_shorter_rows_saving_never_takes_a_decode_step_below_the_uniform_batch_reading_as_much_kv():
+    """One long row beside short ones: the fitted saving (per_token x the positions the shorter rows lack) is linear,
+    so at long contexts it can pass what the rows actually save; a floored table holds the step at the uniform
+    batch of the same rows and K/V, and prices it by the line where the line is above."""
+    import copy
+    raw = copy.deepcopy(linear_table())
+    d = raw["fit"]["decode"]["paged"]
+    assert d["floor"] == "uniform-mean"  # what the fit writes now
+    uniform = CostModel(raw).decode("paged", 8, 8 * 1000, 1000)
+    longest = CostModel(raw).decode("paged", 8, 8 * 4000, 4000)
+    per_token = 1.5 * (longest - uniform) / 24000  # the line passes the uniform batch at the mean
+    d["per_token_s"] = [per_token] * len(d["per_token_s"])
+    cost = CostModel(raw)
+    short = 8 * 4000 - (4000 + 7 * 572)  # 24,000 - 4: mean 1000 after flooring
+    assert longest - per_token * short < uniform
+    assert cost.decode("paged", 8, 4000 + 7 * 572, 4000) == pytest.approx(uniform, rel=1e-12)
+    for lacking in (80, 8000, 23000):  # wherever the line is, the step is the larger of it and the floor
+        mean = (8 * 4000 - lacking) // 8
+        want = max(longest - per_token * lacking, cost.decode("paged", 8, 8 * mean, mean))
+        assert cost.decode("paged", 8, 8 * 4000 - lacking, 4000) == pytest.approx(want, rel=1e-12)
+    d["per_token_s"] = [0.2 * per_token] * len(d["per_token_s"])  # a gentle saving: the line holds, floor unused
+    cost = CostModel(raw)
+    assert cost.decode("paged", 8, 8 * 4000 - 80, 4000) == pytest.approx(longest - 0.2 * per_token * 80, rel=1e-12)

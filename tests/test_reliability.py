@@ -474,7 +474,9 @@ def _broken(edit) -> dict:
 
 
 def _per_token(t: dict) -> None:
-    t["fit"]["decode"]["paged"]["per_token_s"] = [1.0] * len(t["fit"]["decode"]["paged"]["per_token_s"])
+    d = t["fit"]["decode"]["paged"]
+    d["per_token_s"] = [1.0] * len(d["per_token_s"])
+    d.pop("floor", None)  # a table fitted before the floor: nothing holds its shorter rows' saving up
 
 
 @pytest.mark.parametrize("edit, message", [
