@@ -34,7 +34,8 @@ def main() -> int:
     store.close()
     ident = json.loads(args.points.read_text().splitlines()[0])["identity"]
     meta = json.loads(args.run_meta.read_text())
-    if meta["device"].get("uuid") != ident["gpu_uuid"] or meta["max_tokens"] != ident["max_prompt"] + ident["max_budget"]:
+    same_engine = meta["max_tokens"] == ident["max_prompt"] + ident["max_budget"]
+    if meta["device"].get("uuid") != ident["gpu_uuid"] or not same_engine:
         sys.exit("table_from_points: the run was not made on the calibration's GPU and engine size")
     runs = make_plan(plan, ident["max_batch"], ("paged",), tuple(map(str, every_policy(plan.chunk))))
     missing = [r.label for r in runs if r.key not in store]

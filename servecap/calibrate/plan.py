@@ -183,8 +183,8 @@ def make_plan(plan: Plan, max_batch: int, backends: Sequence[str], policies: Seq
     others = [p for p in policies if p != "padded"]
     runs = stationarity_runs(plan, max_batch, backends, others)
     # Prefill does not depend on the decode backend; a run still names one the engine compiled.
-    runs += [Run("prefill", (n,) * w, 1, _on(plan, backends[0]), reps=plan.prefill_reps, warmup=1, label=f"prefill {w} x {n}")
-             for w in widths for n in lengths if n <= plan.longest(w)]
+    runs += [Run("prefill", (n,) * w, 1, _on(plan, backends[0]), reps=plan.prefill_reps, warmup=1,
+                 label=f"prefill {w} x {n}") for w in widths for n in lengths if n <= plan.longest(w)]
     runs += policy_runs(plan, max_batch, backends[0], others, "prefill", plan.policy_runs, seed=2)
     uniform = _clip(plan.decode_lengths, plan.max_prompt)
     for b in backends:
@@ -270,7 +270,8 @@ def check_runs(plan: Plan, max_batch: int, backends: Sequence[str], policies: Se
         for _ in range(plan.check_decode):
             r = int(rng.integers(1, rows_max + 1))
             prompts = tuple(int(p) for p in rng.integers(lengths[0], plan.longest(r) + 1, r))
-            runs.append(Run("check-decode", prompts, plan.decode_budget, _on(plan, b), label=f"check decode {b} {_rows(r)}"))
+            runs.append(Run("check-decode", prompts, plan.decode_budget, _on(plan, b),
+                            label=f"check decode {b} {_rows(r)}"))
     return runs
 
 
@@ -288,7 +289,8 @@ def stationarity_runs(plan: Plan, max_batch: int, backends: Sequence[str], polic
             continue
         seen.add((w, n))
         prompts = (n, *(int(p) for p in rng.integers(1, n + 1, w - 1)))
-        runs.append(Run("stationary-prefill", prompts, 1, _on(plan, backends[0]), reps=3, label=f"stationarity prefill {w} x {n}"))
+        runs.append(Run("stationary-prefill", prompts, 1, _on(plan, backends[0]), reps=3,
+                        label=f"stationarity prefill {w} x {n}"))
     runs += [Run("stationary-prefill", r.prompts, r.budget, r.serving, reps=3,
                  label=r.label.replace("stationary-prefill", "stationarity"))
              for r in policy_runs(plan, max_batch, backends[0], policies, "stationary-prefill", min(2, plan.policy_runs),

@@ -333,9 +333,6 @@ class CostModel:
         # decode()'s rows * kv_max - kv_tokens: the same at every step, and exact in floats as in integers (whole
         # numbers far below 2**53), so computed once, here in integers.
         short = float(rows * kv_max - kv_tokens)
-        # Never below a uniform batch of the same rows holding as much K/V (its rows at the mean length, floored):
-        # the same reads, spread evenly. A saving fitted at short contexts must not carry one long row beside many
-        # short ones below it (at 32 rows and 32k it went below zero).
         i, u, w = weights
         b, cb = d.knots[i].upto(end), d.per_token[i] * short
         a, ca = (d.knots[i - 1].upto(end), d.per_token[i - 1] * short) if u is not None else (b, cb)
@@ -346,6 +343,9 @@ class CostModel:
         else:
             steps = [(x - ca) * u + (y - cb) * w for x, y in zip(a[kv_max:end], b[kv_max:end])]
         if d.floored and short:
+            # Never below a uniform batch of the same rows holding as much K/V (its rows at the mean length,
+            # floored): the same reads, spread evenly. A saving fitted at short contexts must not carry one long row
+            # beside many short ones below it (at 32 rows and 32k it went below zero).
             mean = kv_tokens // rows
             lo = b[mean:mean + k] if u is None else [x * u + y * w for x, y in zip(a[mean:mean + k], b[mean:mean + k])]
             steps = [max(t, f) for t, f in zip(steps, lo)]

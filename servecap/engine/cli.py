@@ -196,7 +196,8 @@ def _run(args: argparse.Namespace) -> int:
         try:
             rec = engine.run(trace, out, args.backend, tokens=not args.no_tokens, policy=args.prefill,
                              admission=args.admission, prefix_cache=args.prefix_cache,
-                             max_num_batched_tokens=args.max_num_batched_tokens, extra_meta={"repeat": None if warm else i - args.warmup + 1, "warmup_runs": args.warmup})
+                             max_num_batched_tokens=args.max_num_batched_tokens,
+                             extra_meta={"repeat": None if warm else i - args.warmup + 1, "warmup_runs": args.warmup})
         except KeyboardInterrupt:
             kept = f"; its completed rows are kept in {out} (meta.json says status running)" if out else ""
             print(f"\nengine: interrupted during {'warm-up ' if warm else ''}run {i + 1} of {runs}{kept}",
