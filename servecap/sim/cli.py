@@ -300,6 +300,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if imported:
         print(f"import   {imported['import']}")
     memory = f", {args.admission} admission" + ", prefix cache" * args.prefix_cache
+    memory += f", step cap {args.max_num_batched_tokens} tokens" if args.max_num_batched_tokens else ""
     print(f"engine   {args.backend}, {args.prefill} prefill{memory}, max batch {args.max_batch}, pool {pool_blocks} "
           f"blocks ({how}); {table.summary()}")
     if args.replicas > 1:
