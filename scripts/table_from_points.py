@@ -14,11 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from servecap.calibrate.plan import FULL, FULL_LENGTH, LONG, make_plan
+from servecap.calibrate.refit import PLANS, fit_points
 from servecap.calibrate.store import PointsFile
-from servecap.calibrate.table import build_table
 from servecap.core.policies import every_policy
-from servecap.costs.table import save_cost_table
+from servecap.costs.table import load_cost_table
 from servecap.traces.provenance import git_commit
 
 
@@ -29,7 +28,7 @@ def main() -> int:
     p.add_argument("--plan", choices=("full", "full-length", "long"), required=True)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    plan = {q.name: q for q in (FULL, FULL_LENGTH, LONG)}[args.plan]
+    plan = PLANS[args.plan]
     store = PointsFile(args.points, None)
     store.close()
     ident = json.loads(args.points.read_text().splitlines()[0])["identity"]
@@ -37,20 +36,17 @@ def main() -> int:
     same_engine = meta["max_tokens"] == ident["max_prompt"] + ident["max_budget"]
     if meta["device"].get("uuid") != ident["gpu_uuid"] or not same_engine:
         sys.exit("table_from_points: the run was not made on the calibration's GPU and engine size")
-    runs = make_plan(plan, ident["max_batch"], ("paged",), tuple(map(str, every_policy(plan.chunk))))
-    missing = [r.label for r in runs if r.key not in store]
-    if missing:
-        sys.exit(f"table_from_points: the points file lacks {len(missing)} runs (e.g. {missing[0]})")
     engine = {k: meta[k] for k in ("device", "model", "block_size", "max_batch", "max_tokens", "software",
                                    "created_at", "git_commit", "host", "engine")}
     calibration = {"points_file": str(args.points), "backends": ["paged"], "runs_measured_now": 0,
-                   "runs_resumed": len(runs), "engine_from": f"run record {args.run_meta} (same engine, same GPU)",
+                   "runs_resumed": len(store.samples),
+                   "engine_from": f"run record {args.run_meta} (same engine, same GPU)",
                    "fitted_on_cpu": {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                      "git_commit": git_commit(),
                                      "command": shlex.join(["python", "scripts/table_from_points.py", *sys.argv[1:]])}}
-    table = build_table(plan, runs, store.samples, engine, calibration)
-    table.pop("table_id")
-    print(f"wrote cost table {save_cost_table(table, args.out)} to {args.out}")
+    tid = fit_points(plan, store, ("paged",), tuple(map(str, every_policy(plan.chunk))), engine, calibration, args.out)
+    print(f"wrote cost table {tid} to {args.out}")
+    table = load_cost_table(args.out, allow_nonstationary=True).raw
     from servecap.calibrate.accuracy import report
     from servecap.calibrate.cli import stationarity_line
     print(report(table["accuracy"]))

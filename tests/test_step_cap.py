@@ -134,8 +134,8 @@ def test_a_decode_run_the_cap_splits_into_groups_is_measured_on_the_steps_that_h
     assert len(kv) >= 4 and (np.diff(kv) == 8).all()  # one token a row a step, every row in every step
     assert all(p["rows"] == 8 for p in decode_points(run, sample, 8))
     # With the whole run in one group the same run has every decode step at 8 rows from the first.
-    whole = measure(_VirtualEngine(serving.but(max_num_batched_tokens=None), cost), run.__class__(
-        "decode", run.prompts, run.budget, serving.but(max_num_batched_tokens=None)))
+    uncapped = serving.but(max_num_batched_tokens=None)
+    whole = measure(_VirtualEngine(uncapped, cost), Run("decode", run.prompts, run.budget, uncapped))
     assert len(whole["kv_tokens"]) > len(kv)
     # A prefill run that the engine splits is not what the plan measured: refused.
     with pytest.raises(RuntimeError, match="did not admit the run as one group of 8"):

@@ -3,8 +3,8 @@ real run records (the validation's, or a user's own serving logs), no GPU.
 
 Every recorded step whose shape the record determines is priced by T at its shape (servecap/costs/recorded.py) and
 put in its serving-context class (servecap/costs/context.py: previous step, idle gap, rows, a decode step's longest
-row; the SM clock where the run recorded telemetry). The correction is the median real / model of each class. Held out by run: the runs of each prefill
-policy, in path order, every HOLDOUT_EVERY-th is left out of the fit, and the report (printed, and stored in the
+row; the SM clock where the run recorded telemetry). The correction is the median real / model of each class.
+Held out by run: the runs of each prefill policy, in path order, every HOLDOUT_EVERY-th is left out of the fit, and the report (printed, and stored in the
 table) gives, on the held-out runs only, the median real / model per step kind before and after the correction, each
 run's summed step time error before and after, and the residual spread the intervals use (servecap/sim/intervals.py). The
 correction stored is the one fitted without the held-out runs: the one the report grades.

@@ -73,8 +73,8 @@ def measure(engine, run: Run, settle_s: float = STATIONARY_SETTLE_S) -> dict:
         # A decode run whose prompts one step cannot hold (the plan's long_rows) is prefilled in several groups:
         # its points are the steps that hold every row, from the last group's first token to the first finish.
         pre, dec = rec.steps[rec.steps.kind.isin(("prefill", "mixed"))], rec.steps[rec.steps.kind == "decode"]
-        split = run.kind == "decode" and run.width * run.padded_len > (engine.cfg.serving.max_num_batched_tokens
-                                                                       or run.width * run.padded_len)
+        cap = engine.cfg.serving.max_num_batched_tokens
+        split = run.kind == "decode" and cap is not None and run.width * run.padded_len > cap
         dec = dec[dec.rows == run.width] if split else dec
         whole = pre.n_admitted.sum() == run.width if split else pre.n_admitted.iloc[0] == run.width
         if not whole or (run.kind.endswith("decode") and ((dec.rows != run.width).any() or len(dec) < 4)):

@@ -115,9 +115,7 @@ def build_engine(args: argparse.Namespace):
 def check_workload(trace: Trace, args: argparse.Namespace) -> None:
     """Refuse a workload with a request the engine would refuse (it records such a request as rejected and
     serves the rest, which on a whole-workload mismatch is a run of nothing), naming the first one."""
-    from servecap.core.block_pool import BlockPool, largest_request_tokens, unbounded_pool
-    from servecap.core.policies import AdmissionPolicy, PrefillPolicy
-    from servecap.core.scheduler import Scheduler
+    from servecap.core.block_pool import largest_request_tokens, unbounded_pool
 
     if not trace.requests:
         raise InputError("the workload has no requests")
@@ -133,9 +131,9 @@ def check_workload(trace: Trace, args: argparse.Namespace) -> None:
                 raise InputError(f"{misfit}: request {req.request_id}: {what} of {value} tokens is beyond {option} "
                                  f"{limit}")
     pool = unbounded_pool(1, largest_request_tokens(trace.requests), args.block_size)
-    sched = Scheduler(1, BlockPool(pool, args.block_size), args.max_prompt + args.max_budget,
-                      PrefillPolicy.parse(args.prefill), AdmissionPolicy.parse(args.admission),
-                      args.max_num_batched_tokens)
+    sched = ServingConfig(block_size=args.block_size, max_batch=args.max_batch, prefill=args.prefill,
+                          admission=args.admission, max_num_batched_tokens=args.max_num_batched_tokens
+                          ).scheduler(pool, args.max_prompt + args.max_budget, max_batch=1)
     try:
         for req in trace.requests:
             sched.submit(req)
@@ -196,7 +194,6 @@ def _run(args: argparse.Namespace) -> int:
         try:
             rec = engine.run(trace, out, args.backend, tokens=not args.no_tokens, policy=args.prefill,
                              admission=args.admission, prefix_cache=args.prefix_cache,
-                             max_num_batched_tokens=args.max_num_batched_tokens,
                              extra_meta={"repeat": None if warm else i - args.warmup + 1, "warmup_runs": args.warmup})
         except KeyboardInterrupt:
             kept = f"; its completed rows are kept in {out} (meta.json says status running)" if out else ""

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
