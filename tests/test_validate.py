@@ -106,3 +106,31 @@ def test_a_plan_without_the_public_traces_must_say_so(inputs, tmp_path, capsys):
     assert main(["plan", "--table", str(inputs / "table.json"), "--out", str(tmp_path / "v")]) == 2
     err = capsys.readouterr().err
     assert "need --azure PATH and --sharegpt PATH" in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_a_plan_on_an_earlier_plans_points_is_graded_on_the_runs_made_under_that_one(inputs, tmp_path, capsys):
+    from servecap.costs.table import load_cost_table
+    from servecap.validate.report import compare
+    table, first, second = inputs / "table.json", tmp_path / "blind", tmp_path / "recalibrated"
+    other = tmp_path / "other.json"
+    save_cost_table({**linear_table(retire_s=0.004), "created_at": "2026-01-02T00:00:00+00:00"}, other)
+    base = ["plan", "--n", str(N), "--azure", str(inputs / "azure.csv"), "--sharegpt", str(inputs / "sharegpt.csv")]
+    assert main([*base, "--table", str(table), "--skip", "curve,closed,policies,fleet", "--out", str(first)]) == 0
+    assert main(["plan", "--table", str(other), "--points-from", str(first), "--mechanisms", "mixed",
+                 "--out", str(second)]) == 2
+    assert "--mechanisms would choose others" in capsys.readouterr().err
+    assert main(["plan", "--table", str(other), "--points-from", str(first), "--out", str(second)]) == 0
+    (p1, pts1), (p2, pts2) = load_plan(first), load_plan(second)
+    assert [p.to_json() for p in pts1] == [p.to_json() for p in pts2] and pts2
+    assert p2["points_from"]["table_id"] == p1["table"]["id"] != p2["table"]["id"]
+    assert p2["predictions"] != p1["predictions"]  # its own table's
+    fill_real(first, load_cost_table(table))
+    (second / "real").symlink_to(first / "real")
+    _, graded = compare(second, other)
+    assert len(graded) == len(pts2)
+    third = tmp_path / "third"  # runs planned against neither table are refused
+    assert main(["plan", "--table", str(other), "--points-from", str(first), "--out", str(third)]) == 0
+    fill_real(third, load_cost_table(table), plan_table="0" * 16)
+    with pytest.raises(InputError, match="planned against cost table"):
+        compare(third, other)

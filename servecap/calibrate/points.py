@@ -104,7 +104,8 @@ def prefill_points(run: Run, sample: dict) -> list[dict]:
     """One point per distinct step shape of the run (a chunked prompt's chunks are several)."""
     policy = run.policy.partition(":")[0]
     return [{"policy": policy, "rows": s.rows, "tokens": s.tokens, "attn": s.attn, "computed": list(s.computed),
-             "prefix": list(s.prefix), **stats(d), "run": run.label} for s, d in prefill_steps(run, sample).items()]
+             "prefix": list(s.prefix), **({"decode": s.decode} if s.decode else {}), **stats(d), "run": run.label}
+            for s, d in prefill_steps(run, sample).items()]
 
 
 def first_over_again(run: Run, sample: dict) -> float:

@@ -56,7 +56,8 @@ class PrefillWork:
     recomputed: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        self.shape = _new(PrefillShape, (tuple(self.computed), tuple(self.prefix)))  # the scheduler's ints as they are
+        # the scheduler's ints as they are
+        self.shape = _new(PrefillShape, (tuple(self.computed), tuple(self.prefix), self.decode))
         self.done = [p + n == s.req.prompt_tokens + s.generated for s, p, n in zip(self.seqs, self.prefix, self.new)]
 
     @property

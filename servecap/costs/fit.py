@@ -12,9 +12,10 @@ from scipy.optimize import least_squares, lsq_linear
 
 from servecap.traces.errors import InputError
 
-from .model import PrefillRounding, interp, longest_context, prefill_time
+from .model import PrefillRounding, interp, kv_read_per_token, longest_context, prefill_time
 from .shapes import PrefillShape
-from .table import PATH_PARAM, PREFILL_PARAMS, PREFIX_PARAM
+from .table import (MIXED_FIXED_PARAM, MIXED_PER_TOKEN_PARAM, PATH_PARAM, PREFILL_PARAMS,
+                    PREFIX_PARAM)
 
 Z90 = 1.2815515655446004  # the 90th percentile of a standard normal
 
@@ -27,24 +28,32 @@ def sigma(points: list[dict]) -> float:
 def point_shape(p: dict) -> PrefillShape:
     """A prefill point's step: its sequences when it lists them, else a padded group (rows x tokens / rows)."""
     if "computed" in p:
-        return PrefillShape.of(p["computed"], p.get("prefix"))
+        return PrefillShape.of(p["computed"], p.get("prefix"), p.get("decode", 0))
     return PrefillShape.padded(p["rows"], p["tokens"] // p["rows"])
 
 
-def fit_prefill(points: list[dict], engine: dict | None = None) -> dict:
-    """The smooth-max surface over prefill points (servecap/costs/model.py), with the engine's rounding when known."""
+def fit_prefill(points: list[dict], engine: dict | None = None, kv_per_token: float | None = None) -> dict:
+    """The smooth-max surface over prefill points (servecap/costs/model.py), with the engine's rounding when known.
+    Where the engine attends a fused step's decode rows with its decode kernel (engine.mixed_decode_attention), the
+    fused points' decode rows get two terms of their own, per K/V token (starting from `kv_per_token`, the decode
+    fit's) and fixed, and only their prompt positions' attention is the surface's."""
     rounding = PrefillRounding(engine)
     shapes = [point_shape(p) for p in points]
+    split = (engine or {}).get("mixed_decode_attention") == "paged"
+    attended = [s.prompts if split else s for s in shapes]
     # Attention over the pool's K/V gets a coefficient of its own where points have any (chunks after a prefix), and
     # the longest program's keys one more where the points include fused steps (servecap/costs/model.py).
     apart = any(any(s.prefix) for s in shapes)
     path = apart and any(p.get("policy") == "mixed" for p in points)
-    feats = [rounding.split(s) if apart else (*rounding.features(s), 0.0) for s in shapes]
+    mixed = split and any(s.decode for s in shapes)
+    feats = [rounding.split(s, a) if apart else (*rounding.features(s, a), 0.0) for s, a in zip(shapes, attended)]
     rows = np.array([p["rows"] for p in points], float)
     tokens = np.array([f[0] for f in feats], float)
     span = np.array([f[1] for f in feats], float)
     prefix = np.array([f[2] for f in feats], float) * tokens
-    longest = np.array([longest_context(s) for s in shapes], float)
+    longest = np.array([longest_context(a) if a.computed else 0 for a in attended], float)
+    decode_kv = np.array([sum(p + 1 for p in s.prefix[:s.decode]) if split else 0 for s in shapes], float)
+    fused = decode_kv > 0
     y = np.array([p["median_s"] for p in points], float)
     big = np.argmax(tokens)
     # Start from the floor at the smallest shape and the throughput of the largest; positive through exp().
@@ -52,6 +61,9 @@ def fit_prefill(points: list[dict], engine: dict | None = None) -> dict:
           4.0] + ([y[big] / (tokens[big] * span[big]) * 0.05] if apart else [])
     if path:  # a key on the critical path: of the order of a decode step's per token
         x0.append(y.min() * 1e-4)
+    at = len(x0)
+    if mixed:  # the decode kernel's K/V reads, and its launches: of the order of a few microseconds a layer
+        x0 += [kv_per_token or y.min() * 1e-6, y.min() * 0.01]
     n = len(x0)
     bounds = ([-np.inf] * n, [np.inf] * n)
     bounds[0][5], bounds[1][5] = 0.0, np.log(50.0)  # the sharpness: between a plain sum and a hard max
@@ -59,7 +71,8 @@ def fit_prefill(points: list[dict], engine: dict | None = None) -> dict:
     def model(x):
         e = np.exp(x)
         extra = e[6] * prefix if apart else 0.0
-        return prefill_time(e[:6], rows, tokens, span, extra + (e[7] * longest if path else 0.0))
+        t = prefill_time(e[:6], rows, tokens, span, extra + (e[7] * longest if path else 0.0))
+        return t + np.where(fused, e[at] * decode_kv + e[at + 1], 0.0) if mixed else t
 
     res = least_squares(lambda x: np.log(model(x)) - np.log(y), np.log(x0), bounds=bounds, loss="soft_l1",
                         f_scale=0.05)
@@ -67,6 +80,7 @@ def fit_prefill(points: list[dict], engine: dict | None = None) -> dict:
     real = shapes
     return {"method": "smooth-max", **dict(zip(PREFILL_PARAMS, e[:6])), **({PREFIX_PARAM: e[6]} if apart else {}),
             **({PATH_PARAM: e[7]} if path else {}),
+            **({MIXED_PER_TOKEN_PARAM: e[at], MIXED_FIXED_PARAM: e[at + 1]} if mixed else {}),
             "rows": [int(rows.min()), int(rows.max())], "tokens": [min(s.tokens for s in real), max(s.tokens for s in real)],
             "span": [min(s.span for s in real), max(s.span for s in real)], "sigma": sigma(points)}
 
@@ -104,5 +118,6 @@ def fit_decode(points: list[dict]) -> dict:
 def fit(prefill_points: list[dict], decode_points: dict[str, list[dict]], engine: dict | None = None) -> dict:
     """The `fit` section for a table's measured points (prefill keyed by shape; decode per backend); `engine` is
     the table's engine section (its prefill rounding)."""
-    return {"prefill": fit_prefill(prefill_points, engine),
-            "decode": {b: fit_decode(p) for b, p in decode_points.items()}}
+    decode = {b: fit_decode(p) for b, p in decode_points.items()}
+    per_token = kv_read_per_token(decode["paged"]) if "paged" in decode else None
+    return {"prefill": fit_prefill(prefill_points, engine, per_token), "decode": decode}

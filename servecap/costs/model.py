@@ -20,6 +20,14 @@
   of w prompts padded to n is w sequences of n positions; the same prompts at their true lengths (packed) are
   w sequences of n_i; a chunk of c positions of a prompt whose first p are in the pool is one sequence of c
   positions after a prefix of p (attention c * (c + 2p)).
+- Fused steps, where the table's engine attends their decode rows with its paged decode kernel
+  (engine.mixed_decode_attention == "paged"; the prompt positions go through the prefill kernel in the same forward
+  pass): the prefill surface over the step's tokens (its bucket: the decode rows' positions are in every matrix
+  product) with the prompt sequences' attention alone, plus per_token * the K/V tokens the decode rows hold, plus a
+  fixed part (the decode kernel's launches). A table fitted on such steps has both (fit.prefill.mixed_decode_*).
+  One that has not (an engine measured before) derives them, the assumption that carries it: a decode row costs
+  a fused step what its K/V read adds to a decode step (the widest measured batch's uniform knots, first to last,
+  per row and token), and the launches nothing.
 - Decode (rows, K/V tokens, longest row): the step a uniform batch would take at the longest row's length, less
   what the shorter rows save: t = uniform(rows, kv_max) - per_token * (rows * kv_max - kv_tokens), per_token at most
   the steepest uniform segment over the rows (a row a token shorter saves at most a token of a row), and, in tables
@@ -58,7 +66,8 @@ from servecap.traces.errors import InputError
 
 from .context import Correction, decode_kind, kv_class_end, prefill_kind
 from .shapes import PrefillShape, backend_named
-from .table import PATH_PARAM, PREFILL_PARAMS, PREFIX_PARAM, CostTable, as_cost_table, table_id
+from .table import (MIXED_FIXED_PARAM, MIXED_PER_TOKEN_PARAM, PATH_PARAM, PREFILL_PARAMS, PREFIX_PARAM, CostTable,
+                    as_cost_table, table_id)
 
 
 class ExtrapolationWarning(UserWarning):
@@ -84,7 +93,7 @@ def prefill_time(params, rows, tokens, span, prefix=0.0):
 
 def longest_context(shape: PrefillShape) -> int:
     """The keys the step's longest-running attention program reads: its longest sequence's prefix and positions."""
-    return max(p + n for n, p in zip(shape.computed, shape.prefix))
+    return max((p + n for n, p in zip(shape.computed, shape.prefix)), default=0)
 
 
 def tile_work(n: int, prefix: int, block_m: int) -> int:
@@ -106,25 +115,29 @@ class PrefillRounding:
     def known(self) -> bool:
         return self.buckets.size > 0 and bool(self.block_m)
 
-    def split(self, shape: PrefillShape) -> tuple[int, float, float]:
+    def split(self, shape: PrefillShape, attended: PrefillShape | None = None) -> tuple[int, float, float]:
         """(tokens, attention work per token within the step's sequences, per token over their prefixes in the
-        pool): features() with the prefix's part apart (a query tile's keys from the pool, 2 * block_m * p each)."""
-        tokens, span = self.features(shape)
+        pool): features() with the prefix's part apart (a query tile's keys from the pool, 2 * block_m * p each).
+        `attended`: the sequences the prefill kernel attends, where not all of the step's (a fused step whose
+        decode rows the decode kernel attends: their positions count, their attention does not)."""
+        attended = shape if attended is None else attended
+        tokens, span = self.features(shape, attended)
         if self.known:
-            t = [-(-n // self.block_m) for n in shape.computed]
-            prefix = sum(2 * self.block_m * k * p for k, p in zip(t, shape.prefix))
+            t = [-(-n // self.block_m) for n in attended.computed]
+            prefix = sum(2 * self.block_m * k * p for k, p in zip(t, attended.prefix))
         else:
-            prefix = sum(2 * n * p for n, p in zip(shape.computed, shape.prefix))
+            prefix = sum(2 * n * p for n, p in zip(attended.computed, attended.prefix))
         return tokens, span - prefix / tokens, prefix / tokens
 
-    def features(self, shape: PrefillShape) -> tuple[int, float]:
-        """(tokens, attention work per token) the fitted surface takes for this step."""
+    def features(self, shape: PrefillShape, attended: PrefillShape | None = None) -> tuple[int, float]:
+        """(tokens, attention work per token) the fitted surface takes for this step (`attended`: as for split)."""
+        attended = shape if attended is None else attended
         if not self.known:  # a table from before the engine recorded its rounding: the step's own work
-            return shape.tokens, shape.attn / shape.tokens
+            return shape.tokens, attended.attn / shape.tokens
         tokens = shape.tokens
         i = int(np.searchsorted(self.buckets, tokens))
         bucket = int(self.buckets[i]) if i < self.buckets.size else tokens
-        work = sum(tile_work(n, p, self.block_m) for n, p in zip(shape.computed, shape.prefix))
+        work = sum(tile_work(n, p, self.block_m) for n, p in zip(attended.computed, attended.prefix))
         work += tile_work(bucket - tokens, 0, self.block_m) if bucket > tokens else 0
         return bucket, work / bucket
 
@@ -198,6 +211,29 @@ class _DecodeFit:
         return i, 1 - w, w
 
 
+def kv_read_per_token(decode: dict) -> float:
+    """What a K/V token's read adds to a decode step, from a decode fit (fit.decode[backend]): the widest measured
+    batch's uniform knots, first to last, per row and token of length (the least noisy slope a table has: small
+    batches' steps are bound by launches, their K/V reads lost in the noise)."""
+    knots, rows = decode["knots"][-1], decode["rows"][-1]
+    (x0, y0), (x1, y1) = knots[0], knots[-1]
+    return max(0.0, (y1 - y0) / (rows * (x1 - x0))) if x1 > x0 else 0.0
+
+
+def mixed_decode_terms(table: CostTable) -> tuple[float, float] | None:
+    """(per K/V token, fixed seconds) a fused step pays for its decode rows where the table's engine attends them
+    with its paged decode kernel (engine.mixed_decode_attention == "paged"); None where it does not. Fitted from the
+    table's fused points where it has them (fit.prefill.mixed_decode_*), else derived: each row's K/V read costs
+    what it adds to a decode step (kv_read_per_token of the paged fit), and the kernel's launches nothing."""
+    if (table.raw.get("engine") or {}).get("mixed_decode_attention") != "paged":
+        return None
+    p = table.fit["prefill"]
+    per_token = p.get(MIXED_PER_TOKEN_PARAM)
+    if per_token is None:
+        per_token = kv_read_per_token(table.fit["decode"]["paged"])
+    return float(per_token), float(p.get(MIXED_FIXED_PARAM, 0.0))
+
+
 def prefill_ranges(table: CostTable) -> dict[str, list[float]]:
     """The measured range of rows, tokens and span, read from either table version's fit."""
     p = table.fit["prefill"]
@@ -224,6 +260,9 @@ class CostModel:
         self._prefill_params = tuple(p[k] for k in PREFILL_PARAMS)
         self._per_prefix = p.get(PREFIX_PARAM)  # None: prefix attention priced as the rest (older tables)
         self._per_path = p.get(PATH_PARAM)  # None: no critical-path term (tables without fused steps)
+        # (per K/V token, fixed) of a fused step's decode rows attended by the decode kernel; None: an engine whose
+        # fused steps run their decode rows through the prefill kernel, priced as the prefill step it is.
+        self._mixed = mixed_decode_terms(table)
         self._ranges = prefill_ranges(table)
         self.rounding = PrefillRounding(table.raw.get("engine"))
         self.prefill_sigma = p["sigma"]
@@ -277,13 +316,20 @@ class CostModel:
         r = self._ranges
         if rows > r["rows"][1] or tokens > r["tokens"][1] or span > r["span"][1]:
             self._outside(f"prefill of {rows} rows x {tokens} tokens (span {span:.0f})")
+        split = self._mixed is not None and shape.decode > 0
+        attended = shape.prompts if split else shape
         if self._per_prefix is None:
-            return float(prefill_time(self._prefill_params, rows, *self.rounding.features(shape)))
-        tokens, own, prefix = self.rounding.split(shape)
-        pool = self._per_prefix * tokens * prefix
-        if self._per_path is not None:
-            pool += self._per_path * longest_context(shape)
-        return float(prefill_time(self._prefill_params, rows, tokens, own, pool))
+            cost = float(prefill_time(self._prefill_params, rows, *self.rounding.features(shape, attended)))
+        else:
+            tokens, own, prefix = self.rounding.split(shape, attended)
+            pool = self._per_prefix * tokens * prefix
+            if self._per_path is not None:
+                pool += self._per_path * longest_context(attended)
+            cost = float(prefill_time(self._prefill_params, rows, tokens, own, pool))
+        if split:  # the decode kernel's part: its rows' K/V reads and its launches
+            per_token, fixed = self._mixed
+            cost += fixed + per_token * sum(p + 1 for p in shape.prefix[:shape.decode])
+        return cost
 
     def _fit(self, backend: str) -> _DecodeFit:
         d = self._decode.get(backend_named(backend))  # a record or command may give the backend's old name

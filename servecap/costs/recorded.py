@@ -54,7 +54,7 @@ def fused_shape(row) -> PrefillShape | None:
         n = int(row.tokens) - d
         work = int(row.attn) - sum(1 + 2 * p for p in decode)
         computed, prefix = computed + [n], prefix + [(work // n - n) // 2]
-    return PrefillShape.of(computed, prefix)
+    return PrefillShape.of(computed, prefix, d)
 
 
 def _groups(requests) -> dict[int, list[int]]:

@@ -55,10 +55,14 @@ class PrefillShape(NamedTuple):
 
     rows, tokens and attn are what the records keep: attn is the causal attention work, the sum over sequences of
     n * (n + 2p) (each position attends to the prefix and to itself and the positions before it, about n^2 / 2
-    pairs, counted twice so that a whole prompt's work is the square of its length)."""
+    pairs, counted twice so that a whole prompt's work is the square of its length).
+
+    A fused step's first `decode` sequences are its decode rows (one position each, after their K/V): an engine
+    that attends them with its decode kernel runs only the rest through the prefill kernel."""
 
     computed: tuple[int, ...]
     prefix: tuple[int, ...]
+    decode: int = 0
 
     @property
     def rows(self) -> int:
@@ -77,9 +81,14 @@ class PrefillShape(NamedTuple):
         """Attention work per computed position: a whole prompt's own length; a padded group's padded length."""
         return self.attn / self.tokens
 
+    @property
+    def prompts(self) -> "PrefillShape":
+        """The step without its decode rows: the sequences a fused step's prefill kernel runs."""
+        return PrefillShape(self.computed[self.decode:], self.prefix[self.decode:])
+
     @classmethod
-    def of(cls, computed: Sequence[int], prefix: Sequence[int] | None = None) -> "PrefillShape":
-        return cls(tuple(map(int, computed)), tuple(map(int, prefix)) if prefix else (0,) * len(computed))
+    def of(cls, computed: Sequence[int], prefix: Sequence[int] | None = None, decode: int = 0) -> "PrefillShape":
+        return cls(tuple(map(int, computed)), tuple(map(int, prefix)) if prefix else (0,) * len(computed), int(decode))
 
     @classmethod
     def padded(cls, width: int, padded_len: int) -> "PrefillShape":

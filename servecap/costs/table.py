@@ -41,6 +41,9 @@ SIZE_LIMITS = {"block_size": 2 ** 16, "max_batch": 1024, "max_tokens": 2 ** 24}
 PREFILL_PARAMS = ("floor_s", "floor_per_row_s", "base_s", "per_token_s", "per_token2_s", "sharpness")
 PREFIX_PARAM = "per_prefix_token2_s"  # optional: attention over pool K/V priced apart (servecap/costs/model.py)
 PATH_PARAM = "per_path_key_s"  # optional: the longest attention program's keys (tables with fused steps; same)
+# optional, where the engine attends a fused step's decode rows with its decode kernel: per K/V token they hold, and
+# fixed (servecap/costs/model.py mixed_decode_terms)
+MIXED_PER_TOKEN_PARAM, MIXED_FIXED_PARAM = "mixed_decode_per_token_s", "mixed_decode_s"
 
 
 class StationarityWarning(UserWarning):
@@ -100,7 +103,7 @@ def _check_fit(table: dict, path) -> None:
     for k in PREFILL_PARAMS:
         _number(_need(p, k, "fit.prefill.", path), f"fit.prefill.{k}", path,
                 positive=k == "sharpness")
-    for k in (PREFIX_PARAM, PATH_PARAM):
+    for k in (PREFIX_PARAM, PATH_PARAM, MIXED_PER_TOKEN_PARAM, MIXED_FIXED_PARAM):
         if k in p:
             _number(p[k], f"fit.prefill.{k}", path)
     if PATH_PARAM in p and PREFIX_PARAM not in p:

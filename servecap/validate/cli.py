@@ -129,6 +129,9 @@ def parser() -> argparse.ArgumentParser:
                       help="freeze a LEVEL%% band for every point's metrics with the predictions (servecap/sim/intervals.py)")
     plan.add_argument("--allow-nonstationary", action="store_true",
                       help="plan from a table whose stationarity check failed (the plan and report say so)")
+    plan.add_argument("--points-from", type=Path, metavar="PLAN_DIR",
+                      help="predict an earlier plan's points as they are (their traces copied here), so that the same "
+                           "real runs, made under that plan, grade both; no option that chooses points goes with it")
 
     real = sub.add_parser("real", parents=[common], help="run the plan's points on the engine (GPU; resumes)")
     real.add_argument("--expect-gpu", metavar="NAME", help="refuse any other device, e.g. 'NVIDIA H200'")
@@ -218,13 +221,20 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {grade(args.out, args.table, args.recalibrated, args.force)}")
             elif args.step == "plan":
                 from .plan import make_plan
+                chooses = [f"--{k.replace('_', '-')}" for k in ("azure", "sharegpt", "sag", "predictions", "repeats",
+                                                                  "cache_trace", "max_num_batched_tokens")
+                           if getattr(args, k)] + [f"--{k}" for k in ("skip", "mechanisms") if getattr(args, k)]
+                if args.points_from is not None and chooses:
+                    raise InputError(f"--points-from takes the earlier plan's points as they are; "
+                                     f"{', '.join(chooses)} would choose others")
                 points = make_plan(args.table, args.out, n=args.n, seed=args.seed, azure=args.azure,
                                    sharegpt=args.sharegpt, skip=args.skip, sag=args.sag,
                                    predictions=args.predictions, force=args.force,
                                    allow_nonstationary=args.allow_nonstationary, interval=args.interval,
                                    public_policies=args.public_policies, repeats=args.repeats,
                                    mechanisms=args.mechanisms, cache_traces=dict(args.cache_trace or []) or None,
-                                   max_num_batched_tokens=args.max_num_batched_tokens)
+                                   max_num_batched_tokens=args.max_num_batched_tokens,
+                                   points_from=args.points_from)
                 print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
                 for p in points:
                     print(f"  {p.id:40s} {p.role:12s} {p.serving.backend} {p.serving.prefill} {p.serving.admission}"

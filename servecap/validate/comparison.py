@@ -82,6 +82,9 @@ def compare(out: Path, table_path: Path | None, allow_nonstationary: bool = Fals
     if missing:
         warnings.warn(f"{len(missing)} point(s) have no complete real records and are not graded: {', '.join(missing)}")
     blind = plan.get("blind", {}).get("predictions", {})
+    # A plan made on an earlier plan's points (--points-from) is graded on the runs made under that one too; that
+    # they came after this plan is checked below, as for any run.
+    planned_under = {plan["table"]["id"], (plan.get("points_from") or {}).get("table_id", plan["table"]["id"])}
     results = []
     for p in points:
         runs = complete_runs(out, p)
@@ -92,7 +95,7 @@ def compare(out: Path, table_path: Path | None, allow_nonstationary: bool = Fals
             if r.meta["trace_id"] != trace.trace_id:
                 raise InputError(f"point {p.id}: the real run replayed trace {r.meta['trace_id']}, the plan's is "
                                  f"{trace.trace_id}")
-            if r.meta.get("plan_table_id") != plan["table"]["id"]:
+            if r.meta.get("plan_table_id") not in planned_under:
                 raise InputError(f"point {p.id}: a real run was planned against cost table {r.meta.get('plan_table_id')}"
                                  f", not the plan's {plan['table']['id']}")
             if not math.isnan(made) and not _when(r.meta.get("created_at")) >= made:

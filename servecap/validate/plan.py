@@ -37,7 +37,7 @@ from servecap.traces.trace_io import write_trace
 from servecap.traces.workload import Trace, poisson_trace
 
 from . import mechanisms
-from .points import Point, build_trace, round_rate as _round
+from .points import Point, build_trace, load_plan, round_rate as _round
 
 ENGINE_START_S = 40.0  # for the time estimate only
 # The public traces' points are cut to what the engine serves by default (servecap/engine/cli.py: prompts to 4096 tokens,
@@ -93,7 +93,7 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
               interval: float | None = None, public_policies: tuple[str, ...] = ("padded",),
               repeats: int | None = None, mechanisms: tuple[str, ...] = (),
               cache_traces: dict[str, Path] | None = None,
-              max_num_batched_tokens: int | None = None) -> list[Point]:
+              max_num_batched_tokens: int | None = None, points_from: Path | None = None) -> list[Point]:
     """Points chosen the way a user would: from the simulator's own sweep of the table. The public traces are
     planned for each of `public_policies`. `repeats` K: K fresh runs at every near- and past-capacity point,
     public and mechanism (the engine's own run-to-run spread is measured there); None: one at the public points,
@@ -104,6 +104,40 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     if (out / "plan.json").exists() and not force:
         raise InputError("already holds a validation plan; its real runs were graded against it. Choose another "
                          "--out, or pass --force to replace it", path=out / "plan.json")
+    table = inputs.load_table(table_path, allow_nonstationary=allow_nonstationary)
+    source = None
+    if points_from is not None:
+        points, source = _points_from(Path(points_from), out)
+        cap = small_cap = None
+        blind: dict = {}
+    else:
+        points, cap, small_cap, blind = _chosen_points(table, out, n, seed, azure, sharegpt, skip, sag, predictions,
+                                                       public_policies, repeats, mechanisms, cache_traces,
+                                                       max_num_batched_tokens)
+    predicted = {p.id: predict(table, p, out) for p in points}
+    intervals = None
+    if interval is not None:  # frozen with the predictions, before any real run
+        from servecap.sim.intervals import Intervals
+        iv = Intervals(table, interval)
+        intervals = {**iv.describe(), "bands": {p.id: point_band(iv, table, p, out) for p in points}}
+    estimate = _estimate_s(points, predicted)
+    plan = {"table": {"id": table.table_id, "created_at": table.created_at, "device": table.device_name,
+                      "gpu_uuid": table.gpu_uuid, "path": str(table.path), "stationarity": table.stationarity and
+                      {k: table.stationarity[k] for k in ("passed", "limit", "prefill", "decode")}},
+            "planned_at": time.time(), "capacity_sim": cap, "small_pool_capacity_sim": small_cap, "n": n, "seed": seed,
+            "skipped": list(skip), "estimated_gpu_s": estimate,
+            "points": [p.to_json() for p in points], "predictions": predicted, "blind": blind,
+            **({"intervals": intervals} if intervals else {}), **({"points_from": source} if source else {}),
+            **provenance()}
+    atomic_write_text(out / "plan.json", json.dumps(plan, indent=1, default=float) + "\n")
+    return points
+
+
+def _chosen_points(table, out: Path, n: int, seed: int, azure: Path | None, sharegpt: Path | None,
+                   skip: tuple[str, ...], sag: Path | None, predictions: Path | None, public_policies: tuple[str, ...],
+                   repeats: int | None, mechanisms: tuple[str, ...], cache_traces: dict[str, Path] | None,
+                   max_num_batched_tokens: int | None) -> tuple[list[Point], float | None, float | None, dict]:
+    """make_plan's points, chosen from the table's own sweeps: (points, capacity, small-pool capacity, blind)."""
     memory_or_mixed = {"on-demand", "mixed"} & set(mechanisms)
     for group, path in (("public", azure), ("public", sharegpt)):
         if (group not in skip or memory_or_mixed) and path is None:
@@ -121,7 +155,6 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     if "policies" not in skip and predictions is None:
         raise InputError("the prefill-policy points are the blind predictions' (python -m validate predict): give "
                          "their directory with --predictions DIR, or pass --skip policies, which the plan records")
-    table = inputs.load_table(table_path, allow_nonstationary=allow_nonstationary)
     workload = Workload(n, seed)
     cap = small_cap = None
 
@@ -178,22 +211,22 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
         points += fleet_points(table, n, seed, capped(ServingConfig()))
     for p in points:
         p.serving = capped(p.serving)
-    predicted = {p.id: predict(table, p, out) for p in points}
-    intervals = None
-    if interval is not None:  # frozen with the predictions, before any real run
-        from servecap.sim.intervals import Intervals
-        iv = Intervals(table, interval)
-        intervals = {**iv.describe(), "bands": {p.id: point_band(iv, table, p, out) for p in points}}
-    estimate = _estimate_s(points, predicted)
-    plan = {"table": {"id": table.table_id, "created_at": table.created_at, "device": table.device_name,
-                      "gpu_uuid": table.gpu_uuid, "path": str(table.path), "stationarity": table.stationarity and
-                      {k: table.stationarity[k] for k in ("passed", "limit", "prefill", "decode")}},
-            "planned_at": time.time(), "capacity_sim": cap, "small_pool_capacity_sim": small_cap, "n": n, "seed": seed,
-            "skipped": list(skip), "estimated_gpu_s": estimate,
-            "points": [p.to_json() for p in points], "predictions": predicted, "blind": blind,
-            **({"intervals": intervals} if intervals else {}), **provenance()}
-    atomic_write_text(out / "plan.json", json.dumps(plan, indent=1, default=float) + "\n")
-    return points
+    return points, cap, small_cap, blind
+
+
+def _points_from(source: Path, out: Path) -> tuple[list[Point], dict]:
+    """An earlier plan's points as they are, their trace files copied beside this plan: the same real runs then
+    grade both plans' predictions (servecap/validate/comparison.py accepts runs made under the earlier one)."""
+    import shutil
+    if source.resolve() == out.resolve():
+        raise InputError("--points-from names the plan's own directory", path=source)
+    plan, points = load_plan(source)
+    for p in points:
+        if p.trace["kind"] == "file":
+            dst = out / p.trace["path"]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / p.trace["path"], dst)
+    return points, {"dir": str(source), "table_id": plan["table"]["id"], "created_at": plan.get("created_at")}
 
 
 def _mechanism_points(search: Callable[[ServingConfig, Workload], float], groups: tuple[str, ...], poisson,

@@ -1,0 +1,102 @@
+"""Fused steps whose decode rows the engine attends with its paged decode kernel: how the cost model prices them, how
+a fit learns their terms, the what-if table that predicts them from a table measured before, and plans made on an
+earlier plan's points."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from servecap.costs.fit import fit_prefill
+from servecap.costs.model import CostModel, kv_read_per_token, mixed_decode_terms, prefill_time
+from servecap.costs.shapes import PrefillShape
+from servecap.costs.synthetic import linear_table
+from servecap.costs.table import CostTable, table_id
+
+from shared_data import REPO as ROOT
+
+PARAMS = (2e-3, 4e-5, 1e-4, 4e-6, 2e-10, 3.0)  # PREFILL_PARAMS order
+
+
+def fused(decode: list[int], chunk: int, prefix: int = 0) -> PrefillShape:
+    return PrefillShape.of([1] * len(decode) + [chunk], decode + [prefix], len(decode))
+
+
+def paged_engine(raw: dict, **fit) -> CostModel:
+    t = {**raw, "engine": {**raw.get("engine", {}), "mixed_decode_attention": "paged"}}
+    t["fit"] = {**t["fit"], "prefill": {**t["fit"]["prefill"], **fit}}
+    t["table_id"] = table_id(t)
+    return CostModel(CostTable(t))
+
+
+def test_a_fused_steps_decode_rows_cost_their_kv_reads_and_their_attention_is_not_the_prefill_kernels():
+    raw = linear_table()
+    old, new = CostModel(CostTable(raw)), paged_engine(raw)
+    per_token, fixed = mixed_decode_terms(new.table)
+    assert fixed == 0.0 and per_token == pytest.approx(kv_read_per_token(raw["fit"]["decode"]["paged"]))
+    assert per_token > 0
+    a, b = fused([900, 1200, 300], 500), fused([1000, 1300, 400], 500)
+    # 100 more K/V tokens in each of 3 rows: exactly 300 tokens' reads more, on the decode kernel's terms.
+    assert new.prefill(b) - new.prefill(a) == pytest.approx(300 * per_token, rel=1e-9)
+    # Without its decode rows' attention the prefill surface prices the step's positions: the same bucket of
+    # tokens as the whole step, with the chunk's attention only.
+    rows_only = PrefillShape.of([1, 1, 1, 500], [0, 0, 0, 0], 3)
+    assert new.prefill(a) == pytest.approx(new.prefill(rows_only) + per_token * (900 + 1200 + 300), rel=1e-9)
+    # An engine that attends them with its prefill kernel is priced as before, whatever the shape's decode count.
+    assert old.prefill(a) == old.prefill(PrefillShape(a.computed, a.prefix))
+    assert mixed_decode_terms(old.table) is None
+
+
+def test_a_tables_own_fitted_terms_win_over_the_derived_ones():
+    raw = linear_table()
+    m = paged_engine(raw, mixed_decode_per_token_s=3e-9, mixed_decode_s=2e-4)
+    assert mixed_decode_terms(m.table) == (3e-9, 2e-4)
+    a = fused([1000] * 4, 300)
+    assert m.prefill(a) - m.prefill(fused([0] * 4, 300)) == pytest.approx(3e-9 * 4000, rel=1e-9)
+
+
+def test_the_fit_learns_the_decode_rows_terms_from_fused_points():
+    rng = np.random.default_rng(0)
+    shapes = [PrefillShape.padded(w, n) for w in (1, 4, 16) for n in (64, 512, 2048)]
+    shapes += [PrefillShape.of([c], [p]) for c in (256, 512) for p in (512, 2048)]
+    shapes += [fused(list(rng.integers(64, 4000, d)), 512 - d, int(rng.integers(0, 2000)))
+               for d in (2, 8, 16, 24, 31) for _ in range(6)]
+    per_token, fixed = 8e-9, 3e-4
+
+    def truth(s: PrefillShape) -> float:
+        a = s.prompts if s.decode else s
+        pool_work = sum(2 * n * p for n, p in zip(a.computed, a.prefix))
+        own = sum(n * (n + 2 * p) for n, p in zip(a.computed, a.prefix)) - pool_work
+        pool = 5e-11 * pool_work
+        t = float(prefill_time(PARAMS, s.rows, s.tokens, own / s.tokens, pool))
+        return t + (fixed + per_token * sum(p + 1 for p in s.prefix[:s.decode]) if s.decode else 0.0)
+
+    points = [{"policy": "mixed" if s.decode else "padded", "rows": s.rows, "tokens": s.tokens, "attn": s.attn,
+               "computed": list(s.computed), "prefix": list(s.prefix), **({"decode": s.decode} if s.decode else {}),
+               "median_s": truth(s), "p10_s": truth(s) * 0.99, "p90_s": truth(s) * 1.01, "n": 5} for s in shapes]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = fit_prefill(points, {"mixed_decode_attention": "paged"}, kv_per_token=5e-9)
+    assert got["mixed_decode_per_token_s"] == pytest.approx(per_token, rel=0.1)
+    assert got["mixed_decode_s"] == pytest.approx(fixed, rel=0.25)
+    # An engine that attends them with its prefill kernel gets no such terms from the same points.
+    assert "mixed_decode_per_token_s" not in fit_prefill(points, {}, kv_per_token=5e-9)
+
+
+def test_the_what_if_table_prices_fused_steps_with_the_decode_kernel_and_drops_their_serving_factors(tmp_path):
+    src = ROOT / "results/calibration/t6d-serving/h200-t6d-serving.json"
+    out = tmp_path / "what-if.json"
+    cmd = [sys.executable, str(ROOT / "scripts/what_if_mixed_decode.py"), str(src), "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    t, s = json.loads(out.read_text()), json.loads(src.read_text())
+    assert t["engine"]["mixed_decode_attention"] == "paged" and t["derived"]["from_table"] == s["table_id"]
+    assert not any(k.startswith("prefill mixed") for k in t["correction"]["factors"])
+    assert any(k.startswith("prefill mixed") for k in s["correction"]["factors"])
+    assert t["fit"] == s["fit"] and t["table_id"] == table_id(t)
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
+    assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
