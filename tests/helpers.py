@@ -223,18 +223,20 @@ class StepReplay:
         written = r.slots[:rows].cpu().numpy()
         self._step(key, written, lambda: self._decode(rows, backend), r.out_tokens[:rows])
 
-    def prefill_forward(self, bucket: int, inputs=None) -> None:
+    def prefill_forward(self, bucket: int, inputs=None, fused: bool = False) -> None:
         assert inputs is not None, "a CPU engine's prefill steps run eagerly, with their inputs"
-        ids, pos, slots, start, length, bseq, bq, last, prefix, tables = inputs
-        # Only a sequence with a prefix (a chunk's earlier positions) reads its block table, and the pool through it;
-        # the other rows of the table hold whatever an earlier step left there.
+        ids, pos, slots, start, length, bseq, bq, last, prefix, kv_lens, tables = inputs
+        # Only a sequence with a prefix (a chunk's earlier positions) reads its block table, and the pool through it,
+        # and a fused step's decode row its K/V before the token it writes now; the other rows of the table hold
+        # whatever an earlier step left there.
         chunks = [(i, n) for i, n in enumerate(prefix.tolist()) if n > 0]
+        chunks += [(i, n - 1) for i, n in enumerate(kv_lens.tolist()) if n > 1] if fused else []
         read = [self._slots(tables[i].cpu().numpy(), n) for i, n in chunks]
-        key = self._key(("prefill", bucket), [ids, pos, slots, start, length, bseq, bq, last, prefix,
-                                              *(tables[i] for i, _ in chunks)], read)
+        key = self._key(("prefill", bucket, fused), [ids, pos, slots, start, length, bseq, bq, last, prefix, kv_lens,
+                                                     *(tables[i] for i, _ in chunks)], read)
         s = slots.cpu().numpy()
         written = s[s >= 0]
-        self._step(key, written, lambda: self._prefill(bucket, inputs), self.runner.prefill_tokens)
+        self._step(key, written, lambda: self._prefill(bucket, inputs, fused), self.runner.prefill_tokens)
 
 
 def interpreted_replica(*args, **kwargs) -> None:

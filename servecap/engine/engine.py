@@ -101,8 +101,8 @@ class Engine:
             torch.cuda.synchronize()
         self.device = dev
         self.start_s = time.perf_counter() - t0
-        log(f"engine ready in {self.start_s:.1f} s ({len(self.runner.prefill_graphs)} prefill and "
-            f"{len(self.runner.graphs)} decode graphs)")
+        log(f"engine ready in {self.start_s:.1f} s ({len(self.runner.prefill_graphs)} prefill, "
+            f"{len(self.runner.mixed_graphs)} fused and {len(self.runner.graphs)} decode graphs)")
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -150,6 +150,7 @@ class Engine:
                 "engine": {"start_s": round(self.start_s, 2), "policies": list(PREFILL),
                            "prefill_attention": "triton varlen (servecap/engine/kernels/prefill_attention.py)",
                            "prefill_buckets": r.buckets, "prefill_block_m": r.block_m,
+                           "mixed_decode_attention": "paged",
                            "prefill_graph_buckets": sorted(r.prefill_graphs), "graph_tokens": GRAPH_TOKENS,
                            "eager_bucket": EAGER_BUCKET},
                 **provenance()}

@@ -8,7 +8,9 @@ Decode: one graph per (backend, row count) up to max batch; a step is one host-t
 Prefill: the step's sequences are packed back to back (a padded group's rows at the padded length, its padding
 computed and never stored; a chunk's earlier positions read from the pool) and attend through one varlen Triton
 kernel, so the cost of a step is set by its token count and its sequences' lengths, never by a plan built for a
-shape. The token count is rounded up to a
+shape. A fused step (mixed:N) is the same pass, but its decode rows attend through the paged decode kernel, as a
+decode step's rows do (split over their K/V), while its prompt positions go through the prefill kernel: a decode
+row is one query over a long prefix, which a prefill query tile would walk alone. The token count is rounded up to a
 bucket: up to GRAPH_TOKENS tokens each bucket is a captured graph (small prefills would otherwise pay for some
 three hundred eager launches); above it the step runs eagerly at the bucket's size, and every bucket's matrix
 products were run once at start, so no step is the first to load a kernel. Nothing a step does depends on what
@@ -68,13 +70,14 @@ class PrefillInputs:
     """One int32 buffer, copied to the device in one go: [ids | positions | slots] for `tokens` token slots,
     then [seq_start | seq_len] for `seqs` sequences, [block_seq | block_q] for the kernel's programs, the index of
     each sequence's last computed token (its logits row), and each sequence's prefix in the pool with its block
-    table (chunked prefill)."""
+    table (chunked prefill), and each fused step's decode row's K/V length (0 for the other sequences), which the
+    decode kernel reads through the same block tables."""
 
-    NAMES = ("ids", "pos", "slots", "start", "length", "bseq", "bq", "last", "prefix", "tables")
+    NAMES = ("ids", "pos", "slots", "start", "length", "bseq", "bq", "last", "prefix", "kv_lens", "tables")
 
     def __init__(self, tokens: int, seqs: int, programs: int, max_blocks: int, device: torch.device, pinned: bool):
         t, s, p = tokens, seqs, programs
-        cut = np.cumsum([0, t, t, t, s, s, p, p, s, s, s * max_blocks])
+        cut = np.cumsum([0, t, t, t, s, s, p, p, s, s, s, s * max_blocks])
         self.host = torch.zeros(int(cut[-1]), dtype=torch.int32, pin_memory=pinned)
         self.np = self.host.numpy()
         self.dev = torch.zeros(int(cut[-1]), dtype=torch.int32, device=device)
@@ -87,9 +90,9 @@ class PrefillInputs:
         return dict(zip(self.NAMES, self.host_views))
 
     def for_bucket(self, bucket: int, programs: int) -> list[torch.Tensor]:
-        ids, pos, slots, start, length, bseq, bq, last, prefix, tables = self.views
+        ids, pos, slots, start, length, bseq, bq, last, prefix, kv_lens, tables = self.views
         return [ids[:bucket], pos[:bucket], slots[:bucket], start, length, bseq[:programs], bq[:programs], last,
-                prefix, tables]
+                prefix, kv_lens, tables]
 
 
 class ModelRunner:
@@ -129,6 +132,7 @@ class ModelRunner:
         use_graphs = dev.type == "cuda" if graphs is None else graphs
         graph_top = max([t for t in self.buckets if t <= GRAPH_TOKENS], default=0) if use_graphs else 0
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.mixed_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # the same buckets, for fused steps
         self.max_seqs = b + 1  # the step's sequences, and the bucket's padding as one more
         # Static inputs: one set for the graphs' buckets, one for the eager ones (each at its largest bucket), so no
         # step allocates pinned or device memory of a size it has not seen.
@@ -183,6 +187,7 @@ class ModelRunner:
         for bucket in sorted((t for t in self.buckets if t <= graph_top), reverse=True):
             self._fill_idle_prefill(bucket)
             self.prefill_graphs[bucket] = capture(lambda: self._prefill_forward(bucket))
+            self.mixed_graphs[bucket] = capture(lambda: self._prefill_forward(bucket, fused=True))
         for backend in backends:
             for rows in range(self.max_batch, 0, -1):
                 self.graphs[backend, rows] = capture(lambda: self._decode_forward(rows, backend))
@@ -222,11 +227,17 @@ class ModelRunner:
     def _programs(self, bucket: int) -> int:
         return max_programs(bucket, self.max_seqs, self.block_m)
 
-    def _prefill_forward(self, bucket: int, inputs: list[torch.Tensor] | None = None) -> None:
+    def _prefill_forward(self, bucket: int, inputs: list[torch.Tensor] | None = None, fused: bool = False) -> None:
         m = self.model
-        ids, pos, slots, start, length, bseq, bq, last, prefix, tables = inputs or \
+        ids, pos, slots, start, length, bseq, bq, last, prefix, kv_lens, tables = inputs or \
             self._prefill_in.for_bucket(bucket, self._programs(bucket))
-        attend = m.prefill_attend(start, length, bseq, bq, self.block_m, (prefix, tables, self.k_cache, self.v_cache))
+        decode = None
+        if fused:  # the decode rows lead the step's tokens, one each: the decode kernel over the first rows
+            rows = min(self.max_batch, bucket)
+            splits = self.splits[rows]
+            decode = (kv_lens[:rows], tables[:rows], self.k_cache, self.v_cache, splits, self.workspaces.get(splits))
+        attend = m.prefill_attend(start, length, bseq, bq, self.block_m, (prefix, tables, self.k_cache, self.v_cache),
+                                  decode)
         logits = m.forward(ids, pos, slots, self.k_cache, self.v_cache, attend, last)
         self.prefill_tokens.copy_(logits.argmax(-1))
 
@@ -237,7 +248,7 @@ class ModelRunner:
         p = plan([bucket], self.block_m, len(h["bseq"]))
         h["ids"][:], h["pos"][:], h["slots"][:] = 0, 0, -1
         h["pos"][:bucket] = np.arange(bucket) % self.max_tokens  # a bucket may be longer than the model's positions
-        h["start"][:], h["length"][:], h["prefix"][:] = 0, 0, 0
+        h["start"][:], h["length"][:], h["prefix"][:], h["kv_lens"][:] = 0, 0, 0, 0
         h["length"][0] = bucket
         h["bseq"][:], h["bq"][:] = p.block_seq, p.block_q
         h["last"][:] = bucket - 1
@@ -260,11 +271,12 @@ class ModelRunner:
         m, bs = self.model, self.block_size
         total = sum(work.computed)
         bucket = self.bucket(total)
-        graph = self.prefill_graphs.get(bucket)
+        fused = work.decode > 0
+        graph = (self.mixed_graphs if fused else self.prefill_graphs).get(bucket)
         pi = self._prefill_in if graph is not None else self._eager_in
-        ids, pos, slots, start, length, bseq, bq, last, prefix, tables = pi.host_views
+        ids, pos, slots, start, length, bseq, bq, last, prefix, kv_lens, tables = pi.host_views
         ids[:bucket], pos[:bucket], slots[:bucket] = 0, 0, -1
-        start[:], length[:], last[:], prefix[:] = 0, 0, 0, 0
+        start[:], length[:], last[:], prefix[:], kv_lens[:] = 0, 0, 0, 0, 0
         completes, off = [], 0
         for i, s in enumerate(work.seqs):
             p, n, c = work.prefix[i], work.new[i], work.computed[i]
@@ -272,15 +284,21 @@ class ModelRunner:
             pos[off:off + c] = np.arange(p, p + c)
             j = np.arange(p, p + n)
             slots[off:off + n] = np.asarray(s.block_table, dtype=np.int32)[j // bs] * bs + j % bs
-            start[i], length[i] = off, c
-            if p:  # a later chunk attends to the prompt's earlier positions through its block table
-                prefix[i] = p
+            start[i] = off
+            if i < work.decode:  # the decode kernel's row: its K/V with the token it writes now; no prefill tile
+                kv_lens[i] = p + 1
                 tables[i, :len(s.block_table)] = s.block_table
+                tables[i, len(s.block_table):] = self.scratch
+            else:
+                length[i] = c
+                if p:  # a later chunk attends to the prompt's earlier positions through its block table
+                    prefix[i] = p
+                    tables[i, :len(s.block_table)] = s.block_table
             if work.completes(i):
                 last[len(completes)] = off + n - 1
                 completes.append(s)
             off += c
-        lengths = list(work.computed)
+        lengths = [0] * work.decode + list(work.computed[work.decode:])
         if bucket > total:  # the bucket's padding attends within itself, so no unset memory enters a product
             i = len(lengths)
             start[i], length[i] = total, bucket - total  # its tokens: id 0 at position 0
@@ -292,7 +310,7 @@ class ModelRunner:
         if graph is not None:
             graph.replay()
         else:
-            self._prefill_forward(bucket, pi.for_bucket(bucket, programs))
+            self._prefill_forward(bucket, pi.for_bucket(bucket, programs), fused)
         # Read them all: the step's one host sync, also when no prompt completes (a chunk of a longer one), so the
         # step's time is its own and not the next step's.
         return self.prefill_tokens.tolist()[:len(completes)]

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .kernels import add_rms_norm, rms_norm, rope_cos_sin, rope_kv, silu_mul
+from .kernels import add_rms_norm, paged_attention, rms_norm, rope_cos_sin, rope_kv, silu_mul
 from .kernels.prefill_attention import default_block_m, plan, prefill_attention
 from .weights import LoadedModel
 
@@ -95,15 +95,25 @@ class PagedQwen2:
                             self.prefill_attend(start, length, bseq, bq, block_m), last)
 
     def prefill_attend(self, seq_start: torch.Tensor, seq_len: torch.Tensor, block_seq: torch.Tensor,
-                       block_q: torch.Tensor, block_m: int, prefix: tuple | None = None) -> Attend:
+                       block_q: torch.Tensor, block_m: int, prefix: tuple | None = None,
+                       decode: tuple | None = None) -> Attend:
         """Causal attention within each packed sequence (seq_start, seq_len), over the kernel's work list; with
-        `prefix` = (prefix_len, block_tables, k_cache, v_cache), also over each sequence's positions in the pool."""
+        `prefix` = (prefix_len, block_tables, k_cache, v_cache), also over each sequence's positions in the pool.
+        With `decode` = (kv_lens, block_tables, k_cache, v_cache, num_splits, workspace), the first len(kv_lens)
+        tokens are also one query each over their first kv_lens[i] positions in the pool, through the paged decode
+        kernel (a fused step's decode rows, which the work list leaves out; a row of length 0 is another
+        sequence's token, which the prefill kernel then writes)."""
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            pool = {}
+            pool, out = {}, torch.empty_like(q)
             if prefix is not None:
                 prefix_len, tables, k_cache, v_cache = prefix
                 pool = dict(prefix_len=prefix_len, block_tables=tables, k_cache=k_cache[i], v_cache=v_cache[i])
+            if decode is not None:
+                kv_lens, tables, k_cache, v_cache, splits, workspace = decode
+                rows = kv_lens.shape[0]
+                paged_attention(q[:rows], k_cache[i], v_cache[i], tables, kv_lens, self.scale, num_splits=splits,
+                                out=out[:rows], workspace=workspace)
             o = prefill_attention(q, k, v, seq_start, seq_len, block_seq, block_q, self.scale, block_m=block_m,
-                                  **pool)
+                                  out=out, **pool)
             return o.view(q.shape[0], self.hq * self.head_dim)
         return attend
