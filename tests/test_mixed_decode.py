@@ -78,13 +78,17 @@ def test_the_fit_learns_the_decode_rows_terms_from_fused_points():
     points = [{"policy": "mixed" if s.decode else "padded", "rows": s.rows, "tokens": s.tokens, "attn": s.attn,
                "computed": list(s.computed), "prefix": list(s.prefix), **({"decode": s.decode} if s.decode else {}),
                "median_s": truth(s), "p10_s": truth(s) * 0.99, "p90_s": truth(s) * 1.01, "n": 5} for s in shapes]
+    engine = {"mixed_decode_attention": "paged"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        got = fit_prefill(points, {"mixed_decode_attention": "paged"}, kv_per_token=5e-9)
-    assert got["mixed_decode_per_token_s"] == pytest.approx(per_token, rel=0.1)
-    assert got["mixed_decode_s"] == pytest.approx(fixed, rel=0.25)
+        free = fit_prefill(points, engine)  # no decode fit: both terms from the fused points
+        held = fit_prefill(points, engine, kv_per_token=per_token)  # the decode kernel's reads as decode measures them
+        other = fit_prefill(points, {}, kv_per_token=per_token)
+    assert free["mixed_decode_per_token_s"] == pytest.approx(per_token, rel=0.1)
+    assert free["mixed_decode_s"] == pytest.approx(fixed, rel=0.25)
+    assert held["mixed_decode_per_token_s"] == per_token and held["mixed_decode_s"] == pytest.approx(fixed, rel=0.1)
     # An engine that attends them with its prefill kernel gets no such terms from the same points.
-    assert "mixed_decode_per_token_s" not in fit_prefill(points, {}, kv_per_token=5e-9)
+    assert "mixed_decode_per_token_s" not in other
 
 
 def test_the_what_if_table_prices_fused_steps_with_the_decode_kernel_and_drops_their_serving_factors(tmp_path):

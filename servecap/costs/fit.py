@@ -35,8 +35,8 @@ def point_shape(p: dict) -> PrefillShape:
 def fit_prefill(points: list[dict], engine: dict | None = None, kv_per_token: float | None = None) -> dict:
     """The smooth-max surface over prefill points (servecap/costs/model.py), with the engine's rounding when known.
     Where the engine attends a fused step's decode rows with its decode kernel (engine.mixed_decode_attention), the
-    fused points' decode rows get two terms of their own, per K/V token (starting from `kv_per_token`, the decode
-    fit's) and fixed, and only their prompt positions' attention is the surface's."""
+    fused points' decode rows get two terms of their own: per K/V token (`kv_per_token`, the decode fit's; fitted
+    only where there is none) and fixed, and only their prompt positions' attention is the surface's."""
     rounding = PrefillRounding(engine)
     shapes = [point_shape(p) for p in points]
     split = (engine or {}).get("mixed_decode_attention") == "paged"
@@ -62,17 +62,27 @@ def fit_prefill(points: list[dict], engine: dict | None = None, kv_per_token: fl
     if path:  # a key on the critical path: of the order of a decode step's per token
         x0.append(y.min() * 1e-4)
     at = len(x0)
-    if mixed:  # the decode kernel's K/V reads, and its launches: of the order of a few microseconds a layer
-        x0 += [kv_per_token or y.min() * 1e-6, y.min() * 0.01]
+    # The decode rows' K/V reads are the decode kernel's, which the decode points measure (kv_per_token); in closed
+    # fused runs they grow with the chunks' prefixes, so the fused points alone cannot tell the two apart. Only the
+    # kernel's launches are fitted here, unless no decode fit prices the reads.
+    fixed_kv = mixed and kv_per_token is not None
+    if mixed:
+        x0 += [y.min() * 0.01] + ([] if fixed_kv else [y.min() * 1e-6])
     n = len(x0)
     bounds = ([-np.inf] * n, [np.inf] * n)
     bounds[0][5], bounds[1][5] = 0.0, np.log(50.0)  # the sharpness: between a plain sum and a hard max
+
+    def mixed_terms(e) -> tuple[float, float]:
+        return (kv_per_token if fixed_kv else e[at + 1]), e[at]
 
     def model(x):
         e = np.exp(x)
         extra = e[6] * prefix if apart else 0.0
         t = prefill_time(e[:6], rows, tokens, span, extra + (e[7] * longest if path else 0.0))
-        return t + np.where(fused, e[at] * decode_kv + e[at + 1], 0.0) if mixed else t
+        if not mixed:
+            return t
+        per_token, launches = mixed_terms(e)
+        return t + np.where(fused, per_token * decode_kv + launches, 0.0)
 
     res = least_squares(lambda x: np.log(model(x)) - np.log(y), np.log(x0), bounds=bounds, loss="soft_l1",
                         f_scale=0.05)
@@ -80,7 +90,7 @@ def fit_prefill(points: list[dict], engine: dict | None = None, kv_per_token: fl
     real = shapes
     return {"method": "smooth-max", **dict(zip(PREFILL_PARAMS, e[:6])), **({PREFIX_PARAM: e[6]} if apart else {}),
             **({PATH_PARAM: e[7]} if path else {}),
-            **({MIXED_PER_TOKEN_PARAM: e[at], MIXED_FIXED_PARAM: e[at + 1]} if mixed else {}),
+            **(dict(zip((MIXED_PER_TOKEN_PARAM, MIXED_FIXED_PARAM), mixed_terms(e))) if mixed else {}),
             "rows": [int(rows.min()), int(rows.max())], "tokens": [min(s.tokens for s in real), max(s.tokens for s in real)],
             "span": [min(s.span for s in real), max(s.span for s in real)], "sigma": sigma(points)}
 
