@@ -12,7 +12,8 @@ prefix), and after a preemption its prompt's and the tokens it had generated (a 
   and a chunk's cost is a prefill's.
 - mixed:N: one fused step (vLLM V1, Sarathi-Serve): every decode row's next token, each a one-position sequence
   after its K/V in the pool, and as many prompt positions as fit in the rest of the N-token budget, oldest first.
-  The step is one varlen forward pass, priced as the prefill step it is. Decode rows are never left out of a step
+  The step is one forward pass: the engine attends its decode rows with the decode kernel and its prompt positions
+  with the prefill kernel, and the cost model prices it so (servecap/costs/model.py). Decode rows are never left out of a step
   (a running row that skipped steps would stall its stream), so N must hold every row: N >= max batch, as vLLM
   requires max_num_batched_tokens >= max_num_seqs. When the decode rows take all of N, the step carries no prompt
   positions and waiting prompts go on waiting until a row retires. With no prompt to compute, a pass is a stretch

@@ -2,8 +2,8 @@
 fused mixed steps, prefix caching): each point's blind prediction, the prediction of a re-calibrated table, and the
 real runs (their mean and spread over repeats), with the targets met or missed.
 
-Re-calibration is the repository's own, `calibrate --from-runs` (a fused step is priced from its record by
-servecap/costs/recorded.fused_shape): the table names the runs it was fitted on and those it held out, and the report says
+Re-calibration is a calibration of the engine as it now is, or `calibrate --from-runs` (a fused step is priced
+from its record by servecap/costs/recorded.fused_shape), whose table names the runs it was fitted on and those it held out, and the report says
 for each point whether its runs were held out, so the re-calibrated figures of held-out points are a fair grade and
 the others show the fit.
 """
@@ -50,7 +50,8 @@ def grade(out: Path, table_path: Path | None, recalibrated: Path | None = None, 
              f"{plan.get('intervals', {}).get('level', '-')}% bands frozen in plan.json before any real run. "
              "Real: the mean of the repeats (min-max in brackets). Errors are (predicted - measured) / measured.", ""]
     if again is not None:
-        lines += [f"Re-calibrated: table {again.table_id} (`calibrate --from-runs`, {recalibrated}); `held out`: "
+        how = "`calibrate --from-runs`" if again.raw.get("correction") else "a calibration"
+        lines += [f"Re-calibrated: table {again.table_id} ({how}, {recalibrated}); `held out`: "
                   "none of the point's runs entered its fit.", ""]
     lines += ["| point | held out | served blind / re-cal / real (req/s) | TTFT p50 blind / re-cal / real (ms) | TTFT p50 band "
               "(ms) | TTFT p95 blind / real (ms) | TPOT p50 blind / real (ms) | other |", "|---|---|---|---|---|---|---|---|"]
