@@ -104,3 +104,38 @@ def test_the_what_if_table_prices_fused_steps_with_the_decode_kernel_and_drops_t
     assert t["fit"] == s["fit"] and t["table_id"] == table_id(t)
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
     assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
+
+
+T8B = ROOT / "results/calibration/t8b/h200-t8b.json"
+
+
+@pytest.fixture(scope="module")
+def measured() -> CostModel:
+    from servecap.costs.table import load_cost_table
+    return CostModel(load_cost_table(T8B))
+
+
+def test_a_measured_table_prices_fused_steps_from_their_rows_reads_whatever_their_shape(measured):
+    """Properties over random fused steps on a table measured on the engine that attends so (T8b): a positive
+    duration; each decode row's K/V token adds exactly the fitted rate, however the tokens spread over the rows; and
+    moving decode rows' K/V between them changes nothing."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    per_token, fixed = mixed_decode_terms(measured.table)
+    assert per_token > 0 and fixed > 0
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.integers(1, 4000), min_size=1, max_size=31), st.integers(1, 480), st.integers(0, 3000),
+           st.integers(1, 400))
+    def check(decode, chunk, prefix, more):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            a = measured.prefill(fused(decode, chunk, prefix))
+            longer = measured.prefill(fused([decode[0] + more, *decode[1:]], chunk, prefix))
+            moved = measured.prefill(fused([*decode[1:], decode[0]], chunk, prefix))
+        assert a > 0 and np.isfinite(a)
+        assert longer - a == pytest.approx(more * per_token, rel=1e-6, abs=1e-12)
+        assert moved == pytest.approx(a, rel=1e-12)
+
+    check()
