@@ -51,6 +51,15 @@ def test_a_fused_steps_decode_rows_cost_their_kv_reads_and_their_attention_is_no
     assert mixed_decode_terms(old.table) is None
 
 
+def test_a_table_naming_another_kind_of_fused_attention_is_refused_in_one_line():
+    from servecap.costs.table import check_table
+    from servecap.traces.errors import InputError
+    t = {**linear_table(), "engine": {"mixed_decode_attention": "flash"}}
+    t["table_id"] = table_id(t)
+    with pytest.raises(InputError, match="mixed_decode_attention must be 'paged' or absent, got 'flash'"):
+        check_table(t)
+
+
 def test_a_tables_own_fitted_terms_win_over_the_derived_ones():
     raw = linear_table()
     m = paged_engine(raw, mixed_decode_per_token_s=3e-9, mixed_decode_s=2e-4)

@@ -192,6 +192,10 @@ def check_table(table: dict, path: str | Path | None = None) -> dict:
         if too_wide:
             raise InputError(f"decode.{backend} has points with rows {too_wide} above max_batch {table['max_batch']}",
                              path=path)
+    engine = table.get("engine") if isinstance(table.get("engine"), dict) else {}
+    mixed = engine.get("mixed_decode_attention")
+    if mixed not in (None, "paged"):  # the one way a fused step's decode rows attend besides the prefill kernel
+        raise InputError(f"engine.mixed_decode_attention must be 'paged' or absent, got {mixed!r}", path=path)
     _check_fit(table, path)
     if version >= 2 and "stationarity" in table:
         _check_stationarity(table["stationarity"], path)
