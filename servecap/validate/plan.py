@@ -14,6 +14,7 @@ the Azure window); and the sag candidates of a sag search, when given.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -99,7 +100,8 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     public and mechanism (the engine's own run-to-run spread is measured there); None: one at the public points,
     the mechanisms' own counts (servecap/validate/mechanisms.py). `mechanisms` adds servecap/validate/mechanisms.py's groups (the
     prefix cache's on the trace files of `cache_traces`, by name). `max_num_batched_tokens`: every point's per-step
-    token cap, its capacity searches' too (a full-length trace's long prompts beside 32 rows)."""
+    token cap, its capacity searches' too (a full-length trace's long prompts beside 32 rows). `points_from`: an
+    earlier plan's directory, whose points are predicted as they are instead (_points_from)."""
     out = Path(out)
     if (out / "plan.json").exists() and not force:
         raise InputError("already holds a validation plan; its real runs were graded against it. Choose another "
@@ -217,7 +219,6 @@ def _chosen_points(table, out: Path, n: int, seed: int, azure: Path | None, shar
 def _points_from(source: Path, out: Path) -> tuple[list[Point], dict]:
     """An earlier plan's points as they are, their trace files copied beside this plan: the same real runs then
     grade both plans' predictions (servecap/validate/comparison.py accepts runs made under the earlier one)."""
-    import shutil
     if source.resolve() == out.resolve():
         raise InputError("--points-from names the plan's own directory", path=source)
     plan, points = load_plan(source)
