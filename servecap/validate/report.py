@@ -259,6 +259,14 @@ def _plot(results: list[Compared], path: Path) -> None:
                            label=f"{name}: {device}")
         ax[0].plot([c.rate for c in cs], [c.sim["served_rate"] for c in cs], "s--", color=line.get_color(),
                    mfc="none", label=f"{name}: simulated")
+    # The other arrival points (public traces, mechanisms) are each their own trace: points, not a curve.
+    others = [c for c in results if c.rate and c.point.role not in ("below", "near", "past", "policy")]
+    for p in dict.fromkeys(str(c.point.serving.prefill) for c in others):
+        cs = [c for c in others if str(c.point.serving.prefill) == p]
+        dot = ax[0].scatter([c.rate for c in cs], [c.measured["served_rate"] for c in cs], marker="o",
+                            label=f"{p}, a trace a point: {device}")
+        ax[0].scatter([c.rate for c in cs], [c.sim["served_rate"] for c in cs], marker="s", facecolors="none",
+                      edgecolors=dot.get_facecolor(), label=f"{p}, a trace a point: simulated")
     top = max(c.rate for c in results if c.rate)
     ax[0].plot([0, top], [0, top], ":", color="grey", label="served = offered")
     ax[0].set(xlabel="arrival rate (req/s)", ylabel="served rate (req/s)",
