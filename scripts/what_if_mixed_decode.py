@@ -19,7 +19,7 @@ from pathlib import Path
 
 from servecap.costs.context import prefill_kind
 from servecap.costs.model import CostModel, mixed_decode_terms
-from servecap.costs.table import CostTable, check_table, load_cost_table, table_id
+from servecap.costs.table import MIXED_DECODE_KEY, CostTable, check_table, load_cost_table, table_id
 from servecap.traces.errors import InputError
 from servecap.traces.csvio import atomic_write_text
 from servecap.traces.provenance import git_commit, now_iso
@@ -28,7 +28,7 @@ from servecap.traces.provenance import git_commit, now_iso
 def what_if(raw: dict, argv: list[str]) -> dict:
     t = copy.deepcopy(raw)
     t.pop("table_id", None)
-    t["engine"] = {**t.get("engine", {}), "mixed_decode_attention": "paged"}
+    t["engine"] = {**t.get("engine", {}), MIXED_DECODE_KEY: "paged"}
     fused = prefill_kind("mixed")
     c = t.get("correction")
     if c:

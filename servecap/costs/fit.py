@@ -14,8 +14,8 @@ from servecap.traces.errors import InputError
 
 from .model import PrefillRounding, interp, kv_read_per_token, longest_context, prefill_time
 from .shapes import PrefillShape
-from .table import (MIXED_FIXED_PARAM, MIXED_PER_TOKEN_PARAM, PATH_PARAM, PREFILL_PARAMS,
-                    PREFIX_PARAM)
+from .table import (MIXED_FIXED_PARAM, MIXED_PER_TOKEN_PARAM, PATH_PARAM, PREFILL_PARAMS, PREFIX_PARAM,
+                    decode_rows_apart)
 
 Z90 = 1.2815515655446004  # the 90th percentile of a standard normal
 
@@ -39,7 +39,7 @@ def fit_prefill(points: list[dict], engine: dict | None = None, kv_per_token: fl
     only where there is none) and fixed, and only their prompt positions' attention is the surface's."""
     rounding = PrefillRounding(engine)
     shapes = [point_shape(p) for p in points]
-    split = (engine or {}).get("mixed_decode_attention") == "paged"
+    split = decode_rows_apart(engine)
     attended = [s.prompts if split else s for s in shapes]
     # Attention over the pool's K/V gets a coefficient of its own where points have any (chunks after a prefix), and
     # the longest program's keys one more where the points include fused steps (servecap/costs/model.py).
@@ -51,8 +51,8 @@ def fit_prefill(points: list[dict], engine: dict | None = None, kv_per_token: fl
     tokens = np.array([f[0] for f in feats], float)
     span = np.array([f[1] for f in feats], float)
     prefix = np.array([f[2] for f in feats], float) * tokens
-    longest = np.array([longest_context(a) if a.computed else 0 for a in attended], float)
-    decode_kv = np.array([sum(p + 1 for p in s.prefix[:s.decode]) if split else 0 for s in shapes], float)
+    longest = np.array([longest_context(a) for a in attended], float)
+    decode_kv = np.array([s.decode_kv if split else 0 for s in shapes], float)
     fused = decode_kv > 0
     y = np.array([p["median_s"] for p in points], float)
     big = np.argmax(tokens)

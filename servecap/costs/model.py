@@ -67,7 +67,7 @@ from servecap.traces.errors import InputError
 from .context import Correction, decode_kind, kv_class_end, prefill_kind
 from .shapes import PrefillShape, backend_named
 from .table import (MIXED_FIXED_PARAM, MIXED_PER_TOKEN_PARAM, PATH_PARAM, PREFILL_PARAMS, PREFIX_PARAM, CostTable,
-                    as_cost_table, table_id)
+                    as_cost_table, decode_rows_apart, table_id)
 
 
 class ExtrapolationWarning(UserWarning):
@@ -225,7 +225,7 @@ def mixed_decode_terms(table: CostTable) -> tuple[float, float] | None:
     with its paged decode kernel (engine.mixed_decode_attention == "paged"); None where it does not. Fitted from the
     table's fused points where it has them (fit.prefill.mixed_decode_*), else derived: each row's K/V read costs
     what it adds to a decode step (kv_read_per_token of the paged fit), and the kernel's launches nothing."""
-    if (table.raw.get("engine") or {}).get("mixed_decode_attention") != "paged":
+    if not decode_rows_apart(table.raw.get("engine")):
         return None
     p = table.fit["prefill"]
     per_token = p.get(MIXED_PER_TOKEN_PARAM)
@@ -328,7 +328,7 @@ class CostModel:
             cost = float(prefill_time(self._prefill_params, rows, tokens, own, pool))
         if split:  # the decode kernel's part: its rows' K/V reads and its launches
             per_token, fixed = self._mixed
-            cost += fixed + per_token * sum(p + 1 for p in shape.prefix[:shape.decode])
+            cost += fixed + per_token * shape.decode_kv
         return cost
 
     def _fit(self, backend: str) -> _DecodeFit:

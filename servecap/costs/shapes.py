@@ -82,6 +82,11 @@ class PrefillShape(NamedTuple):
         return self.attn / self.tokens
 
     @property
+    def decode_kv(self) -> int:
+        """K/V tokens a fused step's decode rows read: each row's prefix and the token it writes now."""
+        return sum(self.prefix[:self.decode]) + self.decode
+
+    @property
     def prompts(self) -> "PrefillShape":
         """The step without its decode rows: the sequences a fused step's prefill kernel runs."""
         return PrefillShape(self.computed[self.decode:], self.prefix[self.decode:])

@@ -44,6 +44,14 @@ PATH_PARAM = "per_path_key_s"  # optional: the longest attention program's keys 
 # optional, where the engine attends a fused step's decode rows with its decode kernel: per K/V token they hold, and
 # fixed (servecap/costs/model.py mixed_decode_terms)
 MIXED_PER_TOKEN_PARAM, MIXED_FIXED_PARAM = "mixed_decode_per_token_s", "mixed_decode_s"
+# The engine section's word for how a fused step's decode rows attend: "paged" (the decode kernel); absent, an engine
+# that ran them through the prefill kernel.
+MIXED_DECODE_KEY = "mixed_decode_attention"
+
+
+def decode_rows_apart(engine: dict | None) -> bool:
+    """Whether a table's engine attends a fused step's decode rows with its paged decode kernel."""
+    return (engine or {}).get(MIXED_DECODE_KEY) == "paged"
 
 
 class StationarityWarning(UserWarning):
@@ -193,9 +201,9 @@ def check_table(table: dict, path: str | Path | None = None) -> dict:
             raise InputError(f"decode.{backend} has points with rows {too_wide} above max_batch {table['max_batch']}",
                              path=path)
     engine = table.get("engine") if isinstance(table.get("engine"), dict) else {}
-    mixed = engine.get("mixed_decode_attention")
-    if mixed not in (None, "paged"):  # the one way a fused step's decode rows attend besides the prefill kernel
-        raise InputError(f"engine.mixed_decode_attention must be 'paged' or absent, got {mixed!r}", path=path)
+    mixed = engine.get(MIXED_DECODE_KEY)
+    if mixed is not None and not decode_rows_apart(engine):  # the one way besides the prefill kernel
+        raise InputError(f"engine.{MIXED_DECODE_KEY} must be 'paged' or absent, got {mixed!r}", path=path)
     _check_fit(table, path)
     if version >= 2 and "stationarity" in table:
         _check_stationarity(table["stationarity"], path)

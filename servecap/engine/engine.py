@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from servecap.costs.shapes import BACKENDS, backend_named
+from servecap.costs.table import MIXED_DECODE_KEY
 from servecap.traces.errors import InputError
 from servecap.traces.model_spec import kv_bytes_per_token
 from servecap.traces.provenance import gpu_matches, provenance
@@ -150,7 +151,7 @@ class Engine:
                 "engine": {"start_s": round(self.start_s, 2), "policies": list(PREFILL),
                            "prefill_attention": "triton varlen (servecap/engine/kernels/prefill_attention.py)",
                            "prefill_buckets": r.buckets, "prefill_block_m": r.block_m,
-                           "mixed_decode_attention": "paged",
+                           MIXED_DECODE_KEY: "paged",
                            "prefill_graph_buckets": sorted(r.prefill_graphs), "graph_tokens": GRAPH_TOKENS,
                            "eager_bucket": EAGER_BUCKET},
                 **provenance()}
