@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", default="")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    replays = [(Path(s.rsplit(":", 1)[0]), s.rsplit(":", 1)[1]) for s in args.replay]
+    replays = [(Path(s.split(":", 1)[0]), s.split(":", 1)[1]) for s in args.replay]
     traces = {f"{path.stem}-{policy}": (read_trace(path), policy) for path, policy in replays}
     probes = {"uniform-32x2048": (closed_uniform("p2048", 32, 64), "padded"),
               "uniform-8x256": (closed_uniform("p256", 8, 64), "padded"),
