@@ -10,7 +10,7 @@ from servecap.core.block_pool import PoolSize
 from servecap.core.config import ServingConfig
 from servecap.core.recorder import Recorder
 from servecap.core.policies import PADDED, PrefillPolicy
-from servecap.core.scheduler import decode_shape
+from servecap.core.scheduler import decode_shape, steps_in_blocks
 from servecap.engine.serve import serve
 from servecap.sim.simulator import SimConfig
 from servecap.traces.records import RunRecord, RunWriter
@@ -47,7 +47,10 @@ class VirtualClock:
 
 
 class CostRunner:
-    """A model runner that does no work: each step advances the virtual clock by the cost model's time for it."""
+    """A model runner that does no work: each step advances the virtual clock by the cost model's time for it, as
+    soon as it is launched (a synchronous runner, as on the CPU)."""
+
+    asynchronous = False
 
     def __init__(self, cost: CostModel, clock: VirtualClock, num_blocks: int):
         self.cost, self.clock = cost, clock
@@ -58,10 +61,22 @@ class CostRunner:
         self.clock.t += self.cost.prefill(work.shape)
         return [-1] * sum(work.completes(i) for i in range(len(work.seqs)))  # no token computed: -1, as simulated
 
-    def decode(self, rows, backend: str) -> list[int]:
-        s = decode_shape(rows)
-        self.clock.t += float(self.cost.decode(backend, s.rows, s.kv_tokens, s.kv_max))
-        return [-1] * len(rows)
+    def stretch_cap(self, rows) -> int:
+        return steps_in_blocks(rows, self.block_size)
+
+    def launch_decode(self, rows, backend: str) -> None:
+        self._stretch = (decode_shape(rows), backend)
+        self.launch_next(0)
+
+    def launch_next(self, j: int) -> None:
+        (n, kv_tokens, kv_max), backend = self._stretch
+        self.clock.t += float(self.cost.decode(backend, n, kv_tokens + n * j, kv_max + j))
+
+    def wait(self, j: int) -> None:
+        pass
+
+    def stretch_result(self, steps: int) -> list[list[int]]:
+        return [[-1] * steps for _ in range(self._stretch[0].rows)]
 
 
 class RetireCostRecorder(Recorder):

@@ -85,6 +85,11 @@ def decode_shape(rows: list[Seq]) -> DecodeShape:
     return _new(DecodeShape, (len(rows), sum(kv) + len(rows), max(kv) + 1))
 
 
+def steps_in_blocks(rows: list[Seq], block_size: int) -> int:
+    """Decode steps the rows' block tables hold as they are: step j writes position kv_len + j - 1."""
+    return min(len(s.block_table) * block_size - s.kv_len for s in rows)
+
+
 class StepPlan(NamedTuple):
     """What one pass runs, decided at its start (Scheduler.schedule): admit a group, then at most one prefill step,
     then a stretch of 1 to max_steps decode steps of the same rows, cut after the first that ends at or after

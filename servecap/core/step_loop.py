@@ -88,8 +88,8 @@ class StepTimer(Protocol):
         computed) and the time it ends."""
 
     def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int,
-               stop: float) -> tuple[list[int] | None, list[float]]:
-        """Decode steps from `start`: the next token of each row (None when not computed) and each step's end.
+               stop: float) -> tuple[list[list[int]] | None, list[float]]:
+        """Decode steps from `start`: each row's tokens, one a step (None when not computed), and each step's end.
         One step, or up to `limit` of them, ending with the first that ends at or after `stop`."""
 
     def retired(self, n: int) -> None:
@@ -196,8 +196,8 @@ class StepLoop:
                 tokens, ends = timer.decode(rows, shape, t, limit, stop)
                 sched.advance(rows, ends[-1], len(ends))
                 if tokens is not None:
-                    for s, tok in zip(rows, tokens):
-                        s.token_ids.append(tok)
+                    for s, toks in zip(rows, tokens):
+                        s.token_ids.extend(toks)
                 if keep_times:
                     for s in rows:
                         s.token_times.extend(ends)

@@ -22,9 +22,9 @@ from servecap.core.config import ServingConfig
 from servecap.core.recorder import Recorder
 from servecap.core.policies import PREFILL
 
-from .model_runner import EAGER_BUCKET, GRAPH_TOKENS, ModelRunner
+from .model_runner import EAGER_BUCKET, GRAPH_TOKENS, STRETCH_STEPS, ModelRunner
 from .qwen2 import PagedQwen2
-from .serve import WallClock, serve
+from .serve import AHEAD, MARGIN_STEPS, WallClock, serve
 from .telemetry import record_run
 from .weights import load_model
 
@@ -153,7 +153,9 @@ class Engine:
                            "prefill_buckets": r.buckets, "prefill_block_m": r.block_m,
                            MIXED_DECODE_KEY: "paged",
                            "prefill_graph_buckets": sorted(r.prefill_graphs), "graph_tokens": GRAPH_TOKENS,
-                           "eager_bucket": EAGER_BUCKET},
+                           "eager_bucket": EAGER_BUCKET,
+                           "decode_stretch": {"ahead": AHEAD if r.asynchronous else 1, "margin_steps": MARGIN_STEPS,
+                                              "max_steps": STRETCH_STEPS}},
                 **provenance()}
 
     def close(self) -> None:
@@ -215,10 +217,11 @@ class Engine:
         clock = clock or WallClock()
         try:
             with telemetry.timed(clock.now):
-                sched = serve(trace, self.runner, Recorder(writer, backend, tokens, replica=replica), serving,
-                              pool_blocks, clock=clock, arrivals=arrivals, on_finish=finished)
+                sched, timer = serve(trace, self.runner, Recorder(writer, backend, tokens, replica=replica), serving,
+                                     pool_blocks, clock=clock, arrivals=arrivals, on_finish=finished)
         finally:
             if bar:
                 bar.close()
-        writer.close(rejected=len(writer.record().rejected) if arrivals else len(trace) - sched.submitted)
+        writer.close(rejected=len(writer.record().rejected) if arrivals else len(trace) - sched.submitted,
+                     decode_overruns=timer.overruns)
         return writer.record()

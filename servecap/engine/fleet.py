@@ -64,7 +64,8 @@ class QueueArrivals:
         return min((r.arrival for r in self.pending), default=None)
 
     def next_candidate(self, sched) -> tuple[float, None]:
-        return float("inf"), None  # the engine steps one decode at a time: it never looks ahead
+        # A request may be routed here at any moment, unannounced: a decode stretch ends after its first step.
+        return -float("inf"), None
 
     def wait(self) -> None:
         self._take(block=True)

@@ -3,7 +3,12 @@
 The pool is one K and one V tensor [layers, blocks + 1, KV heads, block size, head dim]; the extra block is a
 scratch block that pads block tables, so the `padded` decode backend can read past a row's own blocks.
 
-Decode: one graph per (backend, row count) up to max batch; a step is one host-to-device copy and one replay.
+Decode: one graph per (backend, row count) up to max batch. A pass's decode steps of the same rows run as a stretch
+the host launches ahead of the device (launch_decode, launch_next): the first step's inputs come in one host-to-device
+copy, every later step's from the step before it on the device (its token, one position on, the slot that position's
+K/V goes to: one small graph, `advance`), so the host's own work between steps (reading a step's end, writing the
+records, the scheduler) overlaps the device's instead of adding to it. A step's tokens stay on the device until the
+stretch ends.
 
 Prefill: the step's sequences are packed back to back (a padded group's rows at the padded length, its padding
 computed and never stored; a chunk's earlier positions read from the pool) and attend through one varlen Triton
@@ -25,7 +30,7 @@ import torch
 
 from servecap.costs.shapes import BACKENDS
 from servecap.core.block_pool import blocks_for
-from servecap.core.scheduler import PrefillWork, Seq
+from servecap.core.scheduler import PrefillWork, Seq, steps_in_blocks
 from servecap.traces.request_tokens import request_token_ids
 from servecap.traces.workload import Request
 
@@ -35,6 +40,7 @@ from .qwen2 import PagedQwen2
 
 GRAPH_TOKENS = 8192  # prefill steps up to this many tokens replay a graph
 EAGER_BUCKET = 1024  # above it, token counts round up to a multiple of this
+STRETCH_STEPS = 256  # the most decode steps a stretch runs with no host input: their tokens wait on the device
 
 
 def prefill_buckets(max_tokens: int, graph_tokens: int = GRAPH_TOKENS) -> list[int]:
@@ -66,6 +72,23 @@ def input_ids(s: Seq, start: int, n: int, vocab: int) -> np.ndarray:
     return np.concatenate([_prompt_ids(s.req, vocab)[start:], generated]) if start < p else generated
 
 
+class BlockTableRows:
+    """Rows of a host buffer of block tables (a pad block after each table's end), each rewritten only when it is
+    to hold another table (another sequence's, or a new admission's: a new list) or a longer one (on-demand
+    growth extends the list): a step's rows are mostly the last step's, in the same order."""
+
+    def __init__(self, rows: np.ndarray, scratch: int):
+        self.rows, self.scratch = rows, scratch
+        self._held: list[tuple[list[int] | None, int]] = [(None, 0)] * len(rows)
+
+    def put(self, i: int, table: list[int]) -> None:
+        held, n = self._held[i]
+        if held is not table or n != len(table):
+            self._held[i] = (table, len(table))
+            self.rows[i, :len(table)] = table
+            self.rows[i, len(table):] = self.scratch
+
+
 class PrefillInputs:
     """One int32 buffer, copied to the device in one go: [ids | positions | slots] for `tokens` token slots,
     then [seq_start | seq_len] for `seqs` sequences, [block_seq | block_q] for the kernel's programs, the index of
@@ -75,7 +98,8 @@ class PrefillInputs:
 
     NAMES = ("ids", "pos", "slots", "start", "length", "bseq", "bq", "last", "prefix", "kv_lens", "tables")
 
-    def __init__(self, tokens: int, seqs: int, programs: int, max_blocks: int, device: torch.device, pinned: bool):
+    def __init__(self, tokens: int, seqs: int, programs: int, max_blocks: int, scratch: int, device: torch.device,
+                 pinned: bool):
         t, s, p = tokens, seqs, programs
         cut = np.cumsum([0, t, t, t, s, s, p, p, s, s, s, s * max_blocks])
         self.host = torch.zeros(int(cut[-1]), dtype=torch.int32, pin_memory=pinned)
@@ -85,6 +109,7 @@ class PrefillInputs:
         self.host_views = [self.np[a:b] for a, b in zip(cut[:-1], cut[1:])]
         self.views[-1] = self.views[-1].view(s, max_blocks)
         self.host_views[-1] = self.host_views[-1].reshape(s, max_blocks)
+        self.tables = BlockTableRows(self.host_views[-1], scratch)
 
     def named(self) -> dict[str, np.ndarray]:
         return dict(zip(self.NAMES, self.host_views))
@@ -121,10 +146,14 @@ class ModelRunner:
         self.workspaces = {k: paged_attention_workspace(b, model.hq, model.head_dim, k, dev)
                            for k in set(self.splits.values()) if k > 1}
         self.out_tokens = torch.zeros(b, dtype=torch.int64, device=dev)
-        # Whose block table each host row holds now, and how many of its blocks: a row is rewritten only when it
-        # changes hands or its table grows (on-demand admission).
-        self._table_owner: list[tuple[Seq | None, int]] = [(None, 0)] * b
+        # A stretch's steps' tokens, the last one's in out_tokens; each step's end, read by the host as it comes.
+        self.stretch_tokens = torch.zeros(STRETCH_STEPS, b, dtype=torch.int64, device=dev)
+        self.asynchronous = dev.type == "cuda"  # launches return before the work is done
+        self._ends = [torch.cuda.Event() for _ in range(STRETCH_STEPS)] if self.asynchronous else []
+        self._stretch: tuple[int, str] = (0, "paged")  # rows and backend of the stretch being run
+        self._tables = BlockTableRows(self._host_np[4 * b:].reshape(b, self.max_blocks), self.scratch)
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+        self.advance_graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
         # Prefill: buckets, the kernel's tile, static inputs for the graph buckets, and the first tokens.
         self.block_m = default_block_m(dev)
@@ -136,11 +165,11 @@ class ModelRunner:
         self.max_seqs = b + 1  # the step's sequences, and the bucket's padding as one more
         # Static inputs: one set for the graphs' buckets, one for the eager ones (each at its largest bucket), so no
         # step allocates pinned or device memory of a size it has not seen.
-        self._prefill_in = PrefillInputs(graph_top, self.max_seqs, self._programs(graph_top), self.max_blocks, dev,
-                                         pinned) if graph_top else None
+        self._prefill_in = PrefillInputs(graph_top, self.max_seqs, self._programs(graph_top), self.max_blocks,
+                                         self.scratch, dev, pinned) if graph_top else None
         top = self.buckets[-1]
-        self._eager_in = PrefillInputs(top, self.max_seqs, self._programs(top), self.max_blocks, dev, pinned) \
-            if top > graph_top else None
+        self._eager_in = PrefillInputs(top, self.max_seqs, self._programs(top), self.max_blocks, self.scratch, dev,
+                                       pinned) if top > graph_top else None
         self.prefill_tokens = torch.zeros(self.max_seqs, dtype=torch.int64, device=dev)
         if use_graphs:
             self._capture(backends, graph_top)
@@ -191,31 +220,73 @@ class ModelRunner:
         for backend in backends:
             for rows in range(self.max_batch, 0, -1):
                 self.graphs[backend, rows] = capture(lambda: self._decode_forward(rows, backend))
+        for rows in range(self.max_batch, 0, -1):
+            self.advance_graphs[rows] = capture(lambda: self._advance(rows))
         torch.cuda.synchronize()
 
-    def decode(self, rows: list[Seq], backend: str) -> list[int]:
-        """One decode step for `rows`: each writes its last token's K/V and gets its next token."""
+    def _advance(self, rows: int) -> None:
+        """The next decode step's inputs from the last one's, on the device: the token each row generated, one
+        position on, and the slot in its block table that position's K/V goes to."""
+        bs = self.block_size
+        self.ids[:rows].copy_(self.out_tokens[:rows])
+        self.pos[:rows] += 1
+        self.lens[:rows] += 1
+        pos = self.pos[:rows].long()
+        block = self.tables[:rows].gather(1, (pos // bs).unsqueeze(1)).squeeze(1)
+        self.slots[:rows].copy_(block * bs + pos % bs)
+
+    def stretch_cap(self, rows: list[Seq]) -> int:
+        """The most decode steps `rows` can run with no host input: while every row's next position has its block
+        (tables grow between passes under on-demand admission), and at most STRETCH_STEPS."""
+        return min(STRETCH_STEPS, steps_in_blocks(rows, self.block_size))
+
+    def launch_decode(self, rows: list[Seq], backend: str) -> None:
+        """Launch the first decode step of a stretch for `rows`: each writes its last token's K/V and generates
+        its next token."""
         n, b, bs = len(rows), self.max_batch, self.block_size
         h = self._host_np
-        tables = h[4 * b:].reshape(b, self.max_blocks)
         for i, s in enumerate(rows):
             pos = s.kv_len
             h[i] = s.token_ids[-1]
             h[b + i] = pos
             h[2 * b + i] = pos + 1
             h[3 * b + i] = s.block_table[pos // bs] * bs + pos % bs
-            owner, held = self._table_owner[i]
-            if owner is not s or held != len(s.block_table):
-                self._table_owner[i] = (s, len(s.block_table))
-                tables[i, :len(s.block_table)] = s.block_table
-                tables[i, len(s.block_table):] = self.scratch
+            self._tables.put(i, s.block_table)
         self._dev.copy_(self._host, non_blocking=True)
+        self._stretch = (n, backend)
+        self._decode_step(0)
+
+    def launch_next(self, j: int) -> None:
+        """Launch step j + 1 of the stretch (j >= 1 launched already), its inputs from step j's on the device."""
+        n, _ = self._stretch
+        self.stretch_tokens[j - 1].copy_(self.out_tokens)
+        g = self.advance_graphs.get(n)
+        if g is not None:
+            g.replay()
+        else:
+            self._advance(n)
+        self._decode_step(j)
+
+    def _decode_step(self, j: int) -> None:
+        n, backend = self._stretch
         g = self.graphs.get((backend, n))
         if g is not None:
             g.replay()
         else:
             self._decode_forward(n, backend)
-        return self.out_tokens[:n].tolist()  # the step's one host sync
+        if self.asynchronous:
+            self._ends[j].record()
+
+    def wait(self, j: int) -> None:
+        """Return once step j + 1 of the stretch has ended (launched steps end in order)."""
+        if self.asynchronous:
+            self._ends[j].synchronize()
+
+    def stretch_result(self, steps: int) -> list[list[int]]:
+        """The tokens of the stretch's `steps` steps (all launched), per row in step order; waits for the last."""
+        n, _ = self._stretch
+        out = torch.cat([self.stretch_tokens[:steps - 1, :n], self.out_tokens[None, :n]]).T
+        return out.tolist()
 
     # ---- prefill ------------------------------------------------------------------------------------
     def bucket(self, tokens: int) -> int:
@@ -277,23 +348,33 @@ class ModelRunner:
         ids, pos, slots, start, length, bseq, bq, last, prefix, kv_lens, tables = pi.host_views
         ids[:bucket], pos[:bucket], slots[:bucket] = 0, 0, -1
         start[:], length[:], last[:], prefix[:], kv_lens[:] = 0, 0, 0, 0, 0
-        completes, off = [], 0
-        for i, s in enumerate(work.seqs):
-            p, n, c = work.prefix[i], work.new[i], work.computed[i]
+        d = work.decode
+        completes = []
+        if d:  # a fused step's decode rows, one position each: their last token, at their K/V's end
+            rows, at = work.seqs[:d], work.prefix[:d]
+            ids[:d] = [s.token_ids[q - s.req.prompt_tokens] for s, q in zip(rows, at)]
+            pos[:d] = at
+            slots[:d] = [s.block_table[q // bs] * bs + q % bs for s, q in zip(rows, at)]
+            start[:d] = np.arange(d)
+            kv_lens[:d] = at
+            kv_lens[:d] += 1
+            for i, s in enumerate(rows):
+                pi.tables.put(i, s.block_table)
+                if work.completes(i):
+                    last[len(completes)] = i
+                    completes.append(s)
+        off = d
+        for i in range(d, len(work.seqs)):
+            s, p, n, c = work.seqs[i], work.prefix[i], work.new[i], work.computed[i]
             ids[off:off + n] = input_ids(s, p, n, m.vocab)
             pos[off:off + c] = np.arange(p, p + c)
             j = np.arange(p, p + n)
             slots[off:off + n] = np.asarray(s.block_table, dtype=np.int32)[j // bs] * bs + j % bs
             start[i] = off
-            if i < work.decode:  # the decode kernel's row: its K/V with the token it writes now; no prefill tile
-                kv_lens[i] = p + 1
-                tables[i, :len(s.block_table)] = s.block_table
-                tables[i, len(s.block_table):] = self.scratch
-            else:
-                length[i] = c
-                if p:  # a later chunk attends to the prompt's earlier positions through its block table
-                    prefix[i] = p
-                    tables[i, :len(s.block_table)] = s.block_table
+            length[i] = c
+            if p:  # a later chunk attends to the prompt's earlier positions through its block table
+                prefix[i] = p
+                pi.tables.put(i, s.block_table)
             if work.completes(i):
                 last[len(completes)] = off + n - 1
                 completes.append(s)

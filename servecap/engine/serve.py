@@ -6,6 +6,7 @@ simulator to the engine's behaviour.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Protocol
 
@@ -19,13 +20,27 @@ from servecap.core.step_loop import StepLoop, TraceArrivals, drive
 
 
 class Runner(Protocol):
+    """The model runner as the timer drives it (servecap/engine/model_runner.py). A decode stretch: launch_decode for
+    its first step, launch_next(j) for step j + 1 (inputs from step j's, on the device), wait(j) until step j + 1
+    has ended, stretch_result(k) for the tokens of all k launched steps, per row. `asynchronous`: launches return
+    before the work is done (a GPU), so the timer may launch a step before it has read the last one's end."""
+
     block_size: int
     num_blocks: int
     max_tokens: int
+    asynchronous: bool
 
     def prefill(self, work: PrefillWork) -> list[int]: ...
 
-    def decode(self, rows: list[Seq], backend: str) -> list[int]: ...
+    def stretch_cap(self, rows: list[Seq]) -> int: ...
+
+    def launch_decode(self, rows: list[Seq], backend: str) -> None: ...
+
+    def launch_next(self, j: int) -> None: ...
+
+    def wait(self, j: int) -> None: ...
+
+    def stretch_result(self, steps: int) -> list[list[int]]: ...
 
 
 class WallClock:
@@ -43,13 +58,28 @@ class WallClock:
                 time.sleep(left - 1e-3)
 
 
-class EngineTimer:
-    """Steps take what the runner takes: one decode step at a time, timed by the clock."""
+AHEAD = 2  # decode steps in flight at most: the one running and the next, launched while the host reads its end
+MARGIN_STEPS = 2  # a step is launched ahead only if the one before it would end this many steps' time before stop
 
-    fast_forward = False
+
+class EngineTimer:
+    """Steps take what the runner takes, timed by the clock. A pass's decode steps run as a stretch (the plan's
+    bound, and while the rows' blocks hold them): on an asynchronous runner the next step is launched before the
+    last one's end is read, so the host's work between steps overlaps the device's.
+
+    The stretch keeps the step loop's contract, cut after the first step that ends at or after `stop` (an arrival
+    the scheduler could admit): a step is launched ahead only while the step before it would end more than
+    MARGIN_STEPS steps' time before stop at the last step's pace; otherwise the host waits for that end first. A
+    step that outlasts that margin by so much that a step launched ahead was not due is still run, and counted in
+    `overruns` (the run's metadata says how many)."""
+
+    fast_forward = True
 
     def __init__(self, runner: Runner, backend: str, clock):
         self.runner, self.backend, self.clock = runner, backend, clock
+        self.ahead = AHEAD if runner.asynchronous else 1
+        self.pace: float | None = None  # the last decode step's duration
+        self.overruns = 0
 
     def now(self) -> float:
         return self.clock.now()
@@ -61,10 +91,36 @@ class EngineTimer:
         tokens = self.runner.prefill(work)
         return tokens, self.clock.now()
 
+    def _due(self, j: int, ends: list[float], stop: float) -> bool:
+        """Whether step j + 1 runs: step j ends before stop, read, or sure to by the margin."""
+        if j <= len(ends):
+            return ends[j - 1] < stop
+        if stop == math.inf:
+            return True
+        if self.pace is None:
+            return False
+        return self.clock.now() + (j - len(ends) + MARGIN_STEPS) * self.pace < stop
+
     def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int,
-               stop: float) -> tuple[list[int], list[float]]:
-        tokens = self.runner.decode(rows, self.backend)
-        return tokens, [self.clock.now()]
+               stop: float) -> tuple[list[list[int]], list[float]]:
+        r = self.runner
+        limit = max(1, min(limit, r.stretch_cap(rows)))
+        r.launch_decode(rows, self.backend)
+        launched, ends = 1, []
+        while True:
+            while launched < limit and launched - len(ends) < self.ahead and self._due(launched, ends, stop):
+                r.launch_next(launched)
+                launched += 1
+            if len(ends) == launched:
+                break
+            r.wait(len(ends))
+            ends.append(self.clock.now())
+            if ends[-1] >= stop and launched > len(ends):
+                self.overruns += launched - len(ends)  # launched ahead, and not due after all: run, and counted
+            if ends[-1] >= stop:
+                limit = launched
+        self.pace = ends[-1] - (ends[-2] if len(ends) > 1 else start)
+        return r.stretch_result(launched), ends
 
     def retired(self, n: int) -> None:
         pass  # writing the records took real time, which the clock already shows
@@ -72,11 +128,12 @@ class EngineTimer:
 
 def serve(trace: Trace | None, runner: Runner, recorder: Recorder, serving: ServingConfig,
           pool_blocks: int | None = None, clock=None, on_finish: Callable[[list[Seq]], None] | None = None,
-          arrivals=None) -> Scheduler:
+          arrivals=None) -> tuple[Scheduler, EngineTimer]:
     """Replay `trace` (arrival times from the run's start) through the engine, or serve what `arrivals` hands
-    over as it comes (a replica behind a router), with `serving`'s rows and policies; rows go to `recorder`."""
+    over as it comes (a replica behind a router), with `serving`'s rows and policies; rows go to `recorder`.
+    Returns the scheduler and the timer, as the run left them."""
     clock = clock or WallClock()
     sched = serving.scheduler(pool_blocks or runner.num_blocks, runner.max_tokens)
     timer = EngineTimer(runner, recorder.backend, clock)
     drive(StepLoop(sched, recorder, timer, arrivals or TraceArrivals(trace.requests), on_finish), timer)
-    return sched
+    return sched, timer
