@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -346,9 +347,47 @@ def test_tiny_calibration_end_to_end(tmp_path, capsys, monkeypatch, progress):
     assert any(1 in p["computed"] and max(p["prefix"]) > 0 for p in table["prefill"]["points"] if p["policy"] == "mixed")
     # Everything is in the points file now: running again measures nothing and writes the same points.
     assert main(argv) == 2 and "already exists; pass --force" in capsys.readouterr().err
-    assert main(argv + ["--force"]) in (0, 1)
+    # Again with the serving phase: the kept points refitted, then seeded traces served by the same engine.
+    progress("again, with the serving phase")
+    corrected = tmp_path / "tiny-serving.json"
+    assert main(argv + ["--force", "--serving", str(corrected)]) in (0, 1)
+    printed = capsys.readouterr().out
     again = load_cost_table(out, allow_nonstationary=True).raw
     assert again["calibration"]["runs_measured_now"] == 0
     assert again["prefill"]["points"] == table["prefill"]["points"] and again["decode"] == table["decode"]
+    served = load_cost_table(corrected, allow_nonstationary=True).raw
+    runs = sorted(p.name for p in (tmp_path / "tiny-serving.json.runs").iterdir())
+    assert len(runs) == 12 and f"serving phase's 12 runs" in printed
+    assert all(json.loads((tmp_path / "tiny-serving.json.runs" / r / "meta.json").read_text())["status"] == "complete"
+               for r in runs)
+    assert served["corrected_from"]["table_id"] == again["table_id"] and served["correction"]["factors"]
+    assert sorted(Path(p).name for p in served["correction"]["held_out_runs"]) == \
+        sorted(r for r in runs if r.endswith("3-near"))
     assert json.loads(points_path(out).read_text().splitlines()[0])["identity"]["device"] == table["device"]["name"]
     assert math.isfinite(again["overhead"]["retire_s"])
+
+
+def test_the_serving_phase_loads_each_policy_below_near_and_past_the_capacity_its_table_predicts(tmp_path):
+    from servecap.calibrate.serving import LOADS, serving_runs
+    from servecap.core.config import ServingConfig
+    from servecap.engine.engine import EngineConfig
+
+    from helpers import linear_table, write_table
+
+    path = write_table(linear_table(), tmp_path / "t.json")
+    engine = EngineConfig(ServingConfig(max_batch=8), max_prompt=1024, max_budget=64)
+    runs = serving_runs(path, ["padded", "chunked:256"], "paged", engine, n=40)
+    assert [r.name for r in runs] == [f"{p}-{name}" for p in ("padded", "chunked256") for name, _ in LOADS]
+    for policy in ("padded", "chunked:256"):
+        mine = [r for r in runs if r.policy == policy]
+        rates = [r.trace.meta["rate"] / share for r, (_, share) in zip(mine, LOADS)]
+        assert rates == pytest.approx([rates[0]] * 3, rel=1e-2) and rates[0] > 0  # shares of one capacity
+        assert len({r.trace.meta["seed"] for r in mine}) == 3
+        for r in mine:
+            assert len(r.trace) == 40
+            assert max(q.prompt_tokens for q in r.trace.requests) <= 1024
+            assert max(q.budget for q in r.trace.requests) <= 64
+    # The held-out run of each policy (from_runs.split: every third in path order) is its near-capacity one.
+    from servecap.calibrate.from_runs import split
+    fake = {tmp_path / r.name: {"meta": {"prefill": r.policy}} for r in runs}
+    assert sorted(p.name for p in split(fake)[1]) == ["chunked256-3-near", "padded-3-near"]

@@ -81,6 +81,11 @@ def parser() -> argparse.ArgumentParser:
                    help="no GPU: correct --table for serving from the steps of these real run records (directories "
                         "searched for them), held out by run, into --out (servecap/calibrate/from_runs.py)")
     p.add_argument("--table", type=Path, metavar="TABLE", help="with --from-runs: the cost table to correct")
+    p.add_argument("--serving", type=Path, metavar="TABLE2",
+                   help="after the closed runs, a serving phase: seeded arrival traces on the same engine, each "
+                        "prefill policy below, near and past the capacity the new table predicts for it, and the "
+                        "table corrected from their steps (as --from-runs, held out by run) written to TABLE2; the "
+                        "runs' records go to TABLE2.runs/ (servecap/calibrate/serving.py)")
     p.add_argument("--force", action="store_true", help="replace an existing --out table")
     p.add_argument("--expect-gpu", metavar="NAME",
                    help="refuse to run unless the GPU is this one (e.g. 'NVIDIA H200'; 'A10' does not match 'A10G')")
@@ -136,6 +141,13 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         raise InputError("--out TABLE.json is required (the cost table to write), except with --check-stationary")
     elif args.out.exists() and not args.force:
         raise InputError("already exists; pass --force to replace it", path=args.out)
+    if args.serving is not None:
+        if args.out is None or args.check_stationary or args.refresh is not None:
+            raise InputError("--serving follows a calibration: give it with --out (not --check-stationary or --refresh)")
+        check_out_file(args.serving)
+        refuse_special(args.serving)
+        if args.serving.exists() and not args.force:
+            raise InputError("already exists; pass --force to replace it", path=args.serving)
     plan = QUICK if args.quick else LONG if args.long else FULL_LENGTH if args.full_length else FULL
     serving = ServingConfig(model=args.model, dtype="float16" if args.device == "cuda" else "float32",
                             max_batch=max_rows(plan, args.max_batch), max_num_batched_tokens=plan.max_step_tokens)
@@ -196,12 +208,32 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
           + ", ".join(f"{len(d['points'])} {b} decode points" for b, d in table["decode"].items())
           + f"; {calibration['wall_s'] / 60:.1f} min)")
     print(stationarity_line(st))
+    if args.serving is not None:
+        serving_phase(engine, plan, args, argv)
     if not st["passed"]:
         print(f"calibrate: error: the stationarity check failed (p95 of first-run / repeat above {st['limit']}): a step's "
               f"cost depended on what ran before it. The table is written but refused by the simulator unless "
               f"--allow-nonstationary is given", file=sys.stderr)
         return 1
     return 0
+
+
+def serving_phase(engine, plan, args: argparse.Namespace, argv: list[str]) -> None:
+    """Serve the phase's traces on the calibrated engine and write the table they correct (servecap/calibrate/serving.py)."""
+    from . import from_runs
+    from .serving import QUICK_REQUESTS, REQUESTS, serve_runs, serving_runs
+
+    backend = args.backend[0]
+    runs = serving_runs(args.out, [str(p) for p in every_policy(plan.chunk)], backend, engine.cfg,
+                        QUICK_REQUESTS if plan is QUICK else REQUESTS)
+    folder = args.serving.with_name(args.serving.name + ".runs")
+    with tqdm(total=len(runs), unit="run", desc="serving phase", dynamic_ncols=True) as bar:
+        dirs = serve_runs(engine, runs, folder, backend, lambda run: (bar.set_postfix_str(run.name, refresh=False),
+                                                                     bar.update()))
+    tid, report = from_runs.from_runs(dirs, args.out, args.serving, argv, force=True)
+    print(from_runs.describe(report))
+    print(f"wrote cost table {tid} to {args.serving} (corrected from {args.out} by the serving phase's {len(dirs)} runs "
+          f"in {folder})")
 
 
 def check_stationary(plan, cfg, backends, settle_s: float, rec) -> int:

@@ -290,6 +290,12 @@ def _not_a_number(path: Path, table: str, rows: list[list[str]], columns: tuple[
     return InputError("holds a value that is not a number", path=path)
 
 
+def is_complete(run_dir: str | Path) -> bool:
+    """Whether run_dir holds a record its run closed (an interrupted run's is made again)."""
+    meta = Path(run_dir) / "meta.json"
+    return meta.exists() and json.loads(meta.read_text()).get("status") == "complete"
+
+
 def unfinished(rec: RunRecord) -> str | None:
     """What to warn about a record whose run never closed it (killed, or still running); None for a closed one."""
     status = rec.meta.get("status")

@@ -11,7 +11,7 @@ from servecap.core.block_pool import PoolSize
 from servecap.core.config import ServingConfig
 from servecap.traces.csvio import read_text
 from servecap.traces.errors import InputError
-from servecap.traces.records import RunRecord, read_run
+from servecap.traces.records import RunRecord, is_complete, read_run
 from servecap.traces.trace_io import read_trace
 from servecap.traces.workload import Trace, closed_mixed, closed_uniform, poisson_trace, synthetic_trace
 
@@ -109,11 +109,6 @@ def load_plan(out: Path) -> tuple[dict, list[Point]]:
 
 def run_dir(out: Path, p: Point, k: int) -> Path:
     return Path(out) / "real" / p.id / f"run-{k}"
-
-
-def is_complete(d: Path) -> bool:
-    meta = Path(d) / "meta.json"
-    return meta.exists() and json.loads(meta.read_text()).get("status") == "complete"
 
 
 def complete_runs(out: Path, p: Point) -> list[RunRecord]:

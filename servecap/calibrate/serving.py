@@ -1,0 +1,91 @@
+"""The calibration's serving phase (`python -m calibrate --out T --serving T2`): seeded arrival traces served by the
+engine just calibrated, each prefill policy at three loads (below, near and past the capacity the new table
+predicts for it), and T corrected from those runs' steps into T2 (servecap/calibrate/from_runs.py, held out by
+run: each policy's near-capacity run).
+
+Closed runs time a step on its own; serving adds the context around it (the step before it, an idle gap, the first
+step of a decode stretch, which pays its pass's host work), and this phase measures that before any validation
+sees the table. Its traces are synthetic (prompts log-uniform over 16..4096 tokens, budgets uniform over 1..256,
+seeds of their own), so a table corrected here knows nothing of the traffic a validation replays.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from servecap.core.config import ServingConfig
+from servecap.costs.model import CostModel
+from servecap.costs.table import load_cost_table
+from servecap.traces.records import is_complete
+from servecap.traces.workload import Request, Trace, synthetic_trace
+
+if TYPE_CHECKING:
+    from servecap.engine.engine import EngineConfig
+
+# (name, share of the predicted capacity); names sort so that from_runs.split holds out each policy's third run,
+# the near-capacity one, where a table's error matters most.
+LOADS = (("1-below", 0.6), ("2-past", 1.2), ("3-near", 0.9))
+REQUESTS = 240  # a run of about 6-12 s on an H200 at these loads
+QUICK_REQUESTS = 8  # calibrate --quick's smoke test of the path
+PROMPTS, BUDGETS = "loguniform", "uniform"
+SEED = 9001  # no validation plans this seed (they use 0 and the public traces)
+SATURATED_RATE = 1e6  # requests a second: everything arrives within a millisecond
+
+
+@dataclass(frozen=True)
+class ServingRun:
+    name: str  # the run's directory under the phase's folder
+    policy: str
+    trace: Trace
+
+
+def workload(rate: float, n: int, seed: int, engine: EngineConfig) -> Trace:
+    """The phase's trace at `rate`: n synthetic requests, their lengths clipped to what `engine` serves."""
+    t = synthetic_trace(rate, n, seed, PROMPTS, BUDGETS)
+    reqs = [Request(r.request_id, r.arrival, min(r.prompt_tokens, engine.max_prompt), min(r.budget, engine.max_budget))
+            for r in t.requests]
+    return Trace(reqs, {**t.meta, "max_prompt": engine.max_prompt, "max_budget": engine.max_budget})
+
+
+def capacity(cost: CostModel, serving: ServingConfig, n: int, seed: int, engine: EngineConfig) -> float:
+    """The policy's saturated served rate on the phase's workload, simulated on `cost`: the trace offered at once."""
+    from servecap.sim.simulator import SimConfig, simulate
+    from servecap.traces.metrics import served_rate
+
+    trace = workload(SATURATED_RATE, n, seed, engine)
+    return served_rate(simulate(trace, cost, SimConfig(serving, detail="summary")).record)
+
+
+def serving_runs(table_path: Path, policies: list[str], backend: str, engine: EngineConfig,
+                 n: int = REQUESTS) -> list[ServingRun]:
+    """The phase's runs of n requests, each policy at LOADS of its capacity on the table at `table_path`, a seed per
+    run, lengths clipped to what `engine` serves."""
+    cost = CostModel(load_cost_table(table_path, allow_nonstationary=True))
+    runs = []
+    for i, policy in enumerate(policies):
+        serving = engine.serving.but(backend=backend, prefill=policy)
+        seed = SEED + 10 * i
+        top = capacity(cost, serving, n, seed, engine)
+        for j, (name, share) in enumerate(LOADS):
+            runs.append(ServingRun(f"{policy.replace(':', '')}-{name}", policy,
+                                   workload(round(share * top, 2), n, seed + j, engine)))
+    return runs
+
+
+def serve_runs(engine, runs: list[ServingRun], folder: Path, backend: str, progress=None) -> list[Path]:
+    """Serve each run on `engine` into folder/NAME (a complete record is kept, an interrupted one made again);
+    returns the runs' directories."""
+    dirs = []
+    for run in runs:
+        d = folder / run.name
+        if not is_complete(d):
+            if d.exists():
+                shutil.rmtree(d)
+            engine.run(run.trace, d, backend, tokens=False, policy=run.policy, progress=False,
+                       extra_meta={"calibration_serving": {"run": run.name, "trace": run.trace.meta}})
+        dirs.append(d)
+        if progress:
+            progress(run)
+    return dirs
