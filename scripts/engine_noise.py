@@ -1,19 +1,19 @@
-"""Where a fresh engine's speed goes (GPU): the same work on several freshly started engines, every step's time cut
-into host and device time.
+"""Where a fresh engine's time goes (GPU): the same work on several freshly started engines, each run's busy time cut
+into the device's work and the host's.
 
-Fresh engines on one GPU differ by up to 7% in speed at one validation point (v5, v7), with the SM clock flat. This
-script starts engines one after another in this process (as `validate real` does) and on each runs
+Fresh engines on one GPU differed by up to 7% in speed at one validation point (v5, v7), with the SM clock flat.
+This script starts engines one after another in this process (as `validate real` does) and on each runs
 - a device fingerprint: the 32- and 8-row decode graphs and a 512-token prefill graph replayed back to back, timed
   by CUDA events alone (no host work between replays);
-- closed probes (uniform decode, closed mixed under padded and mixed:512);
+- closed probes (uniform decode, closed mixed under padded and mixed:512), twice each;
 - serving replays of trace files, as a validation point runs them.
-Every step of a probe or replay is timed three ways: the record's duration (start of the pass to the next), the
-runner's call (host preparation, launch, device work and the read-back), and the device work alone (CUDA events
-around the graph replay or the eager forward). `--gc frozen` freezes the collector's heap and turns collection off
-during runs, as vLLM does after start-up. Steps go to OUT/steps.csv (one row per step, appended per run), the
-fingerprints to OUT/fingerprint.csv, the run records to OUT/runs/.
+Every graph replay and eager forward is timed by a pair of CUDA events: a run's device time is their sum, its
+busy time the sum of its recorded steps, and the host's share what is left (work between steps that the device
+waits for). `--gc frozen` freezes the collector's heap and turns collection off during runs, as vLLM does after
+start-up. Runs go to OUT/runs.csv (a row per run, appended), fingerprints to OUT/fingerprint.csv, the run records
+to OUT/runs/.
 
-Usage: python scripts/engine_noise.py --out DIR [--engines 3] [--gc default|frozen]
+Usage: python scripts/engine_noise.py --out DIR [--engines 3] [--gc default|frozen] [--probes]
                                       [--replay FILE:POLICY ...] [--tag NAME]
 """
 from __future__ import annotations
@@ -22,7 +22,6 @@ import argparse
 import csv
 import gc
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,66 +32,39 @@ from servecap.traces.records import read_run
 from servecap.traces.trace_io import read_trace
 from servecap.traces.workload import closed_mixed, closed_uniform
 
-STEP_COLUMNS = ("tag", "gc", "engine", "run", "step", "kind", "rows", "tokens", "kv_tokens", "wall_s", "runner_s",
-                "prep_s", "device_s")
+RUN_COLUMNS = ("tag", "gc", "engine", "run", "steps", "busy_s", "device_s", "host_s")
+EAGER = ("_prefill_forward", "_decode_forward", "_advance")  # the runner's forwards when no graph holds a step
 
 
-class Timed:
-    """A graph (or the eager forward) whose launches are timed by a pair of CUDA events; `launched` is the host time
-    of the last launch."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.e0, self.e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self.launched = 0.0
-
-    def replay(self, *args, **kw):
-        self.launched = time.perf_counter()
-        self.e0.record()
-        self.fn(*args, **kw)
-        self.e1.record()
-
-    __call__ = replay
-
-    def device_s(self) -> float:
-        return self.e0.elapsed_time(self.e1) / 1e3
-
-
-class TimedRunner:
-    """The engine's model runner with every step's call and device work timed (kept in `log`, one tuple a step)."""
+class DeviceTime:
+    """Every graph replay and eager forward of a model runner timed by a pair of CUDA events (kept until read)."""
 
     def __init__(self, runner):
-        self.inner, self.log = runner, []
-        self.last: Timed | None = None
-        for graphs in (runner.graphs, runner.prefill_graphs, runner.mixed_graphs):
+        self.pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        for graphs in (runner.graphs, runner.prefill_graphs, runner.mixed_graphs,
+                       getattr(runner, "advance_graphs", {})):
             for key, g in list(graphs.items()):
                 graphs[key] = self._timed(g.replay)
-        runner._prefill_forward = self._timed(runner._prefill_forward)
+        for name in EAGER:
+            if hasattr(runner, name):
+                setattr(runner, name, self._timed(getattr(runner, name)))
 
     def _timed(self, fn):
-        t = Timed(fn)
-
         def replay(*args, **kw):
-            self.last = t
-            t.replay(*args, **kw)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn(*args, **kw)
+            b.record()
+            self.pairs.append((a, b))
         replay.replay = replay
         return replay
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def _call(self, fn, *args):
-        t0 = time.perf_counter()
-        out = fn(*args)
-        t1 = time.perf_counter()
-        self.log.append((t1 - t0, self.last.launched - t0, self.last.device_s()))
-        return out
-
-    def prefill(self, work):
-        return self._call(self.inner.prefill, work)
-
-    def decode(self, rows, backend):
-        return self._call(self.inner.decode, rows, backend)
+    def take(self) -> float:
+        """Seconds of device work since the last take."""
+        torch.cuda.synchronize()
+        s = sum(a.elapsed_time(b) for a, b in self.pairs) / 1e3
+        self.pairs.clear()
+        return s
 
 
 def fingerprint(runner, reps: int = 200) -> dict:
@@ -118,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--engines", type=int, default=3)
     p.add_argument("--gc", choices=("default", "frozen"), default="default")
+    p.add_argument("--probes", action="store_true", help="the closed probes too")
     p.add_argument("--replay", nargs="*", default=[], metavar="FILE:POLICY")
     p.add_argument("--tag", default="")
     args = p.parse_args(argv)
@@ -127,28 +100,27 @@ def main(argv: list[str] | None = None) -> int:
     probes = {"uniform-32x2048": (closed_uniform("p2048", 32, 64), "padded"),
               "uniform-8x256": (closed_uniform("p256", 8, 64), "padded"),
               "closed-mixed-padded": (closed_mixed(32, 0), "padded"),
-              "closed-mixed-mixed512": (closed_mixed(32, 0), "mixed:512")}
+              "closed-mixed-mixed512": (closed_mixed(32, 0), "mixed:512")} if args.probes else {}
     reqs = [r for t, _ in traces.values() for r in t.requests]
-    steps_path, fp_path = args.out / "steps.csv", args.out / "fingerprint.csv"
-    new = not steps_path.exists()
-    with open(steps_path, "a", newline="") as sf, open(fp_path, "a", newline="") as ff:
-        sw, fw = csv.writer(sf), csv.writer(ff)
+    runs_path, fp_path = args.out / "runs.csv", args.out / "fingerprint.csv"
+    new = not runs_path.exists()
+    with open(runs_path, "a", newline="") as rf, open(fp_path, "a", newline="") as ff:
+        rw, fw = csv.writer(rf), csv.writer(ff)
         if new:
-            sw.writerow(STEP_COLUMNS)
+            rw.writerow(RUN_COLUMNS)
             fw.writerow(("tag", "gc", "engine", "name", "device_s"))
         for e in range(args.engines):
             engine = Engine(EngineConfig(ServingConfig(max_batch=32),
                                          max_prompt=max([4096, *(r.prompt_tokens for r in reqs)]),
                                          max_budget=max([256, *(r.budget for r in reqs)])))
-            runner = TimedRunner(engine.runner)
             for name, t in fingerprint(engine.runner).items():
                 fw.writerow((args.tag, args.gc, e, name, f"{t:.7f}"))
-            engine.runner = runner
+            timed = DeviceTime(engine.runner)
             runs = [(f"{n}-{k}", tr, pol) for n, (tr, pol) in probes.items() for k in (1, 2)]
             runs += [(n, tr, pol) for n, (tr, pol) in traces.items()]
             for label, trace, policy in runs:
-                runner.log.clear()
                 d = args.out / "runs" / f"{args.tag}{args.gc}-e{e}-{label}"
+                timed.take()
                 if args.gc == "frozen":
                     gc.collect()
                     gc.freeze()
@@ -158,21 +130,17 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     gc.enable()
                     gc.unfreeze()
-                steps = read_run(d).steps.sort_values("step")
-                if len(steps) != len(runner.log):
-                    print(f"{label}: {len(steps)} steps recorded, {len(runner.log)} timed", file=sys.stderr)
-                    continue
-                for s, (call, prep, dev) in zip(steps.itertuples(), runner.log):
-                    sw.writerow((args.tag, args.gc, e, label, s.step, s.kind, s.rows, s.tokens, s.kv_tokens,
-                                 f"{s.end - s.start:.7f}", f"{call:.7f}", f"{prep:.7f}", f"{dev:.7f}"))
-                wall = float((steps.end - steps.start).sum())
-                dev = sum(x[2] for x in runner.log)
-                print(f"{args.tag}{args.gc} engine {e} {label:34s} steps {len(steps):5d} wall {wall:7.3f} s "
-                      f"device {dev:7.3f} s host {wall - dev:6.3f} s", flush=True)
-                sf.flush()
-            engine.runner = runner.inner
+                device = timed.take()
+                steps = read_run(d).steps
+                busy = float((steps.end - steps.start).sum())
+                rw.writerow((args.tag, args.gc, e, label, len(steps), f"{busy:.6f}", f"{device:.6f}",
+                             f"{busy - device:.6f}"))
+                rf.flush()
+                print(f"{args.tag}{args.gc} engine {e} {label:34s} steps {len(steps):5d} busy {busy:7.3f} s "
+                      f"device {device:7.3f} s host {busy - device:6.3f} s ({(busy - device) / busy:5.1%})",
+                      flush=True)
             engine.close()
-            del engine, runner
+            del engine, timed
     return 0
 
 
