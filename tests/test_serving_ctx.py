@@ -145,6 +145,25 @@ def _corrected(raw: dict, factors: dict[str, float]) -> dict:
             "correction": {"min_steps": 1, "factors": {k: {"factor": f, "n": 100} for k, f in factors.items()}}}
 
 
+def test_a_class_factor_is_its_steps_summed_time_over_their_summed_price_but_a_rare_stall():
+    import numpy as np
+
+    from servecap.calibrate.from_runs import class_factor
+    real = np.r_[np.full(150, 1.0), np.full(48, 1.3), 40.0, 0.5]  # a skewed body, one 40x stall, one odd fast step
+    assert class_factor(real, np.ones(200)) == pytest.approx((150 + 48 * 1.3) / 198)
+    assert class_factor(np.array([1.0, 2.0]), np.ones(2)) == 1.5  # a small class keeps every step
+
+
+def test_a_correction_fitted_before_the_retired_class_prices_a_step_after_retirement_as_after_a_decode_step():
+    from servecap.costs.model import CostModel
+    from servecap.costs.synthetic import linear_table
+    old = CostModel(_corrected(linear_table(), {"decode paged padded|decode": 1.05, "decode paged padded": 1.2}))
+    assert old.factor("decode paged padded", "retired", 0.0, 8) == pytest.approx(1.05)
+    new = CostModel(_corrected(linear_table(), {"decode paged padded|decode": 1.05,
+                                                "decode paged padded|retired": 1.12}))
+    assert new.factor("decode paged padded", "retired", 0.0, 8) == pytest.approx(1.12)
+
+
 def test_a_table_without_correction_prices_every_step_as_before():
     from servecap.costs.model import CostModel
     from servecap.costs.shapes import PrefillShape
@@ -522,9 +541,10 @@ def test_a_fused_step_is_priced_from_its_record_as_the_simulator_priced_it():
 
 @pytest.mark.parametrize("prefill", ["mixed:256", "chunked:128", "padded"])
 def test_a_simulated_record_priced_in_its_context_gives_back_the_simulators_durations(prefill):
-    """The step after a fused step sees `mixed` before it in the simulator, as the record says: pricing the
-    simulator's own record step by step in its context (servecap/costs/recorded.py) returns the durations it simulated, with
-    a correction whose factors differ by the previous step's kind."""
+    """The step after a fused step sees `mixed` before it in the simulator, as the record says, and the step after a
+    decode step that retired rows sees `retired`: pricing the simulator's own record step by step in its context
+    (servecap/costs/recorded.py) returns the durations it simulated, with a correction whose factors differ by the
+    previous step's kind."""
     import numpy as np
     from helpers import linear_table, sim_config
 
@@ -535,14 +555,16 @@ def test_a_simulated_record_priced_in_its_context_gives_back_the_simulators_dura
     raw = linear_table()
     kinds = {"prefill mixed": 1.3, "prefill chunked": 1.2, "prefill padded": 1.1, "decode paged mixed": 0.9,
              "decode paged chunked": 0.95, "decode paged padded": 1.05}
-    factors = {f"{k}|{prev}": {"factor": f * (1.25 if prev == "mixed" else 1.0), "n": 100}
-               for k, f in kinds.items() for prev in ("prefill", "decode", "mixed", "idle")}
+    prevs = {"prefill": 1.0, "decode": 1.0, "mixed": 1.25, "idle": 1.0, "retired": 1.4}
+    factors = {f"{k}|{prev}": {"factor": f * g, "n": 100} for k, f in kinds.items() for prev, g in prevs.items()}
     raw.update(version=3, correction={"factors": factors, "min_steps": 30})
     cost = CostModel(raw)
     trace = length_trace([(0.004 * i, 100 + 53 * i % 700, 30 + i % 50) for i in range(80)])
     rec = simulate(trace, cost, sim_config(detail="steps", max_batch=8, prefill=prefill, fast_forward=False)).record
     steps = priced_steps(rec, cost)
     assert len(steps) > 0.8 * len(rec.steps)
+    # A decode step that retired rows ends its pass: the next step starts a new one, in its own class.
+    assert (steps.prev_kind == "retired").any()
     priced = contextual(steps, cost.correction)
     # Retirement (a decode step's own rows, or those after a fused step ending its pass) is added unscaled by
     # the context factor, as the simulator adds it.

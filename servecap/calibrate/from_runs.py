@@ -3,7 +3,8 @@ real run records (the validation's, or a user's own serving logs), no GPU.
 
 Every recorded step whose shape the record determines is priced by T at its shape (servecap/costs/recorded.py) and
 put in its serving-context class (servecap/costs/context.py: previous step, idle gap, rows, a decode step's longest
-row; the SM clock where the run recorded telemetry). The correction is the median real / model of each class.
+row; the SM clock where the run recorded telemetry). The correction is each class's summed real over summed model
+(class_factor: the 1% at either end of its real / model left out).
 Held out by run: the runs of each prefill policy, in path order, every HOLDOUT_EVERY-th is left out of the fit, and the report (printed, and stored in the
 table) gives, on the held-out runs only, the median real / model per step kind before and after the correction, each
 run's summed step time error before and after, and the residual spread the intervals use (servecap/sim/intervals.py). The
@@ -27,6 +28,7 @@ from servecap.traces.errors import InputError
 from servecap.traces.provenance import git_commit, now_iso
 
 HOLDOUT_EVERY = 3
+TRIM_PCT = 1.0  # a class's steps outside this percentile of real / model at either end are left out of its factor
 CLOCK_MIN_STEPS = 100  # steps with a recorded clock before its exponent is fitted
 
 
@@ -71,16 +73,31 @@ def _prev(steps) -> list[str]:
     return [previous(k, i) for k, i in zip(steps.prev_kind, steps.idle_s)]
 
 
+def class_factor(real: np.ndarray, model: np.ndarray) -> float:
+    """A context class's factor: its steps' summed time over their summed price, the steps whose real / model lies
+    outside the class's 1st-99th percentile left out. Sums, not a median: a run's time is a sum, and in serving a
+    class's ratios are skewed (a step the device waited for the host on, near an arrival, is slower; none is much
+    faster), so the median prices a run cheap; the trim keeps a rare stall (a collector pause) out of a small
+    class."""
+    ratio = real / model
+    # Percentiles at steps of the class, the outer ones kept: a small class keeps every step.
+    lo, hi = np.percentile(ratio, TRIM_PCT, method="lower"), np.percentile(ratio, 100 - TRIM_PCT, method="higher")
+    body = (ratio >= lo) & (ratio <= hi)
+    return float(real[body].sum() / model[body].sum())
+
+
 def fit(steps) -> dict:
     """The correction's factors (every key level of costs.context.keys, with its step count) and clock term."""
-    ratio = ((steps.real_s - steps.retire_s) / steps.model_s).to_numpy()  # the factors scale steps, not retirement
-    got: dict[str, list[float]] = {}
-    for r, k, p, rows, kv in zip(ratio, steps.kind, _prev(steps), steps.rows, steps.kv_max):
+    real = (steps.real_s - steps.retire_s).to_numpy()  # the factors scale steps, not retirement
+    model = steps.model_s.to_numpy()
+    got: dict[str, list[int]] = {}
+    for i, (k, p, rows, kv) in enumerate(zip(steps.kind, _prev(steps), steps.rows, steps.kv_max)):
         for key in keys(k, p, int(rows), int(kv)):
-            got.setdefault(key, []).append(r)
-    factors = {k: {"factor": float(np.median(v)), "n": len(v)} for k, v in sorted(got.items())}
-    correction = {"method": "median real / model per (step kind, context class)", "idle_s": IDLE_S,
-                  "min_steps": MIN_STEPS, "factors": factors, "clock": None}
+            got.setdefault(key, []).append(i)
+    factors = {k: {"factor": class_factor(real[v], model[v]), "n": len(v)} for k, v in sorted(got.items())}
+    correction = {"method": f"summed real / summed model per (step kind, context class), steps outside the "
+                            f"class's {TRIM_PCT:g}th-{100 - TRIM_PCT:g}th percentile of real / model left out",
+                  "idle_s": IDLE_S, "min_steps": MIN_STEPS, "factors": factors, "clock": None}
     clocked = steps[np.isfinite(steps.clock_mhz.astype(float))]
     if len(clocked) >= CLOCK_MIN_STEPS:
         ref = float(np.median(clocked.clock_mhz))

@@ -5,7 +5,9 @@ it costs at the same shape, as multiplicative factors per (step kind, context cl
 A step's kind is `prefill POLICY` or `decode BACKEND POLICY`; its context class is made of the terms below, each a
 few discrete levels, so that a factor is a median of real / model over many steps, not a fitted curve:
 - the previous step: `prefill` (a decode step right after a prefill pays for it: 1.09-1.13x in issue 21's runs),
-  `decode`, or `idle` (the first step after IDLE_S or more with nothing running, or the first of a run);
+  `decode`, `retired` (a decode step that retired rows: the step after it starts a new pass, whose host work, the
+  scheduler's and the first launch of a decode stretch, the device waits for; where the correction was fitted with
+  it, else `decode`), or `idle` (the first step after IDLE_S or more with nothing running, or the first of a run);
 - the batch: the step's rows in ROW_BUCKETS (host work per step that grows with the batch);
 - a decode step's longest row, its K/V tokens in KV_BUCKETS (the decode surface interpolates a uniform batch at the
   longest row less what the shorter rows save; serving's batches of long-tailed rows leave an error that follows
@@ -34,6 +36,9 @@ IDLE_S = 0.02  # seconds with nothing running after which a step counts as the f
 ROW_BUCKETS = (1, 8, 16, 32)  # rows up to each bound share a class; more than the last, one more
 KV_BUCKETS = (1024, 2048, 3072)  # a decode step's longest row (K/V tokens) up to each bound shares a class
 MIN_STEPS = 30
+
+
+RETIRED = "retired"  # the previous step's kind where it was a decode step that retired rows
 
 
 def previous(prev_kind: str | None, idle_s: float, threshold: float = IDLE_S) -> str:
@@ -100,6 +105,7 @@ class Correction:
         self.factors = {current_kind(k): float(v["factor"]) for k, v in raw["factors"].items()
                         if v["n"] >= self.min_steps}
         self.by_kv = any(k.count("|") == 3 for k in self.factors)  # fitted with the longest-row term
+        self.by_retired = any(f"|{RETIRED}" in k for k in self.factors)  # fitted with the pass-start term
         self.scale = float(raw.get("scale", 1.0))  # one factor on every step: an interval's sampled cost draw
         clock = raw.get("clock") or {}
         self.clock_ref, self.clock_exp = clock.get("reference_mhz"), clock.get("exponent")
@@ -110,6 +116,8 @@ class Correction:
         """kv_max: a decode step's longest row (ignored for other steps, and where the correction has no such
         term)."""
         prev = previous(prev_kind, idle_s, self.idle_s)
+        if prev == RETIRED and not self.by_retired:
+            prev = "decode"
         kv = kv_index(kv_max) if self.by_kv and kv_max is not None and kind.startswith("decode ") else None
         key = (kind, prev, rows, kv)
         f = self._cache.get(key)

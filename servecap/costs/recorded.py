@@ -1,7 +1,8 @@
 """A run record's steps beside the cost model's price for each, at its shape and in its serving context.
 
 One row per recorded step whose shape the record determines: its kind (servecap/costs/context.py), the previous
-step's kind and the idle gap before it (per replica, in the record's order), its rows, the time it held the engine
+step's kind (`retired` for a decode step that retired rows) and the idle gap before it (per replica, in the
+record's order), its rows, the time it held the engine
 (held_s), the table's price at the shape, retirement's overhead for the rows that retire after it (apart: the
 simulator adds it unscaled by any context factor) and, where the run recorded GPU telemetry, the SM clock at its
 start. servecap/calibrate/from_runs.py fits the correction on these and grades it (contextual: the price with a
@@ -13,7 +14,7 @@ import math
 
 import numpy as np
 
-from .context import decode_kind, prefill_kind
+from .context import RETIRED, decode_kind, prefill_kind
 from .model import CostModel
 from .shapes import PrefillShape
 
@@ -118,7 +119,8 @@ def priced_steps(rec, cost: CostModel, telemetry=None):
         return pd.DataFrame(columns=COLUMNS)
     steps = join_steps(steps, telemetry)
     prev_end = steps.groupby("replica").end.shift()
-    prev_kind = steps.groupby("replica").kind.shift()
+    prev_kind = steps.kind.where((steps.kind != "decode") | (steps.retired == 0), RETIRED)
+    prev_kind = prev_kind.groupby(steps.replica).shift()
     idle = (steps.start - prev_end).fillna(math.inf)
     groups = _groups(rec.requests)
     model = np.full(len(steps), np.nan)

@@ -29,6 +29,7 @@ from typing import Callable
 
 import numpy as np
 
+from servecap.costs.context import RETIRED
 from servecap.costs.model import CostModel
 from servecap.costs.shapes import DecodeShape
 from servecap.costs.table import check_compatible
@@ -149,6 +150,8 @@ class SimTimer:
 
     def retired(self, n: int) -> None:
         self.t = self.t + self.cost.retire_s * n  # writing each finished row's records costs the engine this
+        if self.last_kind == "decode":  # the next step starts a new pass after a stretch that retired rows
+            self.last_kind = RETIRED
 
 
 def check_policy(cost: CostModel, policy: PrefillPolicy, strict: bool) -> None:
