@@ -134,3 +134,17 @@ def test_a_plan_on_an_earlier_plans_points_is_graded_on_the_runs_made_under_that
     fill_real(third, load_cost_table(table), plan_table="0" * 16)
     with pytest.raises(InputError, match="planned against cost table"):
         compare(third, other)
+
+
+def test_a_plan_keeps_only_the_points_it_is_told_and_names_the_ones_it_left_out(inputs, tmp_path, capsys):
+    base = ["plan", "--n", str(N), "--azure", str(inputs / "azure.csv"), "--sharegpt", str(inputs / "sharegpt.csv"),
+            "--table", str(inputs / "table.json"), "--skip", "curve,closed,policies,fleet,public-below"]
+    assert main([*base, "--only", "azure-conv-near,nowhere", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "--only names point(s) the plan did not choose: nowhere" in err and err.count("\n") == 1
+    assert not (tmp_path / "bad" / "plan.json").exists()
+    assert main([*base, "--only", "azure-conv-near,sharegpt-past", "--out", str(tmp_path / "v")]) == 0
+    plan, points = load_plan(tmp_path / "v")
+    assert [p.id.rsplit("-", 1)[0] for p in points] == ["azure-conv-near", "sharegpt-past"]
+    assert sorted(plan["predictions"]) == [p.id for p in points]
+    assert [i.rsplit("-", 1)[0] for i in plan["left_out"]] == ["azure-conv-past"]

@@ -46,6 +46,13 @@ def _mechanisms(text: str) -> tuple[str, ...]:
     return names
 
 
+def _ids(text: str) -> list[str]:
+    ids = [x for x in text.split(",") if x]
+    if not ids:
+        raise argparse.ArgumentTypeError(f"{text!r} names no point")
+    return ids
+
+
 def _named_path(text: str) -> tuple[str, Path]:
     name, sep, path = text.partition("=")
     if not sep or not name.strip() or not path.strip():
@@ -129,14 +136,17 @@ def parser() -> argparse.ArgumentParser:
                       help="freeze a LEVEL%% band for every point's metrics with the predictions (servecap/sim/intervals.py)")
     plan.add_argument("--allow-nonstationary", action="store_true",
                       help="plan from a table whose stationarity check failed (the plan and report say so)")
+    plan.add_argument("--only", metavar="ID1,ID2", type=_ids,
+                      help="keep only these of the chosen points, by id with or without its rate (azure-conv-near); "
+                           "the rest are left out of the plan, named in it: a validation sized to the device time "
+                           "there is")
     plan.add_argument("--points-from", type=Path, metavar="PLAN_DIR",
                       help="predict an earlier plan's points as they are (their traces copied here), so that the same "
                            "real runs, made under that plan, grade both; no option that chooses points goes with it")
 
     real = sub.add_parser("real", parents=[common], help="run the plan's points on the engine (GPU; resumes)")
     real.add_argument("--expect-gpu", metavar="NAME", help="refuse any other device, e.g. 'NVIDIA H200'")
-    real.add_argument("--only", metavar="ID1,ID2", type=lambda t: [x for x in t.split(",") if x],
-                      help="run only these points")
+    real.add_argument("--only", metavar="ID1,ID2", type=_ids, help="run only these points")
     real.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
                       help="run the I-th of N shares of the plan's single-engine points (one process per GPU)")
     real.add_argument("--fleet", metavar="DEV1,DEV2", type=lambda t: t.split(","),
@@ -223,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 from .plan import make_plan
                 chooses = [f"--{k.replace('_', '-')}" for k in ("azure", "sharegpt", "sag", "predictions", "repeats",
                                                                   "cache_trace", "max_num_batched_tokens")
-                           if getattr(args, k)] + [f"--{k}" for k in ("skip", "mechanisms") if getattr(args, k)]
+                           if getattr(args, k)] + [f"--{k}" for k in ("skip", "mechanisms", "only") if getattr(args, k)]
                 if args.points_from is not None and chooses:
                     raise InputError(f"--points-from takes the earlier plan's points as they are; "
                                      f"{', '.join(chooses)} would choose others")
@@ -234,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                                    public_policies=args.public_policies, repeats=args.repeats,
                                    mechanisms=args.mechanisms, cache_traces=dict(args.cache_trace or []) or None,
                                    max_num_batched_tokens=args.max_num_batched_tokens,
-                                   points_from=args.points_from)
+                                   points_from=args.points_from, only=args.only)
                 print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
                 for p in points:
                     print(f"  {p.id:40s} {p.role:12s} {p.serving.backend} {p.serving.prefill} {p.serving.admission}"

@@ -94,14 +94,16 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
               interval: float | None = None, public_policies: tuple[str, ...] = ("padded",),
               repeats: int | None = None, mechanisms: tuple[str, ...] = (),
               cache_traces: dict[str, Path] | None = None,
-              max_num_batched_tokens: int | None = None, points_from: Path | None = None) -> list[Point]:
+              max_num_batched_tokens: int | None = None, points_from: Path | None = None,
+              only: list[str] | None = None) -> list[Point]:
     """Points chosen the way a user would: from the simulator's own sweep of the table. The public traces are
     planned for each of `public_policies`. `repeats` K: K fresh runs at every near- and past-capacity point,
     public and mechanism (the engine's own run-to-run spread is measured there); None: one at the public points,
     the mechanisms' own counts (servecap/validate/mechanisms.py). `mechanisms` adds servecap/validate/mechanisms.py's groups (the
     prefix cache's on the trace files of `cache_traces`, by name). `max_num_batched_tokens`: every point's per-step
     token cap, its capacity searches' too (a full-length trace's long prompts beside 32 rows). `points_from`: an
-    earlier plan's directory, whose points are predicted as they are instead (_points_from)."""
+    earlier plan's directory, whose points are predicted as they are instead (_points_from). `only`: keep these of the
+    chosen points, by id or by id without its rate (the plan names the others it left out)."""
     out = Path(out)
     if (out / "plan.json").exists() and not force:
         raise InputError("already holds a validation plan; its real runs were graded against it. Choose another "
@@ -116,6 +118,15 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
         points, cap, small_cap, blind = _chosen_points(table, out, n, seed, azure, sharegpt, skip, sag, predictions,
                                                        public_policies, repeats, mechanisms, cache_traces,
                                                        max_num_batched_tokens)
+    left_out = []
+    if only is not None:
+        names = {p.id: {p.id, _unrated(p.id)} for p in points}
+        unknown = [n for n in only if not any(n in ids for ids in names.values())]
+        if unknown:
+            raise InputError(f"--only names point(s) the plan did not choose: {', '.join(unknown)} (it chose "
+                             f"{', '.join(p.id for p in points)})")
+        left_out = [p.id for p in points if not names[p.id] & set(only)]
+        points = [p for p in points if names[p.id] & set(only)]
     predicted = {p.id: predict(table, p, out) for p in points}
     intervals = None
     if interval is not None:  # frozen with the predictions, before any real run
@@ -127,7 +138,7 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
                       "gpu_uuid": table.gpu_uuid, "path": str(table.path), "stationarity": table.stationarity and
                       {k: table.stationarity[k] for k in ("passed", "limit", "prefill", "decode")}},
             "planned_at": time.time(), "capacity_sim": cap, "small_pool_capacity_sim": small_cap, "n": n, "seed": seed,
-            "skipped": list(skip), "estimated_gpu_s": estimate,
+            "skipped": list(skip), **({"left_out": left_out} if only is not None else {}), "estimated_gpu_s": estimate,
             "points": [p.to_json() for p in points], "predictions": predicted, "blind": blind,
             **({"intervals": intervals} if intervals else {}), **({"points_from": source} if source else {}),
             **provenance()}
@@ -214,6 +225,13 @@ def _chosen_points(table, out: Path, n: int, seed: int, azure: Path | None, shar
     for p in points:
         p.serving = capped(p.serving)
     return points, cap, small_cap, blind
+
+
+def _unrated(point_id: str) -> str:
+    """A point's id without the rate its name ends with (azure-conv-near-37 -> azure-conv-near), as one names it
+    before the plan has chosen the rate."""
+    head, _, tail = point_id.rpartition("-")
+    return head if head and tail.replace(".", "", 1).isdigit() else point_id
 
 
 def _points_from(source: Path, out: Path) -> tuple[list[Point], dict]:
