@@ -148,3 +148,21 @@ def test_a_plan_keeps_only_the_points_it_is_told_and_names_the_ones_it_left_out(
     assert [p.id.rsplit("-", 1)[0] for p in points] == ["azure-conv-near", "sharegpt-past"]
     assert sorted(plan["predictions"]) == [p.id for p in points]
     assert [i.rsplit("-", 1)[0] for i in plan["left_out"]] == ["azure-conv-past"]
+
+
+def test_a_report_grades_the_repeats_that_completed_when_a_run_was_cut_off(inputs, tmp_path):
+    import csv
+    import shutil
+
+    from servecap.costs.table import load_cost_table
+    from servecap.validate.report import write_report
+    table, out = inputs / "table.json", tmp_path / "v"
+    assert main(["plan", "--table", str(table), "--n", str(N), "--skip", "public,policies,fleet,closed",
+                 "--out", str(out)]) == 0
+    fill_real(out, load_cost_table(table))
+    near = next(p for p in load_plan(out)[1] if p.repeats > 1)
+    shutil.rmtree(run_dir(out, near, 2))  # the call's time ran out before this repeat: its record was discarded
+    write_report(out, table)
+    with open(out / "points.csv") as f:
+        repeats = {r["point"]: int(r["repeats"]) for r in csv.DictReader(f)}
+    assert repeats[near.id] == 1

@@ -19,11 +19,10 @@ from servecap.sim import inputs
 from servecap.traces.csvio import atomic_write_text
 from servecap.traces.errors import InputError
 from servecap.traces.metrics import capacity_bracket
-from servecap.traces.records import read_run
 
 from .comparison import Compared, _num, _number, compare
 from .coverage import bands_for, coverage, markdown
-from .points import ABS_FLOOR, run_dir
+from .points import ABS_FLOOR, complete_runs
 
 KEYS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "group_size_p95",
         "padding_waste_p95")
@@ -44,8 +43,8 @@ def step_check(results: list[Compared], out: Path, table) -> dict:
     cost = CostModel(table)
     ratios: dict[str, list[float]] = {}
     for c in results:
-        for k in range(1, c.point.repeats + 1):
-            s = priced_steps(read_run(run_dir(out, c.point, k)), cost)
+        for rec in complete_runs(out, c.point):  # as compare's measurements: an interrupted repeat is not one
+            s = priced_steps(rec, cost)
             ratio = s.real_s / contextual(s, None)
             for key, r in ratio.groupby(s.kind.str.replace(r"^(decode \S+) .*$", r"\1", regex=True)):
                 ratios.setdefault(key, []).extend(r.tolist())
