@@ -39,9 +39,12 @@
 - Spread: the log-normal sigma of step times around the median, for the simulator's optional noise.
 - Serving context (tables with a `correction`, servecap/costs/context.py; none: every step priced as above, nothing
   multiplied): a step of kind k (`prefill POLICY`, `decode BACKEND POLICY`) costs the price above times
-  f(k, previous, rows) x (clock_ref / clock) ** e, where each factor is the median of real / model over the
-  fitting runs' steps of that class. The terms, each a factor of its own class:
-  previous step: `prefill`, `decode`, or `idle` (IDLE_S = 20 ms or more with nothing running before the step);
+  f(k, previous, rows) x (clock_ref / clock) ** e, where each factor is the fitting runs' summed real time over
+  their summed price in that class, the 1% at either end of real / model left out (corrections fitted before
+  that: the median). The terms, each a factor of its own class:
+  previous step: `prefill`, `decode`, `retired` (a decode step that retired rows, so this step starts a new pass
+  and pays its host work; where the correction has it, else `decode`), or `idle` (IDLE_S = 20 ms or more with
+  nothing running before the step);
   batch: the step's rows in buckets 1, 2-8, 9-16, 17-32, 33+ (host work per step that grows with the batch);
   a decode step's longest row in buckets to 1024, 2048, 3072 and beyond K/V tokens, where the correction has it
   (serving's long-tailed batches leave an error in the decode surface that follows the longest row), each step of
