@@ -4,8 +4,9 @@ One pass, top to bottom: take the arrivals that are due (refusing what the engin
 scheduler for the pass's plan (Scheduler.schedule: the admission group, at most one prefill step, and a stretch of
 decode steps of the same rows); run the plan's steps on the timer; let their time pass; retire the rows that
 finished and write the pass's records. What a step costs is the timer's business: the engine's timer runs the
-model on the GPU and reads the clock; the simulator's returns the cost model's durations on its own clock and may
-price a whole stretch of decode steps at once (fast-forward), up to the bound the plan sets.
+model on the GPU and reads the clock, a stretch of decode steps launched one step ahead of the device; the
+simulator's returns the cost model's durations on its own clock and may price a whole stretch at once
+(fast-forward); both up to the bound the plan sets.
 
 The loop is a generator of times: it yields a time whenever the driver must let time pass before it goes on
 (the end of a pass's steps, or the next arrival when idle; None when the next arrival is not known, as for a
@@ -90,7 +91,8 @@ class StepTimer(Protocol):
     def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int,
                stop: float) -> tuple[list[list[int]] | None, list[float]]:
         """Decode steps from `start`: each row's tokens, one a step (None when not computed), and each step's end.
-        One step, or up to `limit` of them, ending with the first that ends at or after `stop`."""
+        One step, or up to `limit` of them, ending with the first that ends at or after `stop` (the engine's may run
+        one launched ahead past it when a step far outlasts the last, and counts it: servecap/engine/serve.py)."""
 
     def retired(self, n: int) -> None:
         """n rows were retired and their records written (the simulator's clock moves past the cost)."""
