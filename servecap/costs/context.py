@@ -3,7 +3,8 @@ it costs at the same shape, as multiplicative factors per (step kind, context cl
 (`python -m calibrate --from-runs`, servecap/calibrate/from_runs.py) and stored in the table (version 3, `correction`).
 
 A step's kind is `prefill POLICY` or `decode BACKEND POLICY`; its context class is made of the terms below, each a
-few discrete levels, so that a factor is a median of real / model over many steps, not a fitted curve:
+few discrete levels, so that a factor is a ratio over many steps (summed real over summed model, trimmed; a
+median in corrections fitted before), not a fitted curve:
 - the previous step: `prefill` (a decode step right after a prefill pays for it: 1.09-1.13x in issue 21's runs),
   `decode`, `retired` (a decode step that retired rows: the step after it starts a new pass, whose host work, the
   scheduler's and the first launch of a decode stretch, the device waits for; where the correction was fitted with
