@@ -254,6 +254,53 @@ def test_from_runs_recovers_the_context_factors_and_grades_them_on_held_out_runs
     assert CostModel(t).factor("decode paged padded", "prefill", 0.0, 8) == pytest.approx(1.2)
 
 
+def test_holdout_by_point_grades_each_run_by_a_correction_fitted_without_its_point(tmp_path, monkeypatch):
+    import servecap.calibrate.cli
+    from servecap import calibrate
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import load_cost_table
+    from tests.helpers import write_table
+    true = {"decode paged padded|prefill": 1.2, "decode paged padded|decode": 1.05, "prefill padded": 1.1}
+    truth = write_table(_corrected(linear_table(), true), tmp_path / "truth.json")
+    table = write_table(linear_table(), tmp_path / "table.json")
+    runs = _engine_like_runs(tmp_path, truth, [20, 40, 60])
+    out = tmp_path / "corrected.json"
+    assert calibrate.cli.main(["--from-runs", str(tmp_path / "runs"), "--table", str(table), "--out", str(out),
+                               "--holdout", "point"]) == 0
+    c = load_cost_table(out).correction
+    # every run is fitted and every run graded: each by the correction of the other points
+    assert c["holdout"] == "point" and sorted(c["held_out_runs"]) == sorted(c["fitted_runs"]) == sorted(map(str, runs))
+    assert c["factors"]["decode paged padded|prefill"]["factor"] == pytest.approx(1.2, rel=1e-6)
+    assert c["residual_sigma_from"].startswith("held-out points")
+    assert set(c["held_out"]["runs"]) == set(map(str, runs))
+    for r in c["held_out"]["runs"].values():
+        assert r["before"] < -0.04 and abs(r["after"]) < 1e-3  # the truth is the same at every point
+
+
+def test_a_points_repeats_are_held_out_together():
+    from pathlib import Path
+
+    import pandas as pd
+    from servecap.calibrate.from_runs import evaluate, leave_one_point_out
+    from servecap.traces.errors import InputError
+
+    def steps(factor):  # decode steps after decode steps, `factor` times their price
+        return pd.DataFrame({"kind": ["decode paged padded"] * 40, "prev_kind": ["decode"] * 40, "idle_s": 0.0,
+                             "rows": 8, "kv_max": 100, "model_s": 0.01, "real_s": 0.01 * factor, "retire_s": 0.0,
+                             "clock_mhz": float("nan")})
+    meta = {"trace_id": "a", "backend": "paged", "prefill": "padded"}
+    runs = {Path("a1"): {"meta": meta, "steps": steps(2.0)}, Path("a2"): {"meta": meta, "steps": steps(2.0)},
+            Path("b1"): {"meta": {**meta, "trace_id": "b"}, "steps": steps(1.0)}}
+    whole, own = leave_one_point_out(runs)
+    # a's two repeats are priced by b's correction alone: had a2 been in a1's fit, a1's error would be smaller
+    report = evaluate({p: r["steps"] for p, r in runs.items()}, whole, own)
+    assert report["runs"]["a1"]["after"] == pytest.approx(-0.5) and report["runs"]["a2"]["after"] == pytest.approx(-0.5)
+    assert report["runs"]["b1"]["after"] == pytest.approx(1.0)  # priced by a's factor 2
+    assert whole["factors"]["decode paged padded|decode"]["n"] == 120
+    with pytest.raises(InputError, match="two or more points"):
+        leave_one_point_out({k: v for k, v in runs.items() if k.name.startswith("a")})
+
+
 def test_from_runs_refuses_what_it_cannot_use(tmp_path, capsys):
     import servecap.calibrate.cli
     from servecap import calibrate
@@ -427,6 +474,28 @@ def test_the_gpu_to_gpu_spread_is_the_sd_of_the_sessions_mean_speed():
     means = [np.mean(np.log(v)) for v in ([1.00, 1.02, 0.99], [1.05, 1.03], [0.97])]
     assert s["sigma"] == pytest.approx(float(np.std(means, ddof=1)))
     assert _sessions(groups[:3]) is None and math.isfinite(s["sigma"])
+
+
+def test_the_gpu_to_gpu_spread_can_come_from_an_earlier_noise_file(tmp_path, capsys):
+    from pathlib import Path
+
+    from servecap.validate.cli import main
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"schema": "run-to-run-noise", "created_at": "2026-01-01T00:00:00+00:00",
+                                   "table": "t0", "sessions": {"sigma": 0.0123, "mean_log_speed": {"a": 0.0, "b": 0.01,
+                                                                                                  "c": 0.02}}}))
+    out = tmp_path / "noise.json"
+    assert main(["noise", "results/validation-recheck", "--out", str(out), "--sessions-from", str(earlier)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["sessions"]["sigma"] == 0.0123 and doc["sessions"]["from"]["file"] == str(earlier)
+    assert doc["groups"] and Path(doc["groups"][0]["validation"]) == Path("results/validation-recheck")
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"schema": "run-to-run-noise", "pooled": {}}))
+    capsys.readouterr()
+    assert main(["noise", "results/validation-recheck", "--out", str(tmp_path / "x.json"), "--sessions-from",
+                 str(bare)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "GPU-to-GPU spread" in err and not (tmp_path / "x.json").exists()
 
 
 def test_coverage_counts_every_repeat_inside_its_band():

@@ -166,3 +166,32 @@ def test_a_report_grades_the_repeats_that_completed_when_a_run_was_cut_off(input
     with open(out / "points.csv") as f:
         repeats = {r["point"]: int(r["repeats"]) for r in csv.DictReader(f)}
     assert repeats[near.id] == 1
+
+
+def test_the_azure_points_can_replay_a_later_window_of_the_trace(tmp_path):
+    from servecap.validate.plan import PUBLIC_CAPS, _azure_window
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    # one row a second; every fifth prompt is longer than the validation serves
+    rows += [f"2023-11-16 18:{i // 60:02d}:{i % 60:02d}.5000000,{5000 if i % 5 == 4 else 100 + i},{300 + i}"
+             for i in range(100)]
+    path = tmp_path / "azure.csv"
+    path.write_text("\n".join(rows) + "\n")
+    first = _azure_window(path, 10)
+    assert [r.prompt_tokens for r in first.requests] == [100 + i for i in range(12) if i % 5 != 4]
+    later = _azure_window(path, 10, start_s=30.0)
+    # the first row at or after 30 s on the file's own clock is row 30; the longer prompts are left out
+    assert [r.prompt_tokens for r in later.requests] == [100 + i for i in range(30, 42) if i % 5 != 4]
+    assert later.requests[0].arrival == 0.0 and later.requests[-1].arrival == pytest.approx(11.0)
+    assert all(r.budget == PUBLIC_CAPS.max_budget for r in later.requests)
+    with pytest.raises(InputError, match="fewer than the 10"):
+        _azure_window(path, 10, start_s=90.0)
+
+
+def test_plan_azure_from_is_recorded_in_the_points_traces(inputs, tmp_path):
+    out = tmp_path / "plan"
+    assert main(["plan", "--table", str(inputs / "table.json"), "--out", str(out), "--n", str(N),
+                 "--azure", str(inputs / "azure.csv"), "--sharegpt", str(inputs / "sharegpt.csv"),
+                 "--skip", "curve,closed,policies,fleet,public-below", "--azure-from", "20"]) == 0
+    _, points = load_plan(out)
+    azure = [p for p in points if p.id.startswith("azure-conv")]
+    assert azure and all(build_trace(p.trace, out).meta["options"]["window"][0] == 20 for p in azure)

@@ -26,6 +26,7 @@ from servecap.traces.model_spec import MODELS
 from servecap.traces.outpath import check_out_file, refuse_special
 
 from .accuracy import report
+from .from_runs import HOLDOUTS
 from .measure import STATIONARY_SETTLE_S
 from .plan import FULL, FULL_LENGTH, H200_SPEEDS, LONG, QUICK, describe, make_plan, max_rows, run_plan
 from .store import PointsFile, points_path
@@ -81,6 +82,11 @@ def parser() -> argparse.ArgumentParser:
                    help="no GPU: correct --table for serving from the steps of these real run records (directories "
                         "searched for them), held out by run, into --out (servecap/calibrate/from_runs.py)")
     p.add_argument("--table", type=Path, metavar="TABLE", help="with --from-runs: the cost table to correct")
+    p.add_argument("--holdout", choices=HOLDOUTS, default="run",
+                   help="with --from-runs: grade the correction on every third run of each policy, left out of the "
+                        "fit (run, the default), or on every point (a trace on one configuration, its repeats "
+                        "together) priced by the correction fitted on the other points, the table's correction "
+                        "fitted on all (point: for runs with repeats, which would otherwise sit on both sides)")
     p.add_argument("--serving", type=Path, metavar="TABLE2",
                    help="after the closed runs, a serving phase: seeded arrival traces on the same engine, each "
                         "prefill policy below, near and past the capacity the new table predicts for it, and the "
@@ -125,7 +131,8 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         if args.table is None or args.out is None:
             raise InputError("--from-runs needs --table TABLE (to correct) and --out NEW.json")
         from . import from_runs
-        tid, held_out = from_runs.from_runs(args.from_runs, args.table, args.out, argv, args.force)
+        tid, held_out = from_runs.from_runs(args.from_runs, args.table, args.out, argv, args.force,
+                                            holdout=args.holdout)
         print(from_runs.describe(held_out))
         print(f"wrote cost table {tid} to {args.out} (corrected from {args.table})")
         return 0

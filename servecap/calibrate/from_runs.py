@@ -5,10 +5,17 @@ Every recorded step whose shape the record determines is priced by T at its shap
 put in its serving-context class (servecap/costs/context.py: previous step, idle gap, rows, a decode step's longest
 row; the SM clock where the run recorded telemetry). The correction is each class's summed real over summed model
 (class_factor: the 1% at either end of its real / model left out).
-Held out by run: the runs of each prefill policy, in path order, every HOLDOUT_EVERY-th is left out of the fit, and the report (printed, and stored in the
-table) gives, on the held-out runs only, the median real / model per step kind before and after the correction, each
-run's summed step time error before and after, and the residual spread the intervals use (servecap/sim/intervals.py). The
-correction stored is the one fitted without the held-out runs: the one the report grades.
+Held out by run (`holdout="run"`): the runs of each prefill policy, in path order, every HOLDOUT_EVERY-th is left out
+of the fit, and the report (printed, and stored in the table) gives, on the held-out runs only, the median real /
+model per step kind before and after the correction, each run's summed step time error before and after, and the
+residual spread the intervals use (servecap/sim/intervals.py). The correction stored is the one fitted without the
+held-out runs: the one the report grades.
+
+Held out by point (`holdout="point"`, leave-one-point-out): a point is the runs of one trace on one configuration
+(a validation's repeats, point_key). Repeats of one point are near copies of each other, so a run held out beside
+its own repeats in the fit says little about traffic the correction has not seen. Here every point's runs are
+priced by the correction fitted on all the other points, the report grades each run so, and the residual spread
+is theirs; the correction stored is fitted on every run (none is left unused), and the report names it as such.
 """
 from __future__ import annotations
 
@@ -69,6 +76,15 @@ def split(runs: dict[Path, dict], every: int = HOLDOUT_EVERY) -> tuple[list[Path
     return fit, held
 
 
+POINT_FIELDS = ("trace_id", "backend", "prefill", "admission", "max_batch", "pool_blocks", "prefix_cache",
+                "max_num_batched_tokens")
+
+
+def point_key(meta: dict) -> tuple:
+    """What makes two runs repeats of one point: the same trace on the same serving configuration."""
+    return tuple(str(meta.get(k)) for k in POINT_FIELDS)
+
+
 def _prev(steps) -> list[str]:
     return [previous(k, i) for k, i in zip(steps.prev_kind, steps.idle_s)]
 
@@ -119,17 +135,19 @@ def _rms(v: list[float]) -> float | None:
     return float(math.sqrt(np.mean(np.square(v)))) if len(v) >= 2 else None
 
 
-def evaluate(by_run: dict[Path, "object"], correction: dict | None) -> dict:
+def evaluate(by_run: dict[Path, "object"], correction: dict | None, own: dict[Path, dict] | None = None) -> dict:
     """On these runs: median real / model per step kind (and per kind and previous step) before and after the
-    correction; each run's summed step time error, (model - real) / real, before and after; the log residual RMS over
-    runs of each kind's summed steps after it (the intervals' cost-model term)."""
+    correction (or each run's own, where `own` gives it); each run's summed step time error, (model - real) / real,
+    before and after; the log residual RMS over runs of each kind's summed steps after it (the intervals' cost-model
+    term)."""
     import pandas as pd
 
     if not by_run:
         return {}
     rows = []
     for path, s in by_run.items():
-        rows.append(s.assign(run=str(path), prev=_prev(s), before=_priced(s, None), after=_priced(s, correction)))
+        c = (own or {}).get(path, correction)
+        rows.append(s.assign(run=str(path), prev=_prev(s), before=_priced(s, None), after=_priced(s, c)))
     steps = pd.concat(rows, ignore_index=True)
 
     def medians(group_cols):
@@ -151,9 +169,30 @@ def evaluate(by_run: dict[Path, "object"], correction: dict | None) -> dict:
     return {"kinds": medians("kind"), "contexts": medians(["kind", "prev"]), "runs": runs, "residual_sigma": sigma}
 
 
+def leave_one_point_out(runs: dict[Path, dict]) -> tuple[dict, dict[Path, dict]]:
+    """(the correction fitted on every run, each run's correction fitted without its point's runs)."""
+    import pandas as pd
+
+    by_point: dict[tuple, list[Path]] = {}
+    for path in sorted(runs):
+        by_point.setdefault(point_key(runs[path]["meta"]), []).append(path)
+    if len(by_point) < 2:
+        raise InputError(f"--holdout point needs runs of two or more points (trace and configuration); these "
+                         f"{len(runs)} run(s) are all of one")
+    own = {}
+    for paths in by_point.values():
+        rest = pd.concat([runs[p]["steps"] for p in runs if p not in paths], ignore_index=True)
+        own.update(dict.fromkeys(paths, fit(rest)))
+    return fit(pd.concat([r["steps"] for r in runs.values()], ignore_index=True)), own
+
+
+HOLDOUTS = ("run", "point")
+
+
 def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], force: bool = False,
-              every: int = HOLDOUT_EVERY) -> tuple[str, dict]:
-    """Write `table_path` corrected from the runs under `paths` to `out`; return its id and the report."""
+              every: int = HOLDOUT_EVERY, holdout: str = "run") -> tuple[str, dict]:
+    """Write `table_path` corrected from the runs under `paths` to `out`; return its id and the report (`holdout`:
+    the module docstring's two ways of holding runs out)."""
     import pandas as pd
 
     from servecap.traces.records import read_run
@@ -178,12 +217,19 @@ def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], f
             warnings.simplefilter("ignore")  # a serving run's shapes past the table's range are priced as they are
             steps = priced_steps(rec, cost, read_telemetry(d))
         runs[d] = {"meta": rec.meta, "steps": steps}
-    fitted, held = split(runs, every)
-    correction = fit(pd.concat([runs[p]["steps"] for p in fitted], ignore_index=True))
-    report = {"held_out": evaluate({p: runs[p]["steps"] for p in held}, correction),
-              "fitted": evaluate({p: runs[p]["steps"] for p in fitted}, correction)}
+    if holdout == "point":
+        correction, own = leave_one_point_out(runs)
+        fitted, held = sorted(runs), sorted(runs)
+        report = {"held_out": evaluate({p: runs[p]["steps"] for p in held}, correction, own), "holdout": holdout}
+        sigma_from = "held-out points (each run priced by the correction fitted without its point's runs)"
+    else:
+        fitted, held = split(runs, every)
+        correction = fit(pd.concat([runs[p]["steps"] for p in fitted], ignore_index=True))
+        report = {"held_out": evaluate({p: runs[p]["steps"] for p in held}, correction),
+                  "fitted": evaluate({p: runs[p]["steps"] for p in fitted}, correction), "holdout": holdout}
+        sigma_from = "held-out runs" if held else "the fitted runs (nothing held out)"
     correction.update(residual_sigma=report["held_out"].get("residual_sigma") or report["fitted"]["residual_sigma"],
-                      residual_sigma_from="held-out runs" if held else "the fitted runs (nothing held out)",
+                      residual_sigma_from=sigma_from, holdout=holdout,
                       fitted_runs=[str(p) for p in fitted], held_out_runs=[str(p) for p in held],
                       held_out=report["held_out"], created_at=now_iso(), git_commit=git_commit(),
                       command=shlex.join(["python", "-m", "calibrate", *argv]))
@@ -201,7 +247,9 @@ def describe(report: dict) -> str:
         r = report.get(part)
         if not r:
             continue
-        lines.append(f"{part.replace('_', '-')} runs: median real / model per step kind, before -> after")
+        who = ("held-out points (each run priced by the correction fitted without its point)"
+               if part == "held_out" and report.get("holdout") == "point" else f"{part.replace('_', '-')} runs")
+        lines.append(f"{who}: median real / model per step kind, before -> after")
         lines += [f"  {k:28s} n={v['n']:6d}  {v['before']:.3f} -> {v['after']:.3f}" for k, v in r["kinds"].items()]
         lines.append("  by previous step:")
         lines += [f"  {k:40s} n={v['n']:6d}  {v['before']:.3f} -> {v['after']:.3f}" for k, v in r["contexts"].items()]

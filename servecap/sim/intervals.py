@@ -12,9 +12,10 @@ percentiles, a closed run's wall time) that combines the things a real run can d
      RMS over held-out runs of the log of the summed step time error), which holds each held-out run's own noise, so
      that `run` is then left out; else the RMS of the log error of the calibration's held-out shapes;
    - gpu: the GPU-to-GPU spread, from a refresh (the RMS of the log of a refreshed table's factors) where the
-     table was refreshed, else from the repeated real runs' sessions (the sd of their mean log speeds, below): the
-     held-out runs were held out run by run within the sessions the correction was fitted on, so the GPU a run
-     lands on is not in `held`;
+     table was refreshed, else from the repeated real runs' sessions (the sd of their mean log speeds, below, or an
+     earlier noise file's where the engine has run on fewer than three GPUs): the held-out runs were held out run by
+     run, or point by point, within the sessions the correction was fitted on, so the GPU a run lands on is not in
+     `held`;
    - run: the run-to-run spread of a run's speed measured from repeated real runs (below).
    Near capacity a percent of speed moves TTFT by tens of percent; drawing it as a cost factor lets the simulator
    say how much, point by point, instead of one spread for every point.

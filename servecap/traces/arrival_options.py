@@ -25,7 +25,7 @@ def _positive(text: str) -> float:
     return v
 
 
-def _seconds(text: str) -> float:
+def seconds_arg(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
@@ -37,7 +37,7 @@ def _seconds(text: str) -> float:
 
 def add_arrival_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--burstiness", type=_positive, default=1.0, metavar="B", help=BURSTINESS_HELP)
-    p.add_argument("--ramp-up-s", type=_seconds, default=0.0, metavar="S", help=RAMP_HELP)
+    p.add_argument("--ramp-up-s", type=seconds_arg, default=0.0, metavar="S", help=RAMP_HELP)
 
 
 def given(args: argparse.Namespace) -> dict:

@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 from servecap.core.options import step_cap_arg
+from servecap.traces.arrival_options import seconds_arg
 from servecap.traces.cli import count_arg, level_arg, seed_arg
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
@@ -103,6 +104,9 @@ def parser() -> argparse.ArgumentParser:
     noise.add_argument("--force", action="store_true", help="replace an existing file")
     noise.add_argument("--table", type=Path, help="a cost table: also each run's speed, and what speed leaves "
                        "unexplained (the intervals then propagate speed through the simulator)")
+    noise.add_argument("--sessions-from", type=Path, metavar="NOISE_JSON",
+                       help="take the GPU-to-GPU spread of a run's speed from this earlier noise file (its sessions) "
+                            "instead of these validations' (which need three GPUs): an engine measured on fewer")
     noise.add_argument("--allow-nonstationary", action="store_true", help="accept a table whose stationarity "
                        "check failed")
 
@@ -112,6 +116,9 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--seed", type=seed_arg, default=0, help="workload seed (default %(default)s)")
     plan.add_argument("--azure", type=Path, metavar="CSV", help="the Azure LLM inference trace (conversation) CSV")
     plan.add_argument("--sharegpt", type=Path, metavar="CSV", help="the ShareGPT lengths CSV (sarathi-serve's)")
+    plan.add_argument("--azure-from", type=seconds_arg, default=0.0, metavar="S",
+                      help="the Azure points replay the trace's requests from S seconds into it (default 0: its "
+                           "first; another window is other traffic of the same service)"),
     plan.add_argument("--skip", type=_skip, default=(), metavar="GROUP,...",
                       help=f"leave out point groups ({', '.join(GROUPS)}); the plan records what it left out")
     plan.add_argument("--sag", type=Path, metavar="JSON", help="sag candidates to run (results/sag/candidates.json)")
@@ -212,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 from .noise import write
                 from servecap.sim import inputs
                 table = args.table and inputs.load_table(args.table, allow_nonstationary=args.allow_nonstationary)
-                doc = write(args.validations, args.out, args.force, table)
+                doc = write(args.validations, args.out, args.force, table, args.sessions_from)
                 print(f"wrote {args.out}: {len(doc['groups'])} repeated points; " + "; ".join(
                     f"{regime}: " + ", ".join(f"{k} {v['sigma']:.1%}" + (f" ({v['residual_sigma']:.1%} beyond speed)"
                                                                           if "residual_sigma" in v else "")
@@ -232,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             elif args.step == "plan":
                 from .plan import make_plan
                 chooses = [f"--{k.replace('_', '-')}" for k in ("azure", "sharegpt", "sag", "predictions", "repeats",
-                                                                  "cache_trace", "max_num_batched_tokens")
+                                                                  "cache_trace", "max_num_batched_tokens", "azure_from")
                            if getattr(args, k)] + [f"--{k}" for k in ("skip", "mechanisms", "only") if getattr(args, k)]
                 if args.points_from is not None and chooses:
                     raise InputError(f"--points-from takes the earlier plan's points as they are; "
@@ -244,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                                    public_policies=args.public_policies, repeats=args.repeats,
                                    mechanisms=args.mechanisms, cache_traces=dict(args.cache_trace or []) or None,
                                    max_num_batched_tokens=args.max_num_batched_tokens,
-                                   points_from=args.points_from, only=args.only)
+                                   points_from=args.points_from, only=args.only, azure_from_s=args.azure_from)
                 print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
                 for p in points:
                     print(f"  {p.id:40s} {p.role:12s} {p.serving.backend} {p.serving.prefill} {p.serving.admission}"

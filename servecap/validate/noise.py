@@ -152,9 +152,29 @@ def _sessions(groups: list[dict]) -> dict | None:
     return {"sigma": _sd(list(m.values())), "mean_log_speed": m}
 
 
-def write(validations: list[Path], out: Path, force: bool = False, table=None) -> dict:
+def earlier_sessions(path: Path) -> dict:
+    """The GPU-to-GPU spread of an earlier noise file, with where it came from: for an engine measured on fewer
+    than three GPUs so far (the spread of a run's speed from GPU to GPU is the GPUs' and hosts', which an engine
+    change moves less than its run-to-run noise)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        raise InputError("is not a readable run-to-run noise file", path=path) from None
+    if doc.get("schema") != "run-to-run-noise" or not doc.get("sessions"):
+        raise InputError("is not a run-to-run noise file with a GPU-to-GPU spread (sessions)", path=path)
+    return {**doc["sessions"], "from": {"file": str(path), "created_at": doc.get("created_at"),
+                                        "table": doc.get("table"), "git_commit": doc.get("git_commit")}}
+
+
+def write(validations: list[Path], out: Path, force: bool = False, table=None,
+          sessions_from: Path | None = None) -> dict:
+    """Measure and write the noise file; `sessions_from`: take the GPU-to-GPU spread from that earlier file
+    (earlier_sessions) instead of these validations' sessions."""
     if Path(out).exists() and not force:
         raise InputError("already exists; pass --force to replace it", path=out)
+    sessions = earlier_sessions(sessions_from) if sessions_from is not None else None
     doc = measure(validations, table)
+    if sessions is not None:
+        doc["sessions"] = sessions
     atomic_write_text(Path(out), json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return doc

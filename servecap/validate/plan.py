@@ -95,7 +95,7 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
               repeats: int | None = None, mechanisms: tuple[str, ...] = (),
               cache_traces: dict[str, Path] | None = None,
               max_num_batched_tokens: int | None = None, points_from: Path | None = None,
-              only: list[str] | None = None) -> list[Point]:
+              only: list[str] | None = None, azure_from_s: float = 0.0) -> list[Point]:
     """Points chosen the way a user would: from the simulator's own sweep of the table. The public traces are
     planned for each of `public_policies`. `repeats` K: K fresh runs at every near- and past-capacity point,
     public and mechanism (the engine's own run-to-run spread is measured there); None: one at the public points,
@@ -103,7 +103,8 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     prefix cache's on the trace files of `cache_traces`, by name). `max_num_batched_tokens`: every point's per-step
     token cap, its capacity searches' too (a full-length trace's long prompts beside 32 rows). `points_from`: an
     earlier plan's directory, whose points are predicted as they are instead (_points_from). `only`: keep these of the
-    chosen points, by id or by id without its rate (the plan names the others it left out)."""
+    chosen points, by id or by id without its rate (the plan names the others it left out). `azure_from_s`: the
+    Azure points' window starts this far into the trace (another window, other traffic)."""
     out = Path(out)
     if (out / "plan.json").exists() and not force:
         raise InputError("already holds a validation plan; its real runs were graded against it. Choose another "
@@ -117,7 +118,7 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     else:
         points, cap, small_cap, blind = _chosen_points(table, out, n, seed, azure, sharegpt, skip, sag, predictions,
                                                        public_policies, repeats, mechanisms, cache_traces,
-                                                       max_num_batched_tokens)
+                                                       max_num_batched_tokens, azure_from_s)
     left_out = []
     if only is not None:
         names = {p.id: {p.id, _unrated(p.id)} for p in points}
@@ -149,7 +150,8 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
 def _chosen_points(table, out: Path, n: int, seed: int, azure: Path | None, sharegpt: Path | None,
                    skip: tuple[str, ...], sag: Path | None, predictions: Path | None, public_policies: tuple[str, ...],
                    repeats: int | None, mechanisms: tuple[str, ...], cache_traces: dict[str, Path] | None,
-                   max_num_batched_tokens: int | None) -> tuple[list[Point], float | None, float | None, dict]:
+                   max_num_batched_tokens: int | None,
+                   azure_from_s: float = 0.0) -> tuple[list[Point], float | None, float | None, dict]:
     """make_plan's points, chosen from the table's own sweeps: (points, capacity, small-pool capacity, blind)."""
     memory_or_mixed = {"on-demand", "mixed"} & set(mechanisms)
     for group, path in (("public", azure), ("public", sharegpt)):
@@ -197,7 +199,7 @@ def _chosen_points(table, out: Path, n: int, seed: int, azure: Path | None, shar
     traces_dir = out / "traces"
     window = lengths = None
     if azure is not None:
-        window = _azure_window(azure, n)
+        window = _azure_window(azure, n, azure_from_s)
     if sharegpt is not None:
         lengths, _ = import_lengths(sharegpt, "num_prefill_tokens", "num_decode_tokens", rate=1.0, n=n, seed=seed,
                                     max_prompt=PUBLIC_CAPS.max_prompt, max_budget=PUBLIC_CAPS.max_budget)
@@ -277,11 +279,15 @@ def _estimate_s(points: list[Point], predictions: dict) -> float:
     return runs + ENGINE_START_S * max(1, sum(p.fresh for p in points))
 
 
-def _azure_window(azure: Path, n: int) -> Trace:
-    """The first n requests of the Azure conversation trace (its own time; the points scale it)."""
-    full, _ = import_azure(azure, PUBLIC_CAPS)
-    span = full.requests[n - 1].arrival + 1e-3
-    window, _ = import_azure(azure, replace(PUBLIC_CAPS, window=(0.0, span)))
+def _azure_window(azure: Path, n: int, start_s: float = 0.0) -> Trace:
+    """The first n requests the validation serves of the Azure conversation trace from `start_s` seconds into it
+    (its own time; the points scale it): another window is other traffic of the same service."""
+    whole, _ = import_azure(azure, ImportOptions())  # every row, on the file's own clock, which windows are cut on
+    fits = [r.arrival for r in whole.requests if r.arrival >= start_s and r.prompt_tokens <= PUBLIC_CAPS.max_prompt]
+    if len(fits) < n:
+        raise InputError(f"the Azure trace holds {len(fits)} requests the validation serves from {start_s:g} s on, "
+                         f"fewer than the {n} a point needs", path=azure)
+    window, _ = import_azure(azure, replace(PUBLIC_CAPS, window=(start_s, fits[n - 1] + 1e-3)))
     return window
 
 
