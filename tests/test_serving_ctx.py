@@ -164,6 +164,27 @@ def test_a_correction_fitted_before_the_retired_class_prices_a_step_after_retire
     assert new.factor("decode paged padded", "retired", 0.0, 8) == pytest.approx(1.12)
 
 
+def test_a_prefill_steps_size_has_a_factor_of_its_own_where_the_correction_was_fitted_with_it():
+    from servecap.costs.context import keys
+    from servecap.costs.model import CostModel
+    from servecap.costs.shapes import PrefillShape
+    from servecap.costs.synthetic import linear_table
+    assert keys("prefill packed", "decode", 1, 0, 300) == ["prefill packed|decode|r1|t257-512", "prefill packed|decode|r1",
+                                                          "prefill packed|decode", "prefill packed"]
+    assert keys("prefill packed", "decode", 1, 0, 5000)[0] == "prefill packed|decode|r1|t3073+"
+    sized = CostModel(_corrected(linear_table(), {"prefill packed|decode|r1|t1-256": 1.2,
+                                                  "prefill packed|decode|r1|t2049-3072": 0.9,
+                                                  "prefill packed|decode": 1.05}))
+    small, large, other = PrefillShape.of([200]), PrefillShape.of([3000]), PrefillShape.of([700])
+    for shape, f in ((small, 1.2), (large, 0.9), (other, 1.05)):  # no class of its own: the coarser key
+        assert sized.prefill_in_context(shape, "packed", "decode", 0.0) == pytest.approx(f * sized.prefill(shape))
+    # a correction fitted before the size term prices every size alike, whatever tokens it is given
+    old = CostModel(_corrected(linear_table(), {"prefill packed|decode|r1": 1.1, "decode paged packed|decode|r1|k1-1024": 1.3}))
+    assert old.correction.by_kv and not old.correction.by_tokens
+    assert old.prefill_in_context(small, "packed", "decode", 0.0) == pytest.approx(1.1 * old.prefill(small))
+    assert old.prefill_in_context(large, "packed", "decode", 0.0) == pytest.approx(1.1 * old.prefill(large))
+
+
 def test_a_table_without_correction_prices_every_step_as_before():
     from servecap.costs.model import CostModel
     from servecap.costs.shapes import PrefillShape
@@ -286,7 +307,7 @@ def test_a_points_repeats_are_held_out_together():
 
     def steps(factor):  # decode steps after decode steps, `factor` times their price
         return pd.DataFrame({"kind": ["decode paged padded"] * 40, "prev_kind": ["decode"] * 40, "idle_s": 0.0,
-                             "rows": 8, "kv_max": 100, "model_s": 0.01, "real_s": 0.01 * factor, "retire_s": 0.0,
+                             "rows": 8, "kv_max": 100, "tokens": 0, "model_s": 0.01, "real_s": 0.01 * factor, "retire_s": 0.0,
                              "clock_mhz": float("nan")})
     meta = {"trace_id": "a", "backend": "paged", "prefill": "padded"}
     runs = {Path("a1"): {"meta": meta, "steps": steps(2.0)}, Path("a2"): {"meta": meta, "steps": steps(2.0)},
@@ -549,7 +570,7 @@ def test_the_clock_term_is_fitted_where_the_runs_recorded_telemetry():
     clock = rng.uniform(1470, 1980, 400)
     model = rng.uniform(0.002, 0.003, 400)
     ref = float(np.median(clock))
-    steps = pd.DataFrame({"kind": "decode paged padded", "prev_kind": "decode", "idle_s": 0.0, "rows": 32,
+    steps = pd.DataFrame({"kind": "decode paged padded", "prev_kind": "decode", "idle_s": 0.0, "rows": 32, "tokens": 0,
                           "model_s": model, "retire_s": 0.0, "kv_max": 1000, "real_s": 1.05 * model * (ref / clock) ** 0.8,
                           "clock_mhz": clock})
     c = fit(steps)
@@ -626,7 +647,11 @@ def test_a_simulated_record_priced_in_its_context_gives_back_the_simulators_dura
              "decode paged chunked": 0.95, "decode paged padded": 1.05}
     prevs = {"prefill": 1.0, "decode": 1.0, "mixed": 1.25, "idle": 1.0, "retired": 1.4}
     factors = {f"{k}|{prev}": {"factor": f * g, "n": 100} for k, f in kinds.items() for prev, g in prevs.items()}
-    raw.update(version=3, correction={"factors": factors, "min_steps": 30})
+    # and a prefill step's size: each (rows, positions) class of its own, so that a step priced in the wrong one shows
+    sizes = {f"{k}|{prev}|{r}|{t}": {"factor": f * g * (1 + 0.1 * i + 0.03 * j), "n": 100}
+             for k, f in kinds.items() if k.startswith("prefill") for prev, g in prevs.items()
+             for i, r in enumerate(("r1", "r2-8")) for j, t in enumerate(("t1-256", "t257-512", "t513-1024"))}
+    raw.update(version=3, correction={"factors": {**factors, **sizes}, "min_steps": 30})
     cost = CostModel(raw)
     trace = length_trace([(0.004 * i, 100 + 53 * i % 700, 30 + i % 50) for i in range(80)])
     rec = simulate(trace, cost, sim_config(detail="steps", max_batch=8, prefill=prefill, fast_forward=False)).record

@@ -107,8 +107,8 @@ def fit(steps) -> dict:
     real = (steps.real_s - steps.retire_s).to_numpy()  # the factors scale steps, not retirement
     model = steps.model_s.to_numpy()
     got: dict[str, list[int]] = {}
-    for i, (k, p, rows, kv) in enumerate(zip(steps.kind, _prev(steps), steps.rows, steps.kv_max)):
-        for key in keys(k, p, int(rows), int(kv)):
+    for i, (k, p, rows, kv, tokens) in enumerate(zip(steps.kind, _prev(steps), steps.rows, steps.kv_max, steps.tokens)):
+        for key in keys(k, p, int(rows), int(kv), int(tokens)):
             got.setdefault(key, []).append(i)
     factors = {k: {"factor": class_factor(real[v], model[v]), "n": len(v)} for k, v in sorted(got.items())}
     correction = {"method": f"summed real / summed model per (step kind, context class), steps outside the "

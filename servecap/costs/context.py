@@ -13,6 +13,10 @@ median in corrections fitted before), not a fitted curve:
 - a decode step's longest row, its K/V tokens in KV_BUCKETS (the decode surface interpolates a uniform batch at the
   longest row less what the shorter rows save; serving's batches of long-tailed rows leave an error that follows
   the longest row), where the correction was fitted with it (older corrections have no such keys);
+- a prefill step's size, the positions it computes in TOKEN_BUCKETS (the prefill surface is one smooth form over
+  every shape: on a single prompt it errs one way at a few hundred positions and the other way at a few thousand,
+  so a class factor learnt on one traffic's mix of sizes does not carry to another's), where the correction was
+  fitted with it;
 - the SM clock, where the runs recorded telemetry: factor (reference / clock) ** exponent, the exponent fitted on
   the residuals, the reference the median clock of the fitting runs; the simulator, which has no clock, prices at
   the reference (the sustained clock the runs saw), and pricing a recorded step with its clock uses its clock.
@@ -36,6 +40,7 @@ from .shapes import backend_named
 IDLE_S = 0.02  # seconds with nothing running after which a step counts as the first after idle
 ROW_BUCKETS = (1, 8, 16, 32)  # rows up to each bound share a class; more than the last, one more
 KV_BUCKETS = (1024, 2048, 3072)  # a decode step's longest row (K/V tokens) up to each bound shares a class
+TOKEN_BUCKETS = (256, 512, 1024, 2048, 3072)  # a prefill step's positions computed up to each bound share a class
 MIN_STEPS = 30
 
 
@@ -61,10 +66,17 @@ def kv_index(kv_max: int) -> int:
     return bisect_left(KV_BUCKETS, kv_max)
 
 
+def _bucket(bounds: tuple[int, ...], i: int, tag: str) -> str:
+    lo = bounds[i - 1] + 1 if i else 1
+    return f"{tag}{lo}-{bounds[i]}" if i < len(bounds) else f"{tag}{lo}+"
+
+
 def kv_class(kv_max: int) -> str:
-    i = kv_index(kv_max)
-    lo = KV_BUCKETS[i - 1] + 1 if i else 1
-    return f"k{lo}-{KV_BUCKETS[i]}" if i < len(KV_BUCKETS) else f"k{lo}+"
+    return _bucket(KV_BUCKETS, kv_index(kv_max), "k")
+
+
+def tokens_class(tokens: int) -> str:
+    return _bucket(TOKEN_BUCKETS, bisect_left(TOKEN_BUCKETS, tokens), "t")
 
 
 def kv_class_end(kv_max: int) -> float:
@@ -81,13 +93,16 @@ def decode_kind(backend: str, policy: str) -> str:
     return f"decode {backend} {policy.partition(':')[0]}"
 
 
-def keys(kind: str, prev: str, rows: int, kv_max: int | None = None) -> list[str]:
-    """The factor keys of one step, most specific first (a decode step's longest row where kv_max is given)."""
+def keys(kind: str, prev: str, rows: int, kv_max: int | None = None, tokens: int | None = None) -> list[str]:
+    """The factor keys of one step, most specific first (a decode step's longest row where kv_max is given, a
+    prefill step's size where tokens is)."""
     out = [f"{kind}|{prev}|{rows_class(rows)}", f"{kind}|{prev}", kind]
     if kind.startswith("decode "):
         if kv_max is not None:
             out.insert(0, f"{out[0]}|{kv_class(kv_max)}")
         out.append(" ".join(kind.split(" ")[:2]))  # the backend across policies
+    elif tokens is not None:
+        out.insert(0, f"{out[0]}|{tokens_class(tokens)}")
     return out
 
 
@@ -105,7 +120,8 @@ class Correction:
         self.idle_s = float(raw.get("idle_s", IDLE_S))
         self.factors = {current_kind(k): float(v["factor"]) for k, v in raw["factors"].items()
                         if v["n"] >= self.min_steps}
-        self.by_kv = any(k.count("|") == 3 for k in self.factors)  # fitted with the longest-row term
+        self.by_kv = any(k.count("|") == 3 for k in self.factors if k.startswith("decode "))  # the longest-row term
+        self.by_tokens = any(k.count("|") == 3 for k in self.factors if k.startswith("prefill "))  # the size term
         self.by_retired = any(f"|{RETIRED}" in k for k in self.factors)  # fitted with the pass-start term
         self.scale = float(raw.get("scale", 1.0))  # one factor on every step: an interval's sampled cost draw
         clock = raw.get("clock") or {}
@@ -113,17 +129,19 @@ class Correction:
         self._cache: dict[tuple, float] = {}
 
     def factor(self, kind: str, prev_kind: str | None, idle_s: float, rows: int,
-               clock_mhz: float | None = None, kv_max: int | None = None) -> float:
-        """kv_max: a decode step's longest row (ignored for other steps, and where the correction has no such
-        term)."""
+               clock_mhz: float | None = None, kv_max: int | None = None, tokens: int | None = None) -> float:
+        """kv_max: a decode step's longest row; tokens: a prefill step's positions computed (each ignored for the
+        other kind of step, and where the correction has no such term)."""
         prev = previous(prev_kind, idle_s, self.idle_s)
         if prev == RETIRED and not self.by_retired:
             prev = "decode"
-        kv = kv_index(kv_max) if self.by_kv and kv_max is not None and kind.startswith("decode ") else None
-        key = (kind, prev, rows, kv)
+        decode = kind.startswith("decode ")
+        kv = kv_index(kv_max) if self.by_kv and kv_max is not None and decode else None
+        size = tokens_class(tokens) if self.by_tokens and tokens is not None and not decode else None
+        key = (kind, prev, rows, kv, size)
         f = self._cache.get(key)
         if f is None:
-            found = keys(kind, prev, rows, None if kv is None else kv_max)
+            found = keys(kind, prev, rows, None if kv is None else kv_max, None if size is None else tokens)
             f = self._cache[key] = self.scale * next((self.factors[k] for k in found if k in self.factors), 1.0)
         if clock_mhz is not None and self.clock_exp is not None and math.isfinite(clock_mhz) and clock_mhz > 0:
             f *= (self.clock_ref / clock_mhz) ** self.clock_exp

@@ -49,6 +49,9 @@
   a decode step's longest row in buckets to 1024, 2048, 3072 and beyond K/V tokens, where the correction has it
   (serving's long-tailed batches leave an error in the decode surface that follows the longest row), each step of
   a stretch in its own;
+  a prefill step's size, the positions it computes in buckets to 256, 512, 1024, 2048, 3072 and beyond, where the
+  correction has it (the prefill surface, one smooth form over every shape, errs one way on small single prompts
+  and the other on large ones, so a factor learnt on one traffic's mix of sizes would not carry to another's);
   chunk steps: the chunked policy's own prefill kind, each step priced at its real prefix by its shape;
   SM clock: (clock_ref / clock) ** e where the fitting runs recorded telemetry, e fitted on the residuals; where
   the clock is not known (the simulator) the factor is 1, i.e. the runs' median clock.
@@ -300,11 +303,11 @@ class CostModel:
         return self._prefill(shape)
 
     def factor(self, kind: str, prev_kind: str | None, idle_s: float, rows: int,
-               clock_mhz: float | None = None) -> float:
+               clock_mhz: float | None = None, tokens: int | None = None) -> float:
         """The serving-context multiplier of one step (module docstring); 1 with no correction."""
         if self.correction is None:
             return 1.0
-        return self.correction.factor(kind, prev_kind, idle_s, rows, clock_mhz)
+        return self.correction.factor(kind, prev_kind, idle_s, rows, clock_mhz, tokens=tokens)
 
     def prefill_in_context(self, shape: PrefillShape, policy: str, prev_kind: str | None, idle_s: float,
                            clock_mhz: float | None = None) -> float:
@@ -312,7 +315,8 @@ class CostModel:
         d = self._prefill(shape)
         if self.correction is None:
             return d
-        return d * self.correction.factor(prefill_kind(policy), prev_kind, idle_s, shape.rows, clock_mhz)
+        return d * self.correction.factor(prefill_kind(policy), prev_kind, idle_s, shape.rows, clock_mhz,
+                                          tokens=shape.tokens)
 
     def _prefill_cost(self, shape: PrefillShape) -> float:
         rows, tokens, span = shape.rows, shape.tokens, shape.span

@@ -1,9 +1,9 @@
 """A run record's steps beside the cost model's price for each, at its shape and in its serving context.
 
 One row per recorded step whose shape the record determines: its kind (servecap/costs/context.py), the previous
-step's kind (`retired` for a decode step that retired rows) and the idle gap before it (per replica, in the
-record's order), its rows, the time it held the engine
-(held_s), the table's price at the shape, retirement's overhead for the rows that retire after it (apart: the
+step's kind (`retired` for a decode step that retired rows) and the idle gap before it (per replica, in the record's
+order), its rows, longest row and positions computed, the time it held the engine (held_s), the table's price at
+the shape, retirement's overhead for the rows that retire after it (apart: the
 simulator adds it unscaled by any context factor) and, where the run recorded GPU telemetry, the SM clock at its
 start. servecap/calibrate/from_runs.py fits the correction on these and grades it (contextual: the price with a
 correction's factors). Torch-free (pandas).
@@ -18,8 +18,8 @@ from .context import RETIRED, decode_kind, prefill_kind
 from .model import CostModel
 from .shapes import PrefillShape
 
-COLUMNS = ("replica", "start", "step_kind", "kind", "rows", "kv_max", "prev_kind", "idle_s", "real_s", "model_s",
-           "retire_s", "clock_mhz")
+COLUMNS = ("replica", "start", "step_kind", "kind", "rows", "kv_max", "tokens", "prev_kind", "idle_s", "real_s",
+           "model_s", "retire_s", "clock_mhz")
 
 
 def prefill_shape(row, groups: dict[int, list[int]] | None = None) -> PrefillShape | None:
@@ -136,6 +136,7 @@ def priced_steps(rec, cost: CostModel, telemetry=None):
     kinds = np.where(dec, decode_kind(backend, policy), prefill_kind(policy))
     out = pd.DataFrame({"replica": steps.replica, "start": steps.start, "step_kind": steps.kind, "kind": kinds,
                         "rows": steps.rows.astype(int), "kv_max": steps.kv_max.astype(int),
+                        "tokens": steps.tokens.astype(int),
                         "prev_kind": prev_kind.where(prev_kind.notna(), None),
                         "idle_s": idle, "real_s": held_s(steps, rec.requests), "model_s": model,
                         "retire_s": cost.retire_s * retired, "clock_mhz": steps.sm_clock_mhz})
@@ -147,6 +148,7 @@ def contextual(steps, correction) -> np.ndarray:
     (a costs.context.Correction, e.g. CostModel.correction; None: model_s as it is), plus its retirement."""
     if correction is None or not len(steps):
         return steps.model_s.to_numpy() + steps.retire_s.to_numpy()
-    f = [correction.factor(k, p, i, r, c if c == c else None, m) for k, p, i, r, c, m in
-         zip(steps.kind, steps.prev_kind, steps.idle_s, steps.rows, steps.clock_mhz.astype(float), steps.kv_max)]
+    f = [correction.factor(k, p, i, r, c if c == c else None, m, t) for k, p, i, r, c, m, t in
+         zip(steps.kind, steps.prev_kind, steps.idle_s, steps.rows, steps.clock_mhz.astype(float), steps.kv_max,
+             steps.tokens)]
     return steps.model_s.to_numpy() * np.asarray(f) + steps.retire_s.to_numpy()
