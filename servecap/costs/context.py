@@ -22,8 +22,8 @@ median in corrections fitted before), not a fitted curve:
   the reference (the sustained clock the runs saw), and pricing a recorded step with its clock uses its clock.
 Chunk steps are priced at their real prefix by the shape itself (servecap/costs/shapes.py); their factor is the chunked
 policy's prefill kind. A class with fewer than `min_steps` fitted steps falls back to the next coarser key
-(kind|previous|rows|longest row for decode, kind|previous|rows, kind|previous, kind, and for decode the backend
-across policies), and to 1.
+(kind|previous|rows|longest row for decode or |size for prefill, kind|previous|rows, kind|previous, kind, and for
+decode the backend across policies), and to 1.
 
 `scale` multiplies every step: the prediction intervals' sampled cost factor (servecap/sim/intervals.py).
 
