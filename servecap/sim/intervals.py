@@ -163,21 +163,26 @@ def simulated(cfg, rate: float | None):
     return run
 
 
-NAMES = {"served_rate": ("served", "req/s", ".2f"), "queue_wait_p50": ("queue wait p50", "s", ".4f"),
-         "queue_wait_p95": ("queue wait p95", "s", ".4f"), "ttft_p50": ("TTFT p50", "s", ".4f"),
-         "ttft_p95": ("TTFT p95", "s", ".4f"), "tpot_p50": ("TPOT p50", "s", ".5f"), "wall_time_s": ("wall", "s", ".3f")}
+# (name, unit, scale from the metric's own unit, format): latencies in ms, as the latency table and vLLM print them
+NAMES = {"served_rate": ("served", "req/s", 1, ".2f"), "queue_wait_p50": ("queue wait p50", "ms", 1e3, ".1f"),
+         "queue_wait_p95": ("queue wait p95", "ms", 1e3, ".1f"), "ttft_p50": ("TTFT p50", "ms", 1e3, ".1f"),
+         "ttft_p95": ("TTFT p95", "ms", 1e3, ".1f"), "tpot_p50": ("TPOT p50", "ms", 1e3, ".2f"),
+         "wall_time_s": ("wall", "s", 1, ".3f")}
 
 
 def lines(bands: dict, iv: Intervals, samples: int) -> list[str]:
     """A band per metric, as `sim run` prints them."""
     terms = iv.cost["terms"]
+    held_runs = terms["held_out"]["sigma"] is not None and terms["run_to_run"]["sigma"] is None and \
+        terms["run_to_run"]["from"].startswith("held")
+    run = "in the held-out term" if held_runs else _pct(terms["run_to_run"]["sigma"])
     out = [f"interval {iv.level:g}%: {samples} trace sample(s) x {COST_DRAWS} cost factors (cost sigma "
            f"{iv.cost['sigma']:.1%}: held-out {_pct(terms['held_out']['sigma'])}, GPU-to-GPU "
-           f"{_pct(terms['gpu_to_gpu']['sigma'])}, run-to-run speed {_pct(terms['run_to_run']['sigma'])}), widened by "
+           f"{_pct(terms['gpu_to_gpu']['sigma'])}, run-to-run speed {run}), widened by "
            f"the measured run-to-run noise beyond speed"]
     for k, b in bands.items():
-        name, unit, spec = NAMES[k]
-        out.append(f"  {name:15s} {format(b['lo'], spec)} .. {format(b['hi'], spec)} {unit}")
+        name, unit, scale, spec = NAMES[k]
+        out.append(f"  {name:15s} {format(b['lo'] * scale, spec)} .. {format(b['hi'] * scale, spec)} {unit}")
     return out
 
 
