@@ -118,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--sharegpt", type=Path, metavar="CSV", help="the ShareGPT lengths CSV (sarathi-serve's)")
     plan.add_argument("--azure-from", type=seconds_arg, default=0.0, metavar="S",
                       help="the Azure points replay the trace's requests from S seconds into it (default 0: its "
-                           "first; another window is other traffic of the same service)"),
+                           "first; another window is other traffic of the same service)")
     plan.add_argument("--skip", type=_skip, default=(), metavar="GROUP,...",
                       help=f"leave out point groups ({', '.join(GROUPS)}); the plan records what it left out")
     plan.add_argument("--sag", type=Path, metavar="JSON", help="sag candidates to run (results/sag/candidates.json)")
