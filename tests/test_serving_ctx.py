@@ -169,8 +169,8 @@ def test_a_prefill_steps_size_has_a_factor_of_its_own_where_the_correction_was_f
     from servecap.costs.model import CostModel
     from servecap.costs.shapes import PrefillShape
     from servecap.costs.synthetic import linear_table
-    assert keys("prefill packed", "decode", 1, 0, 300) == ["prefill packed|decode|r1|t257-512", "prefill packed|decode|r1",
-                                                          "prefill packed|decode", "prefill packed"]
+    assert keys("prefill packed", "decode", 1, 0, 300) == [
+        "prefill packed|decode|r1|t257-512", "prefill packed|decode|r1", "prefill packed|decode", "prefill packed"]
     assert keys("prefill packed", "decode", 1, 0, 5000)[0] == "prefill packed|decode|r1|t3073+"
     sized = CostModel(_corrected(linear_table(), {"prefill packed|decode|r1|t1-256": 1.2,
                                                   "prefill packed|decode|r1|t2049-3072": 0.9,
@@ -179,7 +179,8 @@ def test_a_prefill_steps_size_has_a_factor_of_its_own_where_the_correction_was_f
     for shape, f in ((small, 1.2), (large, 0.9), (other, 1.05)):  # no class of its own: the coarser key
         assert sized.prefill_in_context(shape, "packed", "decode", 0.0) == pytest.approx(f * sized.prefill(shape))
     # a correction fitted before the size term prices every size alike, whatever tokens it is given
-    old = CostModel(_corrected(linear_table(), {"prefill packed|decode|r1": 1.1, "decode paged packed|decode|r1|k1-1024": 1.3}))
+    old = CostModel(_corrected(linear_table(), {"prefill packed|decode|r1": 1.1,
+                                                "decode paged packed|decode|r1|k1-1024": 1.3}))
     assert old.correction.by_kv and not old.correction.by_tokens
     assert old.prefill_in_context(small, "packed", "decode", 0.0) == pytest.approx(1.1 * old.prefill(small))
     assert old.prefill_in_context(large, "packed", "decode", 0.0) == pytest.approx(1.1 * old.prefill(large))
@@ -275,7 +276,7 @@ def test_from_runs_recovers_the_context_factors_and_grades_them_on_held_out_runs
     assert CostModel(t).factor("decode paged padded", "prefill", 0.0, 8) == pytest.approx(1.2)
 
 
-def test_holdout_by_point_grades_each_run_by_a_correction_fitted_without_its_point(tmp_path, monkeypatch):
+def test_holdout_by_point_grades_each_run_by_a_correction_fitted_without_its_point(tmp_path):
     import servecap.calibrate.cli
     from servecap import calibrate
     from servecap.costs.synthetic import linear_table
@@ -307,8 +308,8 @@ def test_a_points_repeats_are_held_out_together():
 
     def steps(factor):  # decode steps after decode steps, `factor` times their price
         return pd.DataFrame({"kind": ["decode paged padded"] * 40, "prev_kind": ["decode"] * 40, "idle_s": 0.0,
-                             "rows": 8, "kv_max": 100, "tokens": 0, "model_s": 0.01, "real_s": 0.01 * factor, "retire_s": 0.0,
-                             "clock_mhz": float("nan")})
+                             "rows": 8, "kv_max": 100, "tokens": 0, "model_s": 0.01, "real_s": 0.01 * factor,
+                             "retire_s": 0.0, "clock_mhz": float("nan")})
     meta = {"trace_id": "a", "backend": "paged", "prefill": "padded"}
     runs = {Path("a1"): {"meta": meta, "steps": steps(2.0)}, Path("a2"): {"meta": meta, "steps": steps(2.0)},
             Path("b1"): {"meta": {**meta, "trace_id": "b"}, "steps": steps(1.0)}}

@@ -4,7 +4,8 @@ One row per recorded step whose shape the record determines: its kind (servecap/
 step's kind (`retired` for a decode step that retired rows) and the idle gap before it (per replica, in the record's
 order), its rows, longest row and positions computed, the time it held the engine (held_s), the table's price at
 the shape, retirement's overhead for the rows that retire after it (apart: the simulator adds it unscaled by any
-context factor) and, where the run recorded GPU telemetry, the SM clock at its start. servecap/calibrate/from_runs.py fits the correction on these and grades it (contextual: the price with a
+context factor) and, where the run recorded GPU telemetry, the SM clock at its start.
+servecap/calibrate/from_runs.py fits the correction on these and grades it (contextual: the price with a
 correction's factors). Torch-free (pandas).
 """
 from __future__ import annotations

@@ -74,7 +74,8 @@ def cost_sigma(table: CostTable, noise: dict | None = None) -> dict:
     terms = {"held_out": {"sigma": held, "from": held_from if held is not None else "none in the table"},
              "gpu_to_gpu": {"sigma": gpu, "from": gpu_from if gpu is not None else
                             "not measured (the table was not refreshed, the noise file has no sessions)"},
-             "run_to_run": {"sigma": run, "from": "held in the held-out runs' term" if per_run else
+             "run_to_run": {"sigma": run, "in_held_out": per_run,
+                            "from": "held in the held-out runs' term" if per_run else
                             "repeated real runs' speed (run_to_run.json)" if run is not None else
                             "not measured (the noise file has no speeds)"}}
     return {"sigma": math.sqrt(sum(t["sigma"] ** 2 for t in terms.values() if t["sigma"] is not None)),
@@ -173,9 +174,7 @@ NAMES = {"served_rate": ("served", "req/s", 1, ".2f"), "queue_wait_p50": ("queue
 def lines(bands: dict, iv: Intervals, samples: int) -> list[str]:
     """A band per metric, as `sim run` prints them."""
     terms = iv.cost["terms"]
-    held_runs = terms["held_out"]["sigma"] is not None and terms["run_to_run"]["sigma"] is None and \
-        terms["run_to_run"]["from"].startswith("held")
-    run = "in the held-out term" if held_runs else _pct(terms["run_to_run"]["sigma"])
+    run = "in the held-out term" if terms["run_to_run"]["in_held_out"] else _pct(terms["run_to_run"]["sigma"])
     out = [f"interval {iv.level:g}%: {samples} trace sample(s) x {COST_DRAWS} cost factors (cost sigma "
            f"{iv.cost['sigma']:.1%}: held-out {_pct(terms['held_out']['sigma'])}, GPU-to-GPU "
            f"{_pct(terms['gpu_to_gpu']['sigma'])}, run-to-run speed {run}), widened by "

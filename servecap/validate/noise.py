@@ -172,6 +172,7 @@ def write(validations: list[Path], out: Path, force: bool = False, table=None,
     (earlier_sessions) instead of these validations' sessions."""
     if Path(out).exists() and not force:
         raise InputError("already exists; pass --force to replace it", path=out)
+    # read before anything is written: the earlier file may be the one this replaces
     sessions = earlier_sessions(sessions_from) if sessions_from is not None else None
     doc = measure(validations, table)
     if sessions is not None:

@@ -151,7 +151,7 @@ def _chosen_points(table, out: Path, n: int, seed: int, azure: Path | None, shar
                    skip: tuple[str, ...], sag: Path | None, predictions: Path | None, public_policies: tuple[str, ...],
                    repeats: int | None, mechanisms: tuple[str, ...], cache_traces: dict[str, Path] | None,
                    max_num_batched_tokens: int | None,
-                   azure_from_s: float = 0.0) -> tuple[list[Point], float | None, float | None, dict]:
+                   azure_from_s: float) -> tuple[list[Point], float | None, float | None, dict]:
     """make_plan's points, chosen from the table's own sweeps: (points, capacity, small-pool capacity, blind)."""
     memory_or_mixed = {"on-demand", "mixed"} & set(mechanisms)
     for group, path in (("public", azure), ("public", sharegpt)):
