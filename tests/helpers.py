@@ -47,35 +47,47 @@ class VirtualClock:
 
 
 class CostRunner:
-    """A model runner that does no work: each step advances the virtual clock by the cost model's time for it, as
-    soon as it is launched (a synchronous runner, as on the CPU)."""
+    """A model runner that does no work: each step takes the cost model's time for it on a virtual device, which
+    runs launched steps in order. Synchronous (as on the CPU), a launch returns at its step's end; asynchronous (as
+    on a GPU), at once, and the host's clock reaches a step's end when it waits for it."""
 
-    asynchronous = False
-
-    def __init__(self, cost: CostModel, clock: VirtualClock, num_blocks: int):
-        self.cost, self.clock = cost, clock
+    def __init__(self, cost: CostModel, clock: VirtualClock, num_blocks: int, asynchronous: bool = False):
+        self.cost, self.clock, self.asynchronous = cost, clock, asynchronous
         self.block_size, self.num_blocks = cost.table.block_size, num_blocks
         self.max_tokens = cost.table.max_tokens
+        self.free_at = 0.0  # when the device has run every launched step
+        self._ends: list[float] = []
 
-    def prefill(self, work) -> list[int]:
-        self.clock.t += self.cost.prefill(work.shape)
-        return [-1] * sum(work.completes(i) for i in range(len(work.seqs)))  # no token computed: -1, as simulated
+    def _launch(self, seconds: float) -> float:
+        self.free_at = max(self.clock.t, self.free_at) + seconds
+        if not self.asynchronous:
+            self.clock.t = self.free_at
+        return self.free_at
+
+    def launch_prefill(self, work) -> None:
+        self._launch(self.cost.prefill(work.shape))
+        self._completes = sum(work.completes(i) for i in range(len(work.seqs)))
+
+    def prefill_result(self) -> list[int]:
+        self.clock.t = max(self.clock.t, self.free_at)
+        return [-1] * self._completes  # no token computed: -1, as simulated
 
     def stretch_cap(self, rows) -> int:
         return steps_in_blocks(rows, self.block_size)
 
     def launch_decode(self, rows, backend: str) -> None:
-        self._stretch = (decode_shape(rows), backend)
+        self._stretch, self._ends = (decode_shape(rows), backend), []
         self.launch_next(0)
 
     def launch_next(self, j: int) -> None:
         (n, kv_tokens, kv_max), backend = self._stretch
-        self.clock.t += float(self.cost.decode(backend, n, kv_tokens + n * j, kv_max + j))
+        self._ends.append(self._launch(float(self.cost.decode(backend, n, kv_tokens + n * j, kv_max + j))))
 
     def wait(self, j: int) -> None:
-        pass
+        self.clock.t = max(self.clock.t, self._ends[j])
 
     def stretch_result(self, steps: int) -> list[list[int]]:
+        self.clock.t = max(self.clock.t, self._ends[steps - 1])
         return [[-1] * steps for _ in range(self._stretch[0].rows)]
 
 

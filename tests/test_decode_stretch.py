@@ -106,3 +106,28 @@ def test_a_stretch_stops_at_its_limit_and_where_the_runner_holds_no_more_steps()
     runner.stretch_cap = lambda rows: 3
     _, ends = timer.decode([None] * 3, None, runner.clock.t, 7, math.inf)
     assert len(ends) == 3
+
+
+def test_the_hosts_other_work_runs_once_the_passs_first_steps_are_on_the_device_and_hides_behind_them():
+    calls = []
+
+    def run(host_s: float):
+        clock = VirtualClock()
+        runner = FakeRunner(clock, True)
+
+        def while_running():
+            calls.append(len(runner.device_ends) - runner.observed)  # steps launched and not yet read
+            clock.t += host_s
+
+        timer = EngineTimer(runner, "paged", clock, while_running)
+        return timer.decode([None] * 3, None, 0.0, 10, math.inf)[1]
+
+    quiet = run(0.0)
+    assert calls == [AHEAD]  # once per stretch, with AHEAD steps in flight
+    assert run(STEP_S / 2) == pytest.approx(quiet)  # done before the first step's end: hidden
+    # Longer than the first step, shorter than the steps in flight: the first end is read late, the device's
+    # steps are the same.
+    late = run(1.5 * STEP_S)
+    assert late[0] == pytest.approx(AHEAD * HOST_S + 1.5 * STEP_S) and late[1:] == pytest.approx(quiet[1:])
+    longer = run(3 * STEP_S)  # longer than the steps in flight: the device waits for the next launch
+    assert longer[-1] > quiet[-1]

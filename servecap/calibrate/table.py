@@ -18,18 +18,19 @@ NOTES = (
     "Timings are the engine's own step rows (end - start), from closed runs made by `python -m calibrate`.",
     "A prefill step row spans admission, the prefill (padded, packed or one chunk), the KV store into the pool and "
     "the first tokens: admission's cost is inside the prefill costs.",
-    "A decode step row spans the decode step and retirement; the host work after it (its records' writes, the next "
-    "pass's arrival check) is the next row's: a busy engine's rows meet end to start, so they tile a run's busy "
-    "time. A decode point's step lasts until the next step starts (points measured before the rows tiled hold the "
-    "host work so too). Decode points exclude a run's first and last steps; overhead.retire_s is the median extra "
-    "time of the last step (where all the run's rows retire and their records are written to disk) over the fitted "
+    "A decode step row spans the decode step and retirement; the host work after it (the next pass's arrival check "
+    "and plan) is the next row's: a busy engine's rows meet end to start, so they tile a run's busy time. A pass's "
+    "records are written while the next pass's first step runs on the device (tables made before the engine wrote "
+    "behind hold those writes in the next row). A decode point's step lasts until the next step starts (points "
+    "measured before the rows tiled hold the host work so too). Decode points exclude a run's first and last steps; "
+    "overhead.retire_s is the median extra time of the last step (where all the run's rows retire) over the fitted "
     "decode cost, per retired row.",
     "stationarity: shapes the engine had never run, each timed on its first run and on repeats (first / repeat).",
 )
 
 
 def overhead(cost: CostModel, runs: list[Run], samples: dict[str, dict]) -> dict:
-    """Retirement's extra time over the fitted decode cost, per retired row (its records are written then)."""
+    """Retirement's extra time over the fitted decode cost, per retired row."""
     extra = []
     for run in runs:
         s = samples[run.key]

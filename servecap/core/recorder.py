@@ -1,6 +1,8 @@
 """Turns scheduler state and step times into run-record rows; the engine and the simulator both use it."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from servecap.costs.shapes import BACKENDS, DecodeShape, backend_named, kv_read
@@ -32,15 +34,19 @@ class Recorder:
     def prefill(self, step: int, work: PrefillWork, n_admitted: int, n_preempted: int, start: float,
                 end: float) -> None:
         """A prefill step, or a fused one (kind `mixed`: its decode rows' K/V in kv_tokens and kv_max)."""
+        self._add_step(self.prefill_row(step, work, n_admitted, n_preempted, start, end))
+
+    def prefill_row(self, step: int, work: PrefillWork, n_admitted: int, n_preempted: int, start: float,
+                    end: float) -> StepRow:
         s, d = work.shape, work.decode
         if d:
             kv = s.prefix[:d]
             kv_tokens, kv_max, group = sum(kv) + d, max(kv) + 1, work.seqs[-1].group_id
         else:
             kv_tokens, kv_max, group = 0, 0, work.seqs[0].group_id
-        self._add_step(_row(StepRow, (step, work.kind, s.rows, work.padded_len, work.prompt_tokens, s.tokens, s.attn,
-                                      kv_tokens, kv_max, kv_tokens, start, end, group, n_admitted, 0, self.replica,
-                                      n_preempted, work.recomputed, d)))
+        return _row(StepRow, (step, work.kind, s.rows, work.padded_len, work.prompt_tokens, s.tokens, s.attn,
+                              kv_tokens, kv_max, kv_tokens, start, end, group, n_admitted, 0, self.replica,
+                              n_preempted, work.recomputed, d))
 
     def decode_steps(self, step: int, shape: DecodeShape, start: float, ends: list[float], retired: int,
                      next_start: float, n_preempted: int) -> None:
@@ -72,3 +78,37 @@ class Recorder:
 
     def reject(self, req: Request, reason: str) -> None:
         self.writer.add("rejected", (req.request_id, req.arrival, reason))
+
+
+class WriteBehind:
+    """A run log that holds each row-writing call until flush(), which makes them in order.
+
+    Writing a pass's rows (a stretch's decode steps, every token of the requests it retired) is host work of a few
+    hundred microseconds. Made where the step loop calls it, it runs while the device is idle, before the next pass's
+    first launch, so serving's pass starts pay for it and closed runs' long stretches do not. The engine's timer
+    flushes once the next step is on the device instead (servecap/engine/serve.py): the rows and their order are the
+    same, written one step later. What a call writes is final when it is made: the step loop hands over ended steps
+    and retired sequences, which nothing changes afterwards, and a prefill step's row is made at once (a sequence it
+    admitted may be preempted, and admitted again in another group, before the next flush)."""
+
+    def __init__(self, log: Recorder):
+        self.log = log
+        self.backend, self.tokens, self.keep_decode = log.backend, log.tokens, log.keep_decode
+        self._pending: list[tuple[Callable[..., None], tuple]] = []
+
+    def prefill(self, *args) -> None:
+        self._pending.append((self.log.writer.add, ("steps", self.log.prefill_row(*args))))
+
+    def decode_steps(self, *args) -> None:
+        self._pending.append((self.log.decode_steps, args))
+
+    def finish(self, seqs: list[Seq]) -> None:
+        self._pending.append((self.log.finish, (seqs,)))
+
+    def reject(self, req: Request, reason: str) -> None:
+        self._pending.append((self.log.reject, (req, reason)))
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for write, args in pending:
+            write(*args)

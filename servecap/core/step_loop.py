@@ -13,12 +13,13 @@ The loop is a generator of times: it yields a time whenever the driver must let 
 replica fed by a router). The engine's driver (drive) sleeps until then (a no-op for work already done); the
 simulator's, the same function, sets its virtual clock; a simulated fleet's replicas wait in SimPy processes.
 Rows retire once that time has passed, so anything that looks at the scheduler from outside (a router) sees a
-row outstanding until its replica's clock has reached the end of its last step and its records are written.
+row outstanding until its replica's clock has reached the end of its last step and it has retired.
 
 Steps tile the busy time: a pass that follows straight on from another starts where that one's last step ended
-(after its rows retired), so the host work in between (writing the decode steps' records, the next pass's own
-bookkeeping) is inside the next step's time, not in a gap between steps that no step's cost would hold. On the
-engine that work is 1-2% of a busy run; the simulator's clock does not move while it writes, so it is the same loop.
+(after its rows retired), so the host work in between (retirement, the next pass's own bookkeeping and first
+launch) is inside the next step's time, not in a gap between steps that no step's cost would hold. The engine writes
+a pass's records while the next pass's first step runs on the device (servecap/core/recorder.py WriteBehind), so
+that work is not in between; the simulator's clock does not move while it writes, so it is the same loop.
 
 Step numbers: a pass's first step has the pass's number; its prefill step (if any) and its first decode step
 both carry it, and its k decode steps take k consecutive numbers, so the next pass is numbered max(k, 1) on.
@@ -203,7 +204,7 @@ class StepLoop:
                 if keep_times:
                     for s in rows:
                         s.token_times.extend(ends)
-            # Let the steps' time pass, then retire the rows that finished (their records cost the timer's time)
+            # Let the steps' time pass, then retire the rows that finished (retirement costs the timer's time)
             # and write the decode steps, the last ending where the next pass starts.
             yield ends[-1] if ends else t
             done = sched.retire()

@@ -171,6 +171,7 @@ class ModelRunner:
         self._eager_in = PrefillInputs(top, self.max_seqs, self._programs(top), self.max_blocks, self.scratch, dev,
                                        pinned) if top > graph_top else None
         self.prefill_tokens = torch.zeros(self.max_seqs, dtype=torch.int64, device=dev)
+        self._completes = 0  # prompts the launched prefill step completes
         if use_graphs:
             self._capture(backends, graph_top)
         if dev.type == "cuda":
@@ -337,8 +338,8 @@ class ModelRunner:
             torch.nn.functional.linear(x, L.o_w)
         torch.cuda.synchronize()
 
-    def prefill(self, work: PrefillWork) -> list[int]:
-        """Run a prefill step; returns the first token of each prompt it completes, in the step's order."""
+    def launch_prefill(self, work: PrefillWork) -> None:
+        """Launch a prefill step; prefill_result gives the first token of each prompt it completes."""
         m, bs = self.model, self.block_size
         total = sum(work.computed)
         bucket = self.bucket(total)
@@ -392,6 +393,10 @@ class ModelRunner:
             graph.replay()
         else:
             self._prefill_forward(bucket, pi.for_bucket(bucket, programs), fused)
+        self._completes = len(completes)
+
+    def prefill_result(self) -> list[int]:
+        """The first token of each prompt the launched prefill step completes, in the step's order."""
         # Read them all: the step's one host sync, also when no prompt completes (a chunk of a longer one), so the
         # step's time is its own and not the next step's.
-        return self.prefill_tokens.tolist()[:len(completes)]
+        return self.prefill_tokens.tolist()[:self._completes]

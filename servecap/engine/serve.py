@@ -14,7 +14,7 @@ from servecap.costs.shapes import DecodeShape
 from servecap.traces.workload import Trace
 
 from servecap.core.config import ServingConfig
-from servecap.core.recorder import Recorder
+from servecap.core.recorder import Recorder, WriteBehind
 from servecap.core.scheduler import PrefillWork, Scheduler, Seq
 from servecap.core.step_loop import StepLoop, TraceArrivals, drive
 
@@ -22,15 +22,19 @@ from servecap.core.step_loop import StepLoop, TraceArrivals, drive
 class Runner(Protocol):
     """The model runner as the timer drives it (servecap/engine/model_runner.py). A decode stretch: launch_decode for
     its first step, launch_next(j) for step j + 1 (inputs from step j's, on the device), wait(j) until step j + 1
-    has ended, stretch_result(k) for the tokens of all k launched steps, per row. `asynchronous`: launches return
-    before the work is done (a GPU), so the timer may launch a step before it has read the last one's end."""
+    has ended, stretch_result(k) for the tokens of all k launched steps, per row. A prefill step: launch_prefill,
+    then prefill_result for the first tokens of the prompts it completes (it waits for the step's end).
+    `asynchronous`: launches return before the work is done (a GPU), so the timer may launch a step before it has
+    read the last one's end, and do the host's other work while a step runs."""
 
     block_size: int
     num_blocks: int
     max_tokens: int
     asynchronous: bool
 
-    def prefill(self, work: PrefillWork) -> list[int]: ...
+    def launch_prefill(self, work: PrefillWork) -> None: ...
+
+    def prefill_result(self) -> list[int]: ...
 
     def stretch_cap(self, rows: list[Seq]) -> int: ...
 
@@ -71,12 +75,15 @@ class EngineTimer:
     the scheduler could admit): a step is launched ahead only while the step before it would end more than
     MARGIN_STEPS steps' time before stop at the last step's pace; otherwise the host waits for that end first. A
     step that outlasts that margin by so much that a step launched ahead was not due is still run, and counted in
-    `overruns` (the run's metadata says how many)."""
+    `overruns` (the run's metadata says how many).
+
+    `while_running` is host work that waits for no step (writing the last pass's records: WriteBehind.flush): it is
+    done once a pass's first step is launched, while the device runs it, instead of before."""
 
     fast_forward = True
 
-    def __init__(self, runner: Runner, backend: str, clock):
-        self.runner, self.backend, self.clock = runner, backend, clock
+    def __init__(self, runner: Runner, backend: str, clock, while_running: Callable[[], None] = lambda: None):
+        self.runner, self.backend, self.clock, self.while_running = runner, backend, clock, while_running
         self.ahead = AHEAD if runner.asynchronous else 1
         self.pace: float | None = None  # the last decode step's duration
         self.overruns = 0
@@ -88,7 +95,9 @@ class EngineTimer:
         self.clock.wait_until(t)
 
     def prefill(self, work: PrefillWork, start: float) -> tuple[list[int], float]:
-        tokens = self.runner.prefill(work)
+        self.runner.launch_prefill(work)
+        self.while_running()
+        tokens = self.runner.prefill_result()
         return tokens, self.clock.now()
 
     def _due(self, j: int, ends: list[float], stop: float) -> bool:
@@ -111,6 +120,8 @@ class EngineTimer:
             while launched < limit and launched - len(ends) < self.ahead and self._due(launched, ends, stop):
                 r.launch_next(launched)
                 launched += 1
+            if not ends:
+                self.while_running()
             if len(ends) == launched:
                 break
             r.wait(len(ends))
@@ -130,10 +141,16 @@ def serve(trace: Trace | None, runner: Runner, recorder: Recorder, serving: Serv
           pool_blocks: int | None = None, clock=None, on_finish: Callable[[list[Seq]], None] | None = None,
           arrivals=None) -> tuple[Scheduler, EngineTimer]:
     """Replay `trace` (arrival times from the run's start) through the engine, or serve what `arrivals` hands
-    over as it comes (a replica behind a router), with `serving`'s rows and policies; rows go to `recorder`.
-    Returns the scheduler and the timer, as the run left them."""
+    over as it comes (a replica behind a router), with `serving`'s rows and policies; rows go to `recorder`, on an
+    asynchronous runner each pass's while its next pass's first step runs (WriteBehind). Returns the scheduler and
+    the timer, as the run left them."""
     clock = clock or WallClock()
     sched = serving.scheduler(pool_blocks or runner.num_blocks, runner.max_tokens)
-    timer = EngineTimer(runner, recorder.backend, clock)
-    drive(StepLoop(sched, recorder, timer, arrivals or TraceArrivals(trace.requests), on_finish), timer)
+    log = WriteBehind(recorder) if runner.asynchronous else recorder
+    timer = EngineTimer(runner, recorder.backend, clock, log.flush if runner.asynchronous else lambda: None)
+    try:
+        drive(StepLoop(sched, log, timer, arrivals or TraceArrivals(trace.requests), on_finish), timer)
+    finally:  # a run cut short keeps every row it made
+        if log is not recorder:
+            log.flush()
     return sched, timer

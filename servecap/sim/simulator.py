@@ -149,7 +149,7 @@ class SimTimer:
         return None, ends
 
     def retired(self, n: int) -> None:
-        self.t = self.t + self.cost.retire_s * n  # writing each finished row's records costs the engine this
+        self.t = self.t + self.cost.retire_s * n  # retiring each finished row costs the engine this (calibration's)
         if self.last_kind == "decode":  # the next step starts a new pass after a stretch that retired rows
             self.last_kind = RETIRED
 
