@@ -86,8 +86,9 @@ class WriteBehind:
     Writing a pass's rows (a stretch's decode steps, every token of the requests it retired) is host work of a few
     hundred microseconds. Made where the step loop calls it, it runs while the device is idle, before the next pass's
     first launch, so serving's pass starts pay for it and closed runs' long stretches do not. The engine's timer
-    flushes once the next step is on the device instead (servecap/engine/serve.py): the rows and their order are the
-    same, written one step later. What a call writes is final when it is made: the step loop hands over ended steps
+    flushes once the next pass's first step is launched instead (servecap/engine/serve.py): the rows and their order
+    are the same, written one step later. Side by side on an H200 this hid the writes behind a decode stretch's
+    launches but not behind a prefill step's (results/calibration/t10/check, the README's validation v11). What a call writes is final when it is made: the step loop hands over ended steps
     and retired sequences, which nothing changes afterwards, and a prefill step's row is made at once (a sequence it
     admitted may be preempted, and admitted again in another group, before the next flush)."""
 
