@@ -147,10 +147,9 @@ def serve(trace: Trace | None, runner: Runner, recorder: Recorder, serving: Serv
     clock = clock or WallClock()
     sched = serving.scheduler(pool_blocks or runner.num_blocks, runner.max_tokens)
     log = WriteBehind(recorder) if runner.asynchronous else recorder
-    timer = EngineTimer(runner, recorder.backend, clock, log.flush if runner.asynchronous else lambda: None)
+    timer = EngineTimer(runner, recorder.backend, clock, log.flush)
     try:
         drive(StepLoop(sched, log, timer, arrivals or TraceArrivals(trace.requests), on_finish), timer)
     finally:  # a run cut short keeps every row it made
-        if log is not recorder:
-            log.flush()
+        log.flush()
     return sched, timer
