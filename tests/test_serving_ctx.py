@@ -766,3 +766,21 @@ def test_a_decode_steps_longest_row_has_a_factor_of_its_own_and_a_stretch_change
     assert np.allclose(contextual(steps, cost.correction), steps.real_s, rtol=1e-9, atol=0)
     plain = Correction({"factors": {"decode paged padded|decode|r2-8": {"factor": 1.2, "n": 100}}})
     assert not plain.by_kv and plain.factor("decode paged padded", "decode", 0.0, 4, kv_max=3000) == 1.2
+
+
+def test_a_corrected_table_refreshed_keeps_its_correction_and_its_version(tmp_path):
+    from servecap.calibrate.refresh import rescaled
+    from servecap.costs.model import CostModel
+    from servecap.costs.shapes import PrefillShape
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import as_cost_table, load_cost_table, save_cost_table, table_id
+    raw = _corrected(linear_table(), {"prefill padded": 1.1})
+    raw = {**raw, "table_id": table_id(raw)}
+    factor = {"prefill": 1.05, **{f"decode {b}": 1.02 for b in raw["decode"]}}
+    save_cost_table({k: v for k, v in rescaled(raw, factor).items() if k != "table_id"}, tmp_path / "r.json")
+    new = load_cost_table(tmp_path / "r.json")
+    assert new.version == raw["version"] == 3 and new.correction == raw["correction"]
+    shape = PrefillShape.of([300], [0])
+    old_model, new_model = CostModel(as_cost_table(raw)), CostModel(new)
+    assert new_model.prefill_in_context(shape, "padded", "decode", 0.0) == pytest.approx(
+        1.05 * old_model.prefill_in_context(shape, "padded", "decode", 0.0), rel=0.02)

@@ -4,6 +4,7 @@ checks. A small synthetic Azure-format CSV and ShareGPT-format CSV stand in for 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -129,6 +130,21 @@ def test_a_plan_on_an_earlier_plans_points_is_graded_on_the_runs_made_under_that
     (second / "real").symlink_to(first / "real")
     _, graded = compare(second, other)
     assert len(graded) == len(pts2)
+    # ...and the earlier plan on the runs made under the later one, which took its points from it
+    sibling, another = tmp_path / "sibling", tmp_path / "another.json"
+    save_cost_table({**linear_table(retire_s=0.006), "created_at": "2026-01-02T00:00:00+00:00"}, another)
+    assert main(["plan", "--table", str(another), "--points-from", str(first), "--out", str(sibling)]) == 0
+    (second / "real").unlink()
+    shutil.rmtree(first / "real")
+    fill_real(second, load_cost_table(table))
+    (first / "real").symlink_to(second / "real")
+    _, graded = compare(first, table)
+    assert len(graded) == len(pts1)
+    (sibling / "real").mkdir()  # ...and another plan on the first one's points, on them too, linked point by point
+    for d in (second / "real").iterdir():
+        (sibling / "real" / d.name).symlink_to(d)
+    _, graded = compare(sibling, another)
+    assert len(graded) == len(pts1)
     third = tmp_path / "third"  # runs planned against neither table are refused
     assert main(["plan", "--table", str(other), "--points-from", str(first), "--out", str(third)]) == 0
     fill_real(third, load_cost_table(table), plan_table="0" * 16)

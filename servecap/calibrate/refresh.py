@@ -58,7 +58,9 @@ def rescaled(raw: dict, factor: dict[str, float]) -> dict:
         return {**p, **{k: p[k] * f for k in ("median_s", "p10_s", "p90_s")}}
     prefill = [scale(p, factor["prefill"]) for p in CostTable(raw).prefill_points()]  # keyed by shape
     decode = {b: {"points": [scale(p, factor[f"decode {b}"]) for p in d["points"]]} for b, d in raw["decode"].items()}
-    return {**raw, "version": 2, "prefill": {"points": prefill}, "decode": decode,
+    # A corrected table (version 3) stays one: its serving-context factors are ratios to the closed surface, which
+    # the rescaling moves, so they carry over as they are.
+    return {**raw, "version": max(raw.get("version", 2), 2), "prefill": {"points": prefill}, "decode": decode,
             "fit": fit(prefill, {b: d["points"] for b, d in decode.items()}, raw.get("engine"))}
 
 

@@ -22,7 +22,7 @@ from servecap.traces.errors import InputError
 from servecap.traces.metrics import scored, summary, token_gaps
 from servecap.traces.records import RunRecord
 
-from .points import Point, build_trace, complete_runs, load_plan, rel_error
+from .points import Point, build_trace, complete_runs, load_plan, rel_error, run_dir
 
 SPREAD_SEEDS = 10  # trace seeds the sampling spread of a seeded point is measured over
 
@@ -82,14 +82,12 @@ def compare(out: Path, table_path: Path | None, allow_nonstationary: bool = Fals
     if missing:
         warnings.warn(f"{len(missing)} point(s) have no complete real records and are not graded: {', '.join(missing)}")
     blind = plan.get("blind", {}).get("predictions", {})
-    # A plan made on an earlier plan's points (--points-from) is graded on the runs made under that one too; that
-    # they came after this plan is checked below, as for any run.
-    planned_under = {plan["table"]["id"], (plan.get("points_from") or {}).get("table_id", plan["table"]["id"])}
     results = []
     for p in points:
         runs = complete_runs(out, p)
         if not runs:
             continue
+        planned_under = _planned_under(out, plan, p)
         trace = build_trace(p.trace, out)
         for r in runs:
             if r.meta["trace_id"] != trace.trace_id:
@@ -109,6 +107,25 @@ def compare(out: Path, table_path: Path | None, allow_nonstationary: bool = Fals
         results.append(Compared(p, rate, plan["predictions"][p.id], [_scored(r, rate, p.tokens) for r in runs],
                                 [r.meta for r in runs], blind.get(p.id), _spread(table, p, rate)))
     return plan, results
+
+
+def _planned_under(out: Path, plan: dict, p: Point) -> set[str]:
+    """The tables a run of point p graded here may have been planned against: this plan's, and that of any plan on
+    the same points: the one whose points it predicts (--points-from), and the plan that made the run where it is
+    another's (real/, or real/POINT, a link into that plan's directory), when both took their points from the same
+    plan or it took them from this one. Every such plan predicted the points before the runs, which the checks on
+    each run's time confirm."""
+    def origin(q: dict) -> str:
+        return (q.get("points_from") or {}).get("table_id", q["table"]["id"])
+    tables = {plan["table"]["id"], origin(plan)}
+    here = Path(out).resolve()
+    for k in range(1, p.repeats + 1):
+        holder = run_dir(out, p, k).resolve().parents[2]  # run-k, POINT, real/, the plan's directory
+        if holder != here and (holder / "plan.json").exists():
+            other, _ = load_plan(holder)
+            if origin(other) == origin(plan):
+                tables.add(other["table"]["id"])
+    return tables
 
 
 def _spread(table, p: Point, rate: float | None) -> dict | None:

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Validation v12 on fresh H200s, one call each (a call gets a fresh machine): T10-v11 (T10 corrected from v11's
+# runs) refreshed on the GPU at hand (`calibrate --refresh`), then the blind plan from the refreshed table on the
+# points and traces of results/validation-v12 (committed before this call), its sha256 and time in the log before
+# any real run, then the real runs of POINTS (a share of the plan's points) under it. With PROBE set, the time
+# left goes to scripts/prefill_probe.py on one of the plan's traces.
+# Usage: SERVECAP_GIT_COMMIT=<commit> CALL=a|b POINTS=ID1,ID2,... [PROBE=1] [END_S=585] bash scripts/h200_v12.sh
+set -u
+source scripts/gpu_env.sh
+L=logs/call-$CALL; mkdir -p $L; GPU="NVIDIA H200"; END=${END_S:-585}
+T=results/calibration/t10; V=results/validation-v12
+nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,power.limit --format=csv | tee $L/nvidia-smi.txt
+gpu=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | cut -c5-12)
+R=$T/h200-t10-v11-$gpu.json; VR=results/validation-v12-$gpu
+timeout 120 python3 -m calibrate --refresh $T/h200-t10-v11.json --backend paged --out $R --expect-gpu "$GPU" \
+  > $L/refresh.txt 2>&1; tail -2 $L/refresh.txt
+timeout 120 python3 -m validate plan --table $R --out $VR --points-from $V --interval 90 > $L/plan.txt 2>&1
+tail -1 $L/plan.txt; (sha256sum $VR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-frozen.txt
+left=$((END - 40 - SECONDS)); [ -n "${PROBE:-}" ] && left=$((left < 300 ? left : 300))
+echo "== validate real $VR --only $POINTS, $left s ($(date -u +%T))"
+timeout $left python3 -m validate real --out $VR --only "$POINTS" --expect-gpu "$GPU" > $L/real.txt 2>&1
+tail -1 $L/real.txt
+if [ -n "${PROBE:-}" ] && [ $((END - 20 - SECONDS)) -ge 60 ]; then
+  timeout $((END - 20 - SECONDS)) python3 scripts/prefill_probe.py --trace $V/traces/chunked512-azure-conv-past.csv \
+    --policy chunked:512 --out $L/probe > $L/probe.txt 2>&1; tail -12 $L/probe.txt
+fi
+tar czf $OUT/out.tgz $R $VR logs
+ls -la $OUT; echo "elapsed $SECONDS s"
