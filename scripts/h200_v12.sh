@@ -3,7 +3,7 @@
 # runs) refreshed on the GPU at hand (`calibrate --refresh`), then the blind plan from the refreshed table on the
 # points and traces of results/validation-v12 (committed before this call), its sha256 and time in the log before
 # any real run, then the real runs of POINTS (a share of the plan's points) under it. With PROBE set, the time
-# left goes to scripts/prefill_probe.py on one of the plan's traces.
+# left goes to scripts/prefill_probe.py on two of the plan's traces.
 # Usage: SERVECAP_GIT_COMMIT=<commit> CALL=a|b POINTS=ID1,ID2,... [PROBE=1] [END_S=585] bash scripts/h200_v12.sh
 set -u
 source scripts/gpu_env.sh
@@ -20,9 +20,10 @@ left=$((END - 40 - SECONDS)); [ -n "${PROBE:-}" ] && left=$((left < 300 ? left :
 echo "== validate real $VR --only $POINTS, $left s ($(date -u +%T))"
 timeout $left python3 -m validate real --out $VR --only "$POINTS" --expect-gpu "$GPU" > $L/real.txt 2>&1
 tail -1 $L/real.txt
-if [ -n "${PROBE:-}" ] && [ $((END - 20 - SECONDS)) -ge 60 ]; then
-  timeout $((END - 20 - SECONDS)) python3 scripts/prefill_probe.py --trace $V/traces/chunked512-azure-conv-past.csv \
-    --policy chunked:512 --out $L/probe > $L/probe.txt 2>&1; tail -12 $L/probe.txt
-fi
+for run in chunked512-azure-conv-past:chunked:512 sharegpt-past:padded; do
+  [ -n "${PROBE:-}" ] && [ $((END - 20 - SECONDS)) -ge 50 ] || break
+  timeout $((END - 20 - SECONDS)) python3 scripts/prefill_probe.py --trace $V/traces/${run%%:*}.csv \
+    --policy ${run#*:} --out $L/probe-${run%%:*} > $L/probe-${run%%:*}.txt 2>&1; tail -9 $L/probe-${run%%:*}.txt
+done
 tar czf $OUT/out.tgz $R $VR logs
 ls -la $OUT; echo "elapsed $SECONDS s"
