@@ -7,7 +7,7 @@ compared with its plan under the protocol checks of servecap/validate/comparison
 - at every arrival point, the mean of its repeats: served rate error, and TTFT p50 error against max(10%, the
   repeats' spread, (max - min) / median);
 - each run's summed step time over its price in context (servecap/costs/recorded.py), and the median real / price
-  per step kind;
+  per step kind, the price a typical step's (a correction's class medians, where it has them);
 - the plan's 90% bands: the share of every run's measurements inside (servecap/validate/coverage.py), by the
   points' role (public, mixed, prefix-cache).
 """
@@ -41,7 +41,8 @@ def grade(validation: Path) -> None:
             steps = priced_steps(read_run(run_dir(validation, c.point, k)), cost)
             price = contextual(steps, cost.correction)
             runs.append(float(steps.real_s.sum() / price.sum()))
-            for kind, r in (steps.real_s / price).groupby(steps.kind):
+            typical = contextual(steps, cost.correction, typical=True)
+            for kind, r in (steps.real_s / typical).groupby(steps.kind):
                 kinds.setdefault(kind, []).extend(r.tolist())
         if c.point.trace.get("kind") == "closed-mixed":
             continue

@@ -154,6 +154,29 @@ def test_a_class_factor_is_its_steps_summed_time_over_their_summed_price_but_a_r
     assert class_factor(np.array([1.0, 2.0]), np.ones(2)) == 1.5  # a small class keeps every step
 
 
+def test_a_class_keeps_its_median_beside_its_sum_and_a_typical_steps_price_is_the_median():
+    import numpy as np
+    import pandas as pd
+
+    from servecap.calibrate.from_runs import fit
+    from servecap.costs.context import Correction
+    from servecap.costs.recorded import contextual
+    real = np.r_[np.full(150, 1.0), np.full(48, 1.3)]  # skewed: most steps at their price, a quarter slower
+    steps = pd.DataFrame({"kind": "decode paged padded", "prev_kind": "decode", "idle_s": 0.0, "rows": 8,
+                          "kv_max": 500, "tokens": 0, "real_s": real, "model_s": 1.0, "retire_s": 0.0,
+                          "clock_mhz": np.nan})
+    c = fit(steps)
+    f = c["factors"]["decode paged padded|decode"]
+    assert f["median"] == 1.0 and f["factor"] == pytest.approx(real.sum() / len(real))
+    correction = Correction(c)
+    summed, typical = contextual(steps, correction), contextual(steps, correction, typical=True)
+    assert summed.sum() == pytest.approx(real.sum())  # a run's price is its sum...
+    assert np.median(real / summed) < 0.95 < np.median(real / typical) == 1.0  # ...a typical step's, the median
+    old = Correction({"factors": {"decode paged padded": {"factor": 1.1, "n": 100}}})  # fitted without medians
+    assert old.factor("decode paged padded", "decode", 0.0, 8, typical=True) == old.factor(
+        "decode paged padded", "decode", 0.0, 8) == pytest.approx(1.1)
+
+
 def test_a_correction_fitted_before_the_retired_class_prices_a_step_after_retirement_as_after_a_decode_step():
     from servecap.costs.model import CostModel
     from servecap.costs.synthetic import linear_table

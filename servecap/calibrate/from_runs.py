@@ -4,7 +4,8 @@ real run records (the validation's, or a user's own serving logs), no GPU.
 Every recorded step whose shape the record determines is priced by T at its shape (servecap/costs/recorded.py) and
 put in its serving-context class (servecap/costs/context.py: previous step, idle gap, rows, a decode step's longest
 row; the SM clock where the run recorded telemetry). The correction is each class's summed real over summed model
-(class_factor: the 1% at either end of its real / model left out).
+(class_factor: the 1% at either end of its real / model left out), and beside it the class's median real / model,
+a typical step's price.
 Held out by run (`holdout="run"`): the runs of each prefill policy, in path order, every HOLDOUT_EVERY-th is left out
 of the fit, and the report (printed, and stored in the table) gives, on the held-out runs only, the median real /
 model per step kind before and after the correction, each run's summed step time error before and after, and the
@@ -110,7 +111,8 @@ def fit(steps) -> dict:
     for i, (k, p, rows, kv, tokens) in enumerate(zip(steps.kind, _prev(steps), steps.rows, steps.kv_max, steps.tokens)):
         for key in keys(k, p, int(rows), int(kv), int(tokens)):
             got.setdefault(key, []).append(i)
-    factors = {k: {"factor": class_factor(real[v], model[v]), "n": len(v)} for k, v in sorted(got.items())}
+    factors = {k: {"factor": class_factor(real[v], model[v]), "median": float(np.median(real[v] / model[v])),
+                   "n": len(v)} for k, v in sorted(got.items())}
     correction = {"method": f"summed real / summed model per (step kind, context class), steps outside the "
                             f"class's {TRIM_PCT:g}th-{100 - TRIM_PCT:g}th percentile of real / model left out",
                   "idle_s": IDLE_S, "min_steps": MIN_STEPS, "factors": factors, "clock": None}
@@ -126,9 +128,9 @@ def fit(steps) -> dict:
     return correction
 
 
-def _priced(steps, correction: dict | None) -> np.ndarray:
-    """Each step's model price times the correction's factor (none: the table's price)."""
-    return contextual(steps, Correction(correction) if correction else None)
+def _priced(steps, correction: dict | None, typical: bool = False) -> np.ndarray:
+    """Each step's model price times the correction's factor (none: the table's price; `typical`: its median)."""
+    return contextual(steps, Correction(correction) if correction else None, typical)
 
 
 def _rms(v: list[float]) -> float | None:
@@ -137,7 +139,7 @@ def _rms(v: list[float]) -> float | None:
 
 def evaluate(by_run: dict[Path, "object"], correction: dict | None, own: dict[Path, dict] | None = None) -> dict:
     """On these runs: median real / model per step kind (and per kind and previous step) before and after the
-    correction (or each run's own, where `own` gives it); each run's summed step time error, (model - real) / real,
+    correction (or each run's own, where `own` gives it; after: over a typical step's price, the class medians); each run's summed step time error, (model - real) / real,
     before and after; the log residual RMS over runs of each kind's summed steps after it (the intervals' cost-model
     term)."""
     import pandas as pd
@@ -147,7 +149,8 @@ def evaluate(by_run: dict[Path, "object"], correction: dict | None, own: dict[Pa
     rows = []
     for path, s in by_run.items():
         c = (own or {}).get(path, correction)
-        rows.append(s.assign(run=str(path), prev=_prev(s), before=_priced(s, None), after=_priced(s, c)))
+        rows.append(s.assign(run=str(path), prev=_prev(s), before=_priced(s, None), after=_priced(s, c),
+                             typical=_priced(s, c, typical=True)))
     steps = pd.concat(rows, ignore_index=True)
 
     def medians(group_cols):
@@ -155,7 +158,7 @@ def evaluate(by_run: dict[Path, "object"], correction: dict | None, own: dict[Pa
         for key, g in steps.groupby(group_cols):
             key = key if isinstance(key, str) else " | ".join(key)
             out[key] = {"n": int(len(g)), "before": float(np.median(g.real_s / g.before)),
-                        "after": float(np.median(g.real_s / g.after))}
+                        "after": float(np.median(g.real_s / g.typical))}
         return out
     runs, sigma = {}, {}
     for run, g in steps.groupby("run"):

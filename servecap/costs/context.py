@@ -17,6 +17,9 @@ median in corrections fitted before), not a fitted curve:
   every shape: on a single prompt it errs one way at a few hundred positions and the other way at a few thousand,
   so a class factor learnt on one traffic's mix of sizes does not carry to another's), where the correction was
   fitted with it;
+- (a class's median real / model, `median`, beside its factor where the correction was fitted with it: a typical
+  step's price, which a per-step median is graded against; in serving the ratios are skewed, so the median sits
+  1-2% under the summed ratio, and the simulator prices by the factor, since runs and queues add steps up);
 - the SM clock, where the runs recorded telemetry: factor (reference / clock) ** exponent, the exponent fitted on
   the residuals, the reference the median clock of the fitting runs; the simulator, which has no clock, prices at
   the reference (the sustained clock the runs saw), and pricing a recorded step with its clock uses its clock.
@@ -118,8 +121,9 @@ class Correction:
         self.raw = raw
         self.min_steps = int(raw.get("min_steps", MIN_STEPS))
         self.idle_s = float(raw.get("idle_s", IDLE_S))
-        self.factors = {current_kind(k): float(v["factor"]) for k, v in raw["factors"].items()
-                        if v["n"] >= self.min_steps}
+        kept = {current_kind(k): v for k, v in raw["factors"].items() if v["n"] >= self.min_steps}
+        self.factors = {k: float(v["factor"]) for k, v in kept.items()}
+        self.medians = {k: float(v.get("median", v["factor"])) for k, v in kept.items()}
         self.by_kv = any(k.count("|") == 3 for k in self.factors if k.startswith("decode "))  # the longest-row term
         self.by_tokens = any(k.count("|") == 3 for k in self.factors if k.startswith("prefill "))  # the size term
         self.by_retired = any(f"|{RETIRED}" in k for k in self.factors)  # fitted with the pass-start term
@@ -129,20 +133,23 @@ class Correction:
         self._cache: dict[tuple, float] = {}
 
     def factor(self, kind: str, prev_kind: str | None, idle_s: float, rows: int,
-               clock_mhz: float | None = None, kv_max: int | None = None, tokens: int | None = None) -> float:
+               clock_mhz: float | None = None, kv_max: int | None = None, tokens: int | None = None,
+               typical: bool = False) -> float:
         """kv_max: a decode step's longest row; tokens: a prefill step's positions computed (each ignored for the
-        other kind of step, and where the correction has no such term)."""
+        other kind of step, and where the correction has no such term). `typical`: the class's median instead of
+        its summed ratio (where the correction has medians, else the same)."""
         prev = previous(prev_kind, idle_s, self.idle_s)
         if prev == RETIRED and not self.by_retired:
             prev = "decode"
         decode = kind.startswith("decode ")
         kv = kv_index(kv_max) if self.by_kv and kv_max is not None and decode else None
         size = tokens_class(tokens) if self.by_tokens and tokens is not None and not decode else None
-        key = (kind, prev, rows, kv, size)
+        key = (kind, prev, rows, kv, size, typical)
         f = self._cache.get(key)
         if f is None:
             found = keys(kind, prev, rows, None if kv is None else kv_max, None if size is None else tokens)
-            f = self._cache[key] = self.scale * next((self.factors[k] for k in found if k in self.factors), 1.0)
+            by = self.medians if typical else self.factors
+            f = self._cache[key] = self.scale * next((by[k] for k in found if k in by), 1.0)
         if clock_mhz is not None and self.clock_exp is not None and math.isfinite(clock_mhz) and clock_mhz > 0:
             f *= (self.clock_ref / clock_mhz) ** self.clock_exp
         return f
@@ -157,10 +164,13 @@ def check_correction(c, path, error) -> None:
     """The correction section's structure; `error(message)` raises the table's InputError."""
     if not isinstance(c, dict) or not isinstance(c.get("factors"), dict):
         error("correction must be an object with factors")
+    def positive(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
     for k, v in c["factors"].items():
-        if not (isinstance(v, dict) and isinstance(v.get("factor"), (int, float)) and math.isfinite(v["factor"])
-                and v["factor"] > 0 and isinstance(v.get("n"), int) and v["n"] >= 0):
-            error(f"correction.factors[{k!r}] needs a positive factor and a step count n, got {v!r}")
+        if not (isinstance(v, dict) and positive(v.get("factor")) and positive(v.get("median", 1))
+                and isinstance(v.get("n"), int) and v["n"] >= 0):
+            error(f"correction.factors[{k!r}] needs a positive factor (and median, where given) and a step count "
+                  f"n, got {v!r}")
     scale = c.get("scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         error(f"correction.scale must be a positive number, got {scale!r}")

@@ -143,12 +143,14 @@ def priced_steps(rec, cost: CostModel, telemetry=None):
     return out[np.isfinite(out.model_s)].reset_index(drop=True)
 
 
-def contextual(steps, correction) -> np.ndarray:
+def contextual(steps, correction, typical: bool = False) -> np.ndarray:
     """The price of each priced step (priced_steps) in its serving context: model_s x the factor of `correction`
-    (a costs.context.Correction, e.g. CostModel.correction; None: model_s as it is), plus its retirement."""
+    (a costs.context.Correction, e.g. CostModel.correction; None: model_s as it is), plus its retirement.
+    `typical`: a typical step's price, the class's median factor (what a median of real / price is graded
+    against); else the summed one, whose sum over a run is the run's price."""
     if correction is None or not len(steps):
         return steps.model_s.to_numpy() + steps.retire_s.to_numpy()
-    f = [correction.factor(k, p, i, r, c if c == c else None, m, t) for k, p, i, r, c, m, t in
+    f = [correction.factor(k, p, i, r, c if c == c else None, m, t, typical) for k, p, i, r, c, m, t in
          zip(steps.kind, steps.prev_kind, steps.idle_s, steps.rows, steps.clock_mhz.astype(float), steps.kv_max,
              steps.tokens)]
     return steps.model_s.to_numpy() * np.asarray(f) + steps.retire_s.to_numpy()

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Validation v12 on fresh H200s, one call each (a call gets a fresh machine): T10-v11 (T10 corrected from v11's
+# A blind validation on a fresh H200, one call (a call gets a fresh machine): TABLE (a table corrected from serving
 # runs) refreshed on the GPU at hand (`calibrate --refresh`), then the blind plan from the refreshed table on the
-# points and traces of results/validation-v12 (committed before this call), its sha256 and time in the log before
-# any real run, then the real runs of POINTS (a share of the plan's points) under it. With PROBE set, the time
-# left goes to scripts/prefill_probe.py on two of the plan's traces.
-# Usage: SERVECAP_GIT_COMMIT=<commit> CALL=a|b POINTS=ID1,ID2,... [PROBE=1] [END_S=585] bash scripts/h200_v12.sh
+# points and traces of the plan V (committed before this call), its sha256 and time in the log before any real
+# run, then the real runs of POINTS (a share of V's points) under it, in V-GPU. With PROBE set, the time left goes
+# to scripts/prefill_probe.py on two of V's traces. Validations v12 (two calls) and v13 ran it.
+# Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
+#          bash scripts/h200_refreshed_validation.sh
 set -u
 source scripts/gpu_env.sh
 L=logs/call-$CALL; mkdir -p $L; GPU="NVIDIA H200"; END=${END_S:-585}
-T=results/calibration/t10; V=results/validation-v12
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,power.limit --format=csv | tee $L/nvidia-smi.txt
 gpu=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | cut -c5-12)
-R=$T/h200-t10-v11-$gpu.json; VR=results/validation-v12-$gpu
-timeout 120 python3 -m calibrate --refresh $T/h200-t10-v11.json --backend paged --out $R --expect-gpu "$GPU" \
+R=${TABLE%.json}-$gpu.json; VR=$V-$gpu
+timeout 120 python3 -m calibrate --refresh $TABLE --backend paged --out $R --expect-gpu "$GPU" \
   > $L/refresh.txt 2>&1; tail -2 $L/refresh.txt
 timeout 120 python3 -m validate plan --table $R --out $VR --points-from $V --interval 90 > $L/plan.txt 2>&1
 tail -1 $L/plan.txt; (sha256sum $VR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-frozen.txt
