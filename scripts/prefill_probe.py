@@ -11,9 +11,10 @@ on a fresh engine with every prefill step cut into phases, on the host's clock a
 - device: the graph's own time on the device (a CUDA event each side), and idle: the device's wait from the
   step's start to the graph's first kernel.
 Rows go to OUT/prefill.csv; the summary prints each phase's median and its slope on the stretch's length (least
-squares, us per step).
+squares, us per step). `--ids-ahead` alternates runs on one engine: the prompts' ids made inside the prefill step,
+as the engine does, and made before the run, and prints each run's busy time beside the other's.
 
-Usage: python scripts/prefill_probe.py --trace FILE --policy POLICY --out DIR [--engines 1]
+Usage: python scripts/prefill_probe.py --trace FILE --policy POLICY --out DIR [--engines 1] [--ids-ahead]
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import torch
 from servecap.core.config import ServingConfig
 from servecap.engine import serve
 from servecap.engine.engine import Engine, EngineConfig
+from servecap.engine.model_runner import _prompt_ids
 from servecap.traces.trace_io import read_trace
 
 PHASES = ("sched", "prep", "launch", "behind", "wait", "device", "idle")
@@ -114,39 +116,57 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", default="padded")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--engines", type=int, default=1)
+    p.add_argument("--ids-ahead", action="store_true",
+                   help="alternate each run with one whose prompts' ids were made before it (as a frontend that "
+                        "tokenizes on arrival would), side by side on the same engine")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     trace = read_trace(args.trace)
-    rows = []
+    modes = ("in-step", "ahead", "in-step", "ahead") if args.ids_ahead else ("in-step",)
+    rows, runs = [], []
     for e in range(args.engines):
         engine = Engine(EngineConfig(ServingConfig(max_batch=32),
                                      max_prompt=max([4096, *(r.prompt_tokens for r in trace.requests)]),
                                      max_budget=max([256, *(r.budget for r in trace.requests)])))
-        probe = Probe()
-        original = probe.install(engine.runner)
-        try:
-            engine.run(trace, args.out / f"run-{e}", "paged", tokens=False, policy=args.policy, progress=False)
-        finally:
-            serve.EngineTimer = original
-        probe.resolve()
-        for r in probe.rows:
-            r["engine"] = e
-        rows += probe.rows
+        for i, mode in enumerate(modes):
+            _prompt_ids.cache_clear()
+            if mode == "ahead":
+                for r in trace.requests:
+                    _prompt_ids(r, engine.runner.model.vocab)
+            probe = Probe()
+            original = probe.install(engine.runner)
+            try:
+                rec = engine.run(trace, args.out / f"run-{e}-{i}-{mode}", "paged", tokens=False, policy=args.policy,
+                                 progress=False)
+            finally:
+                serve.EngineTimer = original
+            probe.resolve()
+            for r in probe.rows:
+                r["engine"], r["mode"] = e, mode
+            rows += probe.rows
+            busy = float((rec.steps.end - rec.steps.start).sum())
+            runs.append((e, mode, busy))
+            print(f"engine {e} run {i} ({mode}): busy {busy:.3f} s, {len(probe.rows)} prefill steps")
         engine.close()
-    keys = ["engine", "start", "tokens", "seqs", "decode_rows", "prev_k", *PHASES, "total"]
+    keys = ["engine", "mode", "start", "tokens", "seqs", "decode_rows", "prev_k", *PHASES, "total"]
     with open(args.out / "prefill.csv", "w", newline="") as f:
         w = csv.DictWriter(f, keys, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    k = np.array([r["prev_k"] for r in rows], float)
-    after = k > 0
-    print(f"{len(rows)} prefill steps, {int(after.sum())} after a decode stretch (its length: median "
-          f"{np.median(k[after]):.0f}, max {k.max():.0f})")
-    for name in (*PHASES, "total"):
-        v = np.array([r[name] for r in rows], float)[after]
-        ok = np.isfinite(v)
-        slope = np.polyfit(k[after][ok], v[ok], 1)[0] if ok.sum() > 2 else float("nan")
-        print(f"  {name:7s} median {np.median(v[ok]) * 1e6:8.1f} us   slope {slope * 1e6:6.2f} us per stretch step")
+    for mode in dict.fromkeys(modes):
+        mine = [r for r in rows if r["mode"] == mode]
+        k = np.array([r["prev_k"] for r in mine], float)
+        after = k > 0
+        busy = [b for _, m, b in runs if m == mode]
+        print(f"{mode}: {len(mine)} prefill steps, {int(after.sum())} after a decode stretch (its length: median "
+              f"{np.median(k[after]):.0f}, max {k.max():.0f}); busy {', '.join(f'{b:.3f}' for b in busy)} s")
+        for name in (*PHASES, "total"):
+            v = np.array([r[name] for r in mine], float)[after]
+            ok = np.isfinite(v)
+            if ok.sum() < 3:  # the device's phases of eager steps: no graph was timed
+                continue
+            slope = np.polyfit(k[after][ok], v[ok], 1)[0]
+            print(f"  {name:7s} median {np.median(v[ok]) * 1e6:8.1f} us   slope {slope * 1e6:6.2f} us per stretch step")
     return 0
 
 
