@@ -139,9 +139,9 @@ def _rms(v: list[float]) -> float | None:
 
 def evaluate(by_run: dict[Path, "object"], correction: dict | None, own: dict[Path, dict] | None = None) -> dict:
     """On these runs: median real / model per step kind (and per kind and previous step) before and after the
-    correction (or each run's own, where `own` gives it; after: over a typical step's price, the class medians); each run's summed step time error, (model - real) / real,
-    before and after; the log residual RMS over runs of each kind's summed steps after it (the intervals' cost-model
-    term)."""
+    correction (or each run's own, where `own` gives it; after: over a typical step's price, the class medians);
+    each run's summed step time error, (model - real) / real, before and after; the log residual RMS over runs of
+    each kind's summed steps after it (the intervals' cost-model term)."""
     import pandas as pd
 
     if not by_run:
