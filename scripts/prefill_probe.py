@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -41,14 +43,27 @@ class Probe:
     def __init__(self):
         self.rows: list[dict] = []
         self.last_k = 0  # steps in the last decode stretch
+        self.replay: tuple | None = None  # the last graph replay's host times and events (_Timed)
 
-    def install(self, runner) -> type:
-        """Time the runner's prefill graphs and the engine's timer; returns the timer class to put back."""
-        probe = self
+    @contextmanager
+    def installed(self, runner):
+        """The runner's prefill graphs and the engine's timer timed for one run, both put back after it (so a
+        later run on the same engine is timed once, not through every earlier run's wrappers)."""
+        originals = [dict(graphs) for graphs in (runner.prefill_graphs, runner.mixed_graphs)]
         for graphs in (runner.prefill_graphs, runner.mixed_graphs):
             for key, g in list(graphs.items()):
-                graphs[key] = _Timed(g, probe)
+                graphs[key] = _Timed(g, self)
         base = serve.EngineTimer
+        serve.EngineTimer = self._timer(base)
+        try:
+            yield
+        finally:
+            serve.EngineTimer = base
+            for graphs, kept in zip((runner.prefill_graphs, runner.mixed_graphs), originals):
+                graphs.update(kept)
+
+    def _timer(self, base: type) -> type:
+        probe = self
 
         class Timer(base):
             def prefill(self, work, start):
@@ -82,8 +97,7 @@ class Probe:
                 probe.last_k = len(ends)
                 return tokens, ends
 
-        serve.EngineTimer = Timer
-        return base
+        return Timer
 
     def resolve(self) -> None:
         torch.cuda.synchronize()
@@ -100,7 +114,6 @@ class _Timed:
         self.graph, self.probe = graph, probe
 
     def replay(self) -> None:
-        import time
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         a.record()
@@ -134,12 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                 for r in trace.requests:
                     _prompt_ids(r, engine.runner.model.vocab)
             probe = Probe()
-            original = probe.install(engine.runner)
-            try:
+            with probe.installed(engine.runner):
                 rec = engine.run(trace, args.out / f"run-{e}-{i}-{mode}", "paged", tokens=False, policy=args.policy,
                                  progress=False)
-            finally:
-                serve.EngineTimer = original
             probe.resolve()
             for r in probe.rows:
                 r["engine"], r["mode"] = e, mode

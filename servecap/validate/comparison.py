@@ -118,10 +118,10 @@ def _planned_under(out: Path, plan: dict, p: Point) -> set[str]:
     def origin(q: dict) -> str:
         return (q.get("points_from") or {}).get("table_id", q["table"]["id"])
     tables = {plan["table"]["id"], origin(plan)}
-    here = Path(out).resolve()
-    for k in range(1, p.repeats + 1):
-        holder = run_dir(out, p, k).resolve().parents[2]  # run-k, POINT, real/, the plan's directory
-        if holder != here and (holder / "plan.json").exists():
+    # run-k, POINT, real/, the plan's directory: each plan read once, however many of the repeats it made
+    holders = {run_dir(out, p, k).resolve().parents[2] for k in range(1, p.repeats + 1)} - {Path(out).resolve()}
+    for holder in holders:
+        if (holder / "plan.json").exists():
             other, _ = load_plan(holder)
             if origin(other) == origin(plan):
                 tables.add(other["table"]["id"])
