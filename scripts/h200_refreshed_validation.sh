@@ -24,7 +24,7 @@ python3 -m validate plan --table $R --out $VR --points-from $V --interval 90 > $
 [ -n "$SIDE" ] && python3 -m validate plan --table ${R%.json}-$SIDE.json --out $VR-$SIDE --points-from $V \
   --interval 90 > $L/plan-$SIDE.txt 2>&1 &
 wait
-tail -1 $L/plan*.txt; (sha256sum $VR*/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-frozen.txt
+for f in $L/plan*.txt; do tail -n1 $f; done; (sha256sum $VR*/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-frozen.txt
 left=$((END - 40 - SECONDS)); [ -n "${PROBE:-}" ] && left=$((left < 300 ? left : 300))
 echo "== validate real $VR --only $POINTS, $left s ($(date -u +%T))"
 timeout $left python3 -m validate real --out $VR --only "$POINTS" --expect-gpu "$GPU" > $L/real.txt 2>&1
