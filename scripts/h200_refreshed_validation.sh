@@ -1,30 +1,22 @@
 #!/usr/bin/env bash
 # A blind validation on a fresh H200, one call (a call gets a fresh machine): TABLE (a table corrected from serving
-# runs) refreshed on the GPU at hand (`calibrate --refresh --refresh-by BY`, default shapes), then the blind plan
-# from the refreshed table on the points and traces of the plan V (committed before this call), its sha256 and time
-# in the log before any real run, then the real runs of POINTS (a share of V's points) under it, in V-GPU. With SIDE
-# (the other refresh way), TABLE is refreshed that way too, before, and planned into V-GPU-SIDE beside V-GPU (both
-# plans frozen before the runs), so that one set of runs grades both. With PROBE set, the time left goes to
-# scripts/prefill_probe.py on two of V's traces. Validations v12 (two calls), v13 and v14 (two calls) ran it.
-# Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [BY=serving] [SIDE=shapes]
-#          [PROBE=1] [END_S=585] bash scripts/h200_refreshed_validation.sh
+# runs) refreshed on the GPU at hand (`calibrate --refresh`), then the blind plan from the refreshed table on the
+# points and traces of the plan V (committed before this call), its sha256 and time in the log before any real
+# run, then the real runs of POINTS (a share of V's points) under it, in V-GPU. With PROBE set, the time left goes
+# to scripts/prefill_probe.py on two of V's traces. Validations v12 (two calls) and v13 ran it; v14 (two calls)
+# ran its version of commit 45cb560, which also refreshed TABLE from serving runs (a way since withdrawn: README).
+# Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
+#          bash scripts/h200_refreshed_validation.sh
 set -u
 source scripts/gpu_env.sh
-L=logs/call-$CALL; mkdir -p $L; GPU="NVIDIA H200"; END=${END_S:-585}; BY=${BY:-shapes}; SIDE=${SIDE:-}
+L=logs/call-$CALL; mkdir -p $L; GPU="NVIDIA H200"; END=${END_S:-585}
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,power.limit --format=csv | tee $L/nvidia-smi.txt
 gpu=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | cut -c5-12)
 R=${TABLE%.json}-$gpu.json; VR=$V-$gpu
-refresh() {  # TABLE refreshed by $1 into $2
-  timeout 180 python3 -m calibrate --refresh $TABLE --refresh-by $1 --backend paged --out $2 --expect-gpu "$GPU" \
-    > $L/refresh-$1.txt 2>&1; tail -3 $L/refresh-$1.txt
-}
-[ -n "$SIDE" ] && refresh $SIDE ${R%.json}-$SIDE.json
-refresh $BY $R
-python3 -m validate plan --table $R --out $VR --points-from $V --interval 90 > $L/plan.txt 2>&1 &
-[ -n "$SIDE" ] && python3 -m validate plan --table ${R%.json}-$SIDE.json --out $VR-$SIDE --points-from $V \
-  --interval 90 > $L/plan-$SIDE.txt 2>&1 &
-wait
-for f in $L/plan*.txt; do tail -n1 $f; done; (sha256sum $VR*/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-frozen.txt
+timeout 120 python3 -m calibrate --refresh $TABLE --backend paged --out $R --expect-gpu "$GPU" \
+  > $L/refresh.txt 2>&1; tail -2 $L/refresh.txt
+timeout 120 python3 -m validate plan --table $R --out $VR --points-from $V --interval 90 > $L/plan.txt 2>&1
+tail -1 $L/plan.txt; (sha256sum $VR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-frozen.txt
 left=$((END - 40 - SECONDS)); [ -n "${PROBE:-}" ] && left=$((left < 300 ? left : 300))
 echo "== validate real $VR --only $POINTS, $left s ($(date -u +%T))"
 timeout $left python3 -m validate real --out $VR --only "$POINTS" --expect-gpu "$GPU" > $L/real.txt 2>&1
@@ -34,6 +26,5 @@ for run in chunked512-azure-conv-past:chunked:512 sharegpt-past:padded; do
   timeout $((END - 20 - SECONDS)) python3 scripts/prefill_probe.py --trace $V/traces/${run%%:*}.csv \
     --policy ${run#*:} --out $L/probe-${run%%:*} > $L/probe-${run%%:*}.txt 2>&1; tail -9 $L/probe-${run%%:*}.txt
 done
-for f in ${R%.json}*.runs; do [ -d "$f" ] && find $f -name '*.csv' -size +1M -exec gzip -n {} \; ; done
-tar czf $OUT/out.tgz ${R%.json}* $VR* logs
+tar czf $OUT/out.tgz $R $VR logs
 ls -la $OUT; echo "elapsed $SECONDS s"

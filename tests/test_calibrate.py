@@ -365,29 +365,6 @@ def test_tiny_calibration_end_to_end(tmp_path, capsys, monkeypatch, progress):
         sorted(r for r in runs if r.endswith("3-near"))
     assert json.loads(points_path(out).read_text().splitlines()[0])["identity"]["device"] == table["device"]["name"]
     assert math.isfinite(again["overhead"]["retire_s"])
-    # The corrected table refreshed from serving runs on the same engine: a near-capacity trace per policy, each
-    # kind's median real / typical price in context, and the refresh's own error kept for the intervals.
-    progress("the corrected table refreshed from serving runs")
-    refreshed = tmp_path / "tiny-refreshed.json"
-    assert main(["--refresh", str(corrected), "--refresh-by", "serving", "--out", str(refreshed), "--device", device,
-                 "--model", "tiny", "--quick", "--backend", "paged"]) == 0
-    printed = capsys.readouterr().out
-    new = load_cost_table(refreshed, allow_nonstationary=True).raw
-    r = new["refresh"]
-    assert r["by"] == "serving" and new["version"] == 3 and new["correction"] == served["correction"]
-    assert sorted(p.name for p in (tmp_path / "tiny-refreshed.json.runs" / "paged").iterdir()) == \
-        sorted(f"{p}-near" for p in ("padded", "packed", "chunked16", "mixed16")) == sorted(x[6:] for x in r["runs"])
-    assert set(r["factors"]) == {"prefill", "decode paged"} and all(f > 0 for f in r["factors"].values())
-    assert r["error"]["runs"] == 4 and r["error"]["sigma"] >= abs(r["error"]["mean_log"])
-    assert "its own error in a run's speed" in printed
-    # Resumed (its table not written), a refresh refuses a run another GPU left in its folder: neither reused nor
-    # deleted.
-    refreshed.unlink()
-    meta = tmp_path / "tiny-refreshed.json.runs" / "paged" / "padded-near" / "meta.json"
-    meta.write_text(json.dumps({**json.loads(meta.read_text()), "device": {"uuid": "GPU-other"}}))
-    assert main(["--refresh", str(corrected), "--refresh-by", "serving", "--out", str(refreshed), "--device", device,
-                 "--model", "tiny", "--quick", "--backend", "paged"]) == 2
-    assert "made on GPU GPU-other" in capsys.readouterr().err and meta.exists()
 
 
 def test_the_serving_phase_loads_each_policy_below_near_and_past_the_capacity_its_table_predicts(tmp_path):

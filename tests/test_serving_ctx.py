@@ -393,28 +393,6 @@ def test_the_cost_sigma_combines_the_held_out_residual_and_the_refresh_spread():
     both = cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}))
     gpu = math.sqrt(math.log(1.04) ** 2 / 2)
     assert both["sigma"] == pytest.approx(math.hypot(plain["sigma"], gpu))
-    # Refreshed from serving runs: the refresh's own error, not the size of its factors.
-    raw["refresh"] = {"by": "serving", "factors": {"prefill": 0.9, "decode paged": 1.1},
-                      "error": {"runs": 4, "sigma": 0.004}}
-    served = cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}))
-    assert served["sigma"] == pytest.approx(math.hypot(plain["sigma"], 0.004))
-    assert "serving refresh's own error over its 4 runs" in served["terms"]["gpu_to_gpu"]["from"]
-
-
-def test_the_serving_refresh_error_is_its_runs_offset_after_it_and_the_offsets_standard_error():
-    import math
-    from servecap.calibrate.refresh import refresh_error
-    # Two kinds a run; after the factors, run a is 2% slow and run b exactly priced.
-    runs = {"a": {"prefill": {"real_s": 1.02, "price_s": 0.5}, "decode paged": {"real_s": 2.04, "price_s": 1.5}},
-            "b": {"prefill": {"real_s": 1.0, "price_s": 0.5}, "decode paged": {"real_s": 2.0, "price_s": 1.5}}}
-    factor = {"prefill": 2.0, "decode paged": 4 / 3}
-    e = refresh_error(runs, factor)
-    logs = [math.log(1.02), 0.0]
-    assert e["log_levels"] == pytest.approx(dict(zip("ab", logs)))
-    se = abs(logs[0] - logs[1]) / math.sqrt(2) / math.sqrt(2)  # sd of two values over sqrt(2)
-    assert e["mean_log"] == pytest.approx(math.log(1.02) / 2) and e["standard_error"] == pytest.approx(se)
-    assert e["sigma"] == pytest.approx(math.hypot(math.log(1.02) / 2, se))
-    assert refresh_error({"a": runs["a"]}, factor) == {"runs": 1, "sigma": None}
 
 
 def test_the_run_to_run_speed_joins_the_cost_sigma_unless_held_out_runs_already_hold_it():

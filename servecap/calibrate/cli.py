@@ -29,8 +29,6 @@ from .accuracy import report
 from .from_runs import HOLDOUTS
 from .measure import STATIONARY_SETTLE_S
 from .plan import FULL, FULL_LENGTH, H200_SPEEDS, LONG, QUICK, describe, make_plan, max_rows, run_plan
-from .refresh import BY as REFRESH_BY
-from .serving import QUICK_REQUESTS, REQUESTS
 from .store import PointsFile, points_path
 
 
@@ -76,11 +74,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--refresh", type=Path, metavar="TABLE",
                    help="instead of a whole calibration, re-measure a few of TABLE's shapes on this GPU and write TABLE "
                         "rescaled to it (about a minute): for a GPU instance other than the one that made TABLE")
-    p.add_argument("--refresh-by", choices=REFRESH_BY, default="shapes",
-                   help="with --refresh: re-measure closed runs of a few shapes (shapes, the default), or serve a "
-                        "seeded trace per prefill policy near the capacity TABLE predicts and take each kind's "
-                        "median real / price in context over the served steps (serving: the context serving pays, "
-                        "as this GPU pays it; about a minute more; the runs go to OUT.runs/)")
     p.add_argument("--refit", type=Path, metavar="TABLE",
                    help="no GPU: rebuild TABLE from its measured runs (TABLE.points.jsonl, or --points) with this "
                         "version's cost model, into --out")
@@ -167,16 +160,13 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
                             max_batch=max_rows(plan, args.max_batch), max_num_batched_tokens=plan.max_step_tokens)
     cfg = EngineConfig(serving, max_prompt=plan.max_prompt, max_budget=plan.max_budget, backends=args.backend,
                        checkpoint=args.checkpoint, device=args.device, expect_gpu=args.expect_gpu)
-    if args.refresh_by != "shapes" and args.refresh is None:
-        raise InputError(f"--refresh-by {args.refresh_by} goes with --refresh TABLE")
     if args.refresh is not None:
         from .refresh import refresh, source_table
         source = source_table(args.refresh, cfg)
     ident = identity(cfg)  # refuses a missing or unexpected GPU before anything is written
     if args.refresh is not None:
         with telemetry(telemetry_path(args.out), ident) as rec:
-            return refresh(source, args.refresh, args.out, cfg, argv, rec, args.refresh_by,
-                           tuple(map(str, every_policy(plan.chunk))), QUICK_REQUESTS if plan is QUICK else REQUESTS)
+            return refresh(source, args.out, cfg, argv, rec)
     if args.check_stationary:
         with tempfile.TemporaryDirectory(prefix="stationarity-") as tmp, \
                 telemetry(Path(tmp) / "telemetry.csv", ident) as rec:
@@ -238,7 +228,7 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
 def serving_phase(engine, plan, args: argparse.Namespace, argv: list[str]) -> None:
     """Serve the phase's traces on the calibrated engine and write the table they correct (servecap/calibrate/serving.py)."""
     from . import from_runs
-    from .serving import serve_runs, serving_runs
+    from .serving import QUICK_REQUESTS, REQUESTS, serve_runs, serving_runs
 
     backend = args.backend[0]
     runs = serving_runs(args.out, [str(p) for p in every_policy(plan.chunk)], backend, engine.cfg,

@@ -59,18 +59,18 @@ def capacity(cost: CostModel, serving: ServingConfig, n: int, seed: int, engine:
 
 
 def serving_runs(table_path: Path, policies: list[str], backend: str, engine: EngineConfig,
-                 n: int = REQUESTS, loads: tuple[tuple[str, float], ...] = LOADS, seed: int = SEED) -> list[ServingRun]:
-    """The phase's runs of n requests, each policy at `loads` of its capacity on the table at `table_path`, a seed
-    per run from `seed`, lengths clipped to what `engine` serves."""
+                 n: int = REQUESTS) -> list[ServingRun]:
+    """The phase's runs of n requests, each policy at LOADS of its capacity on the table at `table_path`, a seed per
+    run, lengths clipped to what `engine` serves."""
     cost = CostModel(load_cost_table(table_path, allow_nonstationary=True))
     runs = []
     for i, policy in enumerate(policies):
         serving = engine.serving.but(backend=backend, prefill=policy)
-        first = seed + 10 * i
-        top = capacity(cost, serving, n, first, engine)
-        for j, (name, share) in enumerate(loads):
+        seed = SEED + 10 * i
+        top = capacity(cost, serving, n, seed, engine)
+        for j, (name, share) in enumerate(LOADS):
             runs.append(ServingRun(f"{policy.replace(':', '')}-{name}", policy,
-                                   workload(round(share * top, 2), n, first + j, engine)))
+                                   workload(round(share * top, 2), n, seed + j, engine)))
     return runs
 
 

@@ -11,13 +11,11 @@ percentiles, a closed run's wall time) that combines the things a real run can d
    - held: a corrected table's held-out residual at the level of a whole run (correction.residual_sigma["all"], the
      RMS over held-out runs of the log of the summed step time error), which holds each held-out run's own noise, so
      that `run` is then left out; else the RMS of the log error of the calibration's held-out shapes;
-   - gpu: what the GPU a run lands on adds. A table refreshed from serving runs on this GPU keeps the refresh's own
-     error (servecap/calibrate/refresh.py: its runs' offset from their price after it, and that offset's standard
-     error); a table refreshed by closed shapes, the RMS of the log of its factors (a closed refresh cannot tell how
-     much of them serving pays); else the repeated real runs' sessions (the sd of their mean log speeds, below, or
-     an earlier noise file's where the engine has run on fewer than three GPUs): the held-out runs were held out run
-     by run, or point by point, within the sessions the correction was fitted on, so the GPU a run lands on is not
-     in `held`;
+   - gpu: the GPU-to-GPU spread, from a refresh (the RMS of the log of a refreshed table's factors) where the
+     table was refreshed, else from the repeated real runs' sessions (the sd of their mean log speeds, below, or an
+     earlier noise file's where the engine has run on fewer than three GPUs): the held-out runs were held out run by
+     run, or point by point, within the sessions the correction was fitted on, so the GPU a run lands on is not in
+     `held`;
    - run: the run-to-run spread of a run's speed measured from repeated real runs (below).
    Near capacity a percent of speed moves TTFT by tens of percent; drawing it as a cost factor lets the simulator
    say how much, point by point, instead of one spread for every point.
@@ -64,13 +62,9 @@ def cost_sigma(table: CostTable, noise: dict | None = None) -> dict:
     else:
         errors = [1 + p["error"] for p in (table.raw.get("accuracy") or {}).get("points", [])]
         held, held_from = _rms_log(errors), "the calibration's held-out shapes (RMS of the log error)"
-    refresh = table.raw.get("refresh") or {}
-    if refresh.get("by") == "serving":
-        e = refresh.get("error") or {}
-        gpu, gpu_from = e.get("sigma"), (f"the serving refresh's own error over its {e.get('runs')} runs (their "
-                                          "offset from their price, and its standard error)")
-    else:
-        gpu, gpu_from = _rms_log((refresh.get("factors") or {}).values()), "the table's refresh factors"
+    factors = (table.raw.get("refresh") or {}).get("factors") or {}
+    gpu = _rms_log(factors.values())
+    gpu_from = "the table's refresh factors"
     if gpu is None and (noise or {}).get("sessions"):
         gpu, gpu_from = noise["sessions"]["sigma"], (f"the sd of {len(noise['sessions']['mean_log_speed'])} "
                                                      "sessions' mean run speed (run_to_run.json)")
