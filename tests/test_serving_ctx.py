@@ -163,7 +163,8 @@ def test_a_class_keeps_its_median_beside_its_sum_and_a_typical_steps_price_is_th
     from servecap.costs.recorded import contextual
     real = np.r_[np.full(150, 1.0), np.full(48, 1.3)]  # skewed: most steps at their price, a quarter slower
     steps = pd.DataFrame({"kind": "decode paged padded", "prev_kind": "decode", "idle_s": 0.0, "rows": 8,
-                          "kv_max": 500, "tokens": 0, "real_s": real, "model_s": 1.0, "retire_s": 0.0,
+                          "kv_max": 500, "kv_tokens": 4000, "tokens": 0, "real_s": real, "model_s": 1.0,
+                          "retire_s": 0.0,
                           "clock_mhz": np.nan})
     c = fit(steps)
     f = c["factors"]["decode paged padded|decode"]
@@ -331,7 +332,8 @@ def test_a_points_repeats_are_held_out_together():
 
     def steps(factor):  # decode steps after decode steps, `factor` times their price
         return pd.DataFrame({"kind": ["decode paged padded"] * 40, "prev_kind": ["decode"] * 40, "idle_s": 0.0,
-                             "rows": 8, "kv_max": 100, "tokens": 0, "model_s": 0.01, "real_s": 0.01 * factor,
+                             "rows": 8, "kv_max": 100, "kv_tokens": 800, "tokens": 0, "model_s": 0.01,
+                             "real_s": 0.01 * factor,
                              "retire_s": 0.0, "clock_mhz": float("nan")})
     meta = {"trace_id": "a", "backend": "paged", "prefill": "padded"}
     runs = {Path("a1"): {"meta": meta, "steps": steps(2.0)}, Path("a2"): {"meta": meta, "steps": steps(2.0)},
@@ -603,7 +605,8 @@ def test_the_clock_term_is_fitted_where_the_runs_recorded_telemetry():
     model = rng.uniform(0.002, 0.003, 400)
     ref = float(np.median(clock))
     steps = pd.DataFrame({"kind": "decode paged padded", "prev_kind": "decode", "idle_s": 0.0, "rows": 32, "tokens": 0,
-                          "model_s": model, "retire_s": 0.0, "kv_max": 1000, "real_s": 1.05 * model * (ref / clock) ** 0.8,
+                          "model_s": model, "retire_s": 0.0, "kv_max": 1000, "kv_tokens": 32000,
+                          "real_s": 1.05 * model * (ref / clock) ** 0.8,
                           "clock_mhz": clock})
     c = fit(steps)
     assert c["clock"]["reference_mhz"] == pytest.approx(ref)
@@ -789,6 +792,46 @@ def test_a_decode_steps_longest_row_has_a_factor_of_its_own_and_a_stretch_change
     assert np.allclose(contextual(steps, cost.correction), steps.real_s, rtol=1e-9, atol=0)
     plain = Correction({"factors": {"decode paged padded|decode|r2-8": {"factor": 1.2, "n": 100}}})
     assert not plain.by_kv and plain.factor("decode paged padded", "decode", 0.0, 4, kv_max=3000) == 1.2
+
+
+def test_a_decode_stretch_changes_factor_where_its_kv_in_all_crosses_a_class_as_recorded_steps_are_priced(
+        monkeypatch):
+    import numpy as np
+    from helpers import linear_table, sim_config
+
+    from servecap.costs import context
+    from servecap.costs.context import keys
+    from servecap.costs.model import CostModel
+    from servecap.costs.recorded import contextual, priced_steps
+    from servecap.sim.simulator import simulate
+    from servecap.traces.workload import length_trace
+    assert keys("decode paged padded", "decode", 32, 2000, kv_tokens=60000)[:2] == [
+        "decode paged padded|decode|r17-32|k1025-2048|K49153+", "decode paged padded|decode|r17-32|k1025-2048"]
+    monkeypatch.setattr(context, "TOTAL_KV_BUCKETS", (3000,))  # a bound these 4-row batches cross mid-stretch
+    longest = {"k1-1024": 0.8, "k1025-2048": 1.1}
+    total = {"K1-3000": 1.0, "K3001+": 0.7}
+    factors = {f"decode paged padded|{prev}|{rows}|{kv}": {"factor": 2.0, "n": 100}  # the finer classes come first
+               for prev in ("prefill", "decode", "idle") for rows in ("r1", "r2-8") for kv in longest}
+    factors.update({f"decode paged padded|{prev}|{rows}|{kv}|{t}": {"factor": f * g, "n": 100}
+                    for prev in ("prefill", "decode", "idle") for rows in ("r1", "r2-8")
+                    for kv, f in longest.items() for t, g in total.items()})
+    factors["prefill padded"] = {"factor": 1.0, "n": 100}
+    raw = linear_table()
+    raw.update(version=3, correction={"factors": factors, "min_steps": 30})
+    cost = CostModel(raw)
+    assert cost.correction.by_total
+    trace = length_trace([(0.3 * i, 500 + 200 * (i % 3), 300) for i in range(8)])
+    rec = simulate(trace, cost, sim_config(detail="steps", max_batch=4)).record  # fast-forward on
+    steps = priced_steps(rec, cost)
+    dec = steps[steps.step_kind == "decode"].reset_index(drop=True)
+    # Inside a stretch (a decode step after a decode step) the K/V in all passes 3000: the factor changes there.
+    inside = dec[(dec.prev_kind == "decode") & (dec.rows == 4)]
+    assert (inside.kv_tokens <= 3000).any() and (inside.kv_tokens > 3000).any()
+    assert np.allclose(contextual(steps, cost.correction), steps.real_s, rtol=1e-9, atol=0)
+    ratio = (dec.real_s - dec.retire_s) / dec.model_s
+    big = dec.kv_tokens > 3000
+    assert np.allclose(ratio[big & (dec.kv_max <= 1024)], 0.8 * 0.7)
+    assert np.allclose(ratio[~big & (dec.kv_max <= 1024)], 0.8)
 
 
 def test_a_corrected_table_refreshed_keeps_its_correction_and_its_version(tmp_path):

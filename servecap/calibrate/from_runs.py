@@ -108,8 +108,9 @@ def fit(steps) -> dict:
     real = (steps.real_s - steps.retire_s).to_numpy()  # the factors scale steps, not retirement
     model = steps.model_s.to_numpy()
     got: dict[str, list[int]] = {}
-    for i, (k, p, rows, kv, tokens) in enumerate(zip(steps.kind, _prev(steps), steps.rows, steps.kv_max, steps.tokens)):
-        for key in keys(k, p, int(rows), int(kv), int(tokens)):
+    for i, (k, p, rows, kv, tokens, total) in enumerate(zip(steps.kind, _prev(steps), steps.rows, steps.kv_max,
+                                                              steps.tokens, steps.kv_tokens)):
+        for key in keys(k, p, int(rows), int(kv), int(tokens), int(total)):
             got.setdefault(key, []).append(i)
     factors = {k: {"factor": class_factor(real[v], model[v]), "median": float(np.median(real[v] / model[v])),
                    "n": len(v)} for k, v in sorted(got.items())}

@@ -13,6 +13,10 @@ median in corrections fitted before), not a fitted curve:
 - a decode step's longest row, its K/V tokens in KV_BUCKETS (the decode surface interpolates a uniform batch at the
   longest row less what the shorter rows save; serving's batches of long-tailed rows leave an error that follows
   the longest row), where the correction was fitted with it (older corrections have no such keys);
+- and within that, its K/V tokens in all, in TOTAL_KV_BUCKETS: in serving, batches of many long rows cost less
+  over the table's price than batches with the same longest row and less K/V in all, most right after a chunk
+  (validation v15's chunked:512 ShareGPT point), so a factor learnt on short traffic over-prices long traffic;
+  where the correction was fitted with it;
 - a prefill step's size, the positions it computes in TOKEN_BUCKETS (the prefill surface is one smooth form over
   every shape: on a single prompt it errs one way at a few hundred positions and the other way at a few thousand,
   so a class factor learnt on one traffic's mix of sizes does not carry to another's), where the correction was
@@ -25,8 +29,8 @@ median in corrections fitted before), not a fitted curve:
   the reference (the sustained clock the runs saw), and pricing a recorded step with its clock uses its clock.
 Chunk steps are priced at their real prefix by the shape itself (servecap/costs/shapes.py); their factor is the chunked
 policy's prefill kind. A class with fewer than `min_steps` fitted steps falls back to the next coarser key
-(kind|previous|rows|longest row for decode or |size for prefill, kind|previous|rows, kind|previous, kind, and for
-decode the backend across policies), and to 1.
+(kind|previous|rows|longest row|K/V in all, kind|previous|rows|longest row for decode or |size for prefill,
+kind|previous|rows, kind|previous, kind, and for decode the backend across policies), and to 1.
 
 `scale` multiplies every step: the prediction intervals' sampled cost factor (servecap/sim/intervals.py).
 
@@ -43,6 +47,7 @@ from .shapes import backend_named
 IDLE_S = 0.02  # seconds with nothing running after which a step counts as the first after idle
 ROW_BUCKETS = (1, 8, 16, 32)  # rows up to each bound share a class; more than the last, one more
 KV_BUCKETS = (1024, 2048, 3072)  # a decode step's longest row (K/V tokens) up to each bound shares a class
+TOTAL_KV_BUCKETS = (49152,)  # a decode step's K/V tokens in all (every row's) up to each bound share a class
 TOKEN_BUCKETS = (256, 512, 1024, 2048, 3072)  # a prefill step's positions computed up to each bound share a class
 MIN_STEPS = 30
 
@@ -78,6 +83,20 @@ def kv_class(kv_max: int) -> str:
     return _bucket(KV_BUCKETS, kv_index(kv_max), "k")
 
 
+def total_kv_index(kv_tokens: int) -> int:
+    return bisect_left(TOTAL_KV_BUCKETS, kv_tokens)
+
+
+def total_kv_class(kv_tokens: int) -> str:
+    return _bucket(TOTAL_KV_BUCKETS, total_kv_index(kv_tokens), "K")
+
+
+def total_kv_class_end(kv_tokens: int) -> float:
+    """The K/V tokens in all at which kv_tokens's class ends (inf for the last)."""
+    i = total_kv_index(kv_tokens)
+    return TOTAL_KV_BUCKETS[i] if i < len(TOTAL_KV_BUCKETS) else math.inf
+
+
 def tokens_class(tokens: int) -> str:
     return _bucket(TOKEN_BUCKETS, bisect_left(TOKEN_BUCKETS, tokens), "t")
 
@@ -96,13 +115,16 @@ def decode_kind(backend: str, policy: str) -> str:
     return f"decode {backend} {policy.partition(':')[0]}"
 
 
-def keys(kind: str, prev: str, rows: int, kv_max: int | None = None, tokens: int | None = None) -> list[str]:
-    """The factor keys of one step, most specific first (a decode step's longest row where kv_max is given, a
-    prefill step's size where tokens is)."""
+def keys(kind: str, prev: str, rows: int, kv_max: int | None = None, tokens: int | None = None,
+         kv_tokens: int | None = None) -> list[str]:
+    """The factor keys of one step, most specific first (a decode step's longest row where kv_max is given, and its
+    K/V in all within it where kv_tokens is too; a prefill step's size where tokens is)."""
     out = [f"{kind}|{prev}|{rows_class(rows)}", f"{kind}|{prev}", kind]
     if kind.startswith("decode "):
         if kv_max is not None:
             out.insert(0, f"{out[0]}|{kv_class(kv_max)}")
+            if kv_tokens is not None:
+                out.insert(0, f"{out[0]}|{total_kv_class(kv_tokens)}")
         out.append(" ".join(kind.split(" ")[:2]))  # the backend across policies
     elif tokens is not None:
         out.insert(0, f"{out[0]}|{tokens_class(tokens)}")
@@ -124,7 +146,8 @@ class Correction:
         kept = {current_kind(k): v for k, v in raw["factors"].items() if v["n"] >= self.min_steps}
         self.factors = {k: float(v["factor"]) for k, v in kept.items()}
         self.medians = {k: float(v.get("median", v["factor"])) for k, v in kept.items()}
-        self.by_kv = any(k.count("|") == 3 for k in self.factors if k.startswith("decode "))  # the longest-row term
+        self.by_kv = any(k.count("|") >= 3 for k in self.factors if k.startswith("decode "))  # the longest-row term
+        self.by_total = any(k.count("|") == 4 for k in self.factors if k.startswith("decode "))  # the K/V in all
         self.by_tokens = any(k.count("|") == 3 for k in self.factors if k.startswith("prefill "))  # the size term
         self.by_retired = any(f"|{RETIRED}" in k for k in self.factors)  # fitted with the pass-start term
         self.scale = float(raw.get("scale", 1.0))  # one factor on every step: an interval's sampled cost draw
@@ -134,20 +157,22 @@ class Correction:
 
     def factor(self, kind: str, prev_kind: str | None, idle_s: float, rows: int,
                clock_mhz: float | None = None, kv_max: int | None = None, tokens: int | None = None,
-               typical: bool = False) -> float:
-        """kv_max: a decode step's longest row; tokens: a prefill step's positions computed (each ignored for the
-        other kind of step, and where the correction has no such term). `typical`: the class's median instead of
-        its summed ratio (where the correction has medians, else the same)."""
+               typical: bool = False, kv_tokens: int | None = None) -> float:
+        """kv_max: a decode step's longest row, kv_tokens its K/V tokens in all; tokens: a prefill step's positions
+        computed (each ignored for the other kind of step, and where the correction has no such term). `typical`:
+        the class's median instead of its summed ratio (where the correction has medians, else the same)."""
         prev = previous(prev_kind, idle_s, self.idle_s)
         if prev == RETIRED and not self.by_retired:
             prev = "decode"
         decode = kind.startswith("decode ")
         kv = kv_index(kv_max) if self.by_kv and kv_max is not None and decode else None
         size = tokens_class(tokens) if self.by_tokens and tokens is not None and not decode else None
-        key = (kind, prev, rows, kv, size, typical)
+        total = total_kv_index(kv_tokens) if self.by_total and kv is not None and kv_tokens is not None else None
+        key = (kind, prev, rows, kv, size, total, typical)
         f = self._cache.get(key)
         if f is None:
-            found = keys(kind, prev, rows, None if kv is None else kv_max, None if size is None else tokens)
+            found = keys(kind, prev, rows, None if kv is None else kv_max, None if size is None else tokens,
+                         None if total is None else kv_tokens)
             by = self.medians if typical else self.factors
             f = self._cache[key] = self.scale * next((by[k] for k in found if k in by), 1.0)
         if clock_mhz is not None and self.clock_exp is not None and math.isfinite(clock_mhz) and clock_mhz > 0:

@@ -70,7 +70,7 @@ import numpy as np
 
 from servecap.traces.errors import InputError
 
-from .context import Correction, decode_kind, kv_class_end, prefill_kind
+from .context import Correction, decode_kind, kv_class_end, prefill_kind, total_kv_class_end
 from .shapes import PrefillShape, backend_named
 from .table import (MIXED_FIXED_PARAM, MIXED_PER_TOKEN_PARAM, PATH_PARAM, PREFILL_PARAMS, PREFIX_PARAM, CostTable,
                     as_cost_table, decode_rows_apart, table_id)
@@ -406,17 +406,21 @@ class CostModel:
         if c is None or policy is None:
             return steps
         kind = decode_kind(backend, policy)
-        first = steps[0] * c.factor(kind, prev_kind, idle_s, rows, kv_max=kv_max)
+        first = steps[0] * c.factor(kind, prev_kind, idle_s, rows, kv_max=kv_max, kv_tokens=kv_tokens)
         if not c.by_kv:
             rest = c.factor(kind, "decode", 0.0, rows)
             return [first] + [x * rest for x in steps[1:]]
-        # Step j's longest row is kv_max + j: the stretch's steps after the first change factor where their longest
-        # row crosses into the next class.
+        # Step j's longest row is kv_max + j and its K/V in all kv_tokens + rows * j: the stretch's steps after the
+        # first change factor where either crosses into its next class.
         out, j = [first], 1
         while j < len(steps):
-            end = kv_class_end(kv_max + j)
-            n = len(steps) if end == math.inf else min(len(steps), end - kv_max + 1)
-            rest = c.factor(kind, "decode", 0.0, rows, kv_max=kv_max + j)
+            n, end = len(steps), kv_class_end(kv_max + j)
+            if end != math.inf:
+                n = min(n, end - kv_max + 1)
+            total = kv_tokens + rows * j
+            if c.by_total and (end := total_kv_class_end(total)) != math.inf:
+                n = min(n, (end - kv_tokens) // rows + 1)
+            rest = c.factor(kind, "decode", 0.0, rows, kv_max=kv_max + j, kv_tokens=total)
             out += [x * rest for x in steps[j:n]]
             j = n
         return out

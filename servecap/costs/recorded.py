@@ -18,8 +18,8 @@ from .context import RETIRED, decode_kind, prefill_kind
 from .model import CostModel
 from .shapes import PrefillShape
 
-COLUMNS = ("replica", "start", "step_kind", "kind", "rows", "kv_max", "tokens", "prev_kind", "idle_s", "real_s",
-           "model_s", "retire_s", "clock_mhz")
+COLUMNS = ("replica", "start", "step_kind", "kind", "rows", "kv_max", "kv_tokens", "tokens", "prev_kind", "idle_s",
+           "real_s", "model_s", "retire_s", "clock_mhz")
 
 
 def prefill_shape(row, groups: dict[int, list[int]] | None = None) -> PrefillShape | None:
@@ -136,6 +136,7 @@ def priced_steps(rec, cost: CostModel, telemetry=None):
     kinds = np.where(dec, decode_kind(backend, policy), prefill_kind(policy))
     out = pd.DataFrame({"replica": steps.replica, "start": steps.start, "step_kind": steps.kind, "kind": kinds,
                         "rows": steps.rows.astype(int), "kv_max": steps.kv_max.astype(int),
+                        "kv_tokens": steps.kv_tokens.astype(int),
                         "tokens": steps.tokens.astype(int),
                         "prev_kind": prev_kind.where(prev_kind.notna(), None),
                         "idle_s": idle, "real_s": held_s(steps, rec.requests), "model_s": model,
@@ -150,7 +151,7 @@ def contextual(steps, correction, typical: bool = False) -> np.ndarray:
     against); else the summed one, whose sum over a run is the run's price."""
     if correction is None or not len(steps):
         return steps.model_s.to_numpy() + steps.retire_s.to_numpy()
-    f = [correction.factor(k, p, i, r, c if c == c else None, m, t, typical) for k, p, i, r, c, m, t in
+    f = [correction.factor(k, p, i, r, c if c == c else None, m, t, typical, v) for k, p, i, r, c, m, t, v in
          zip(steps.kind, steps.prev_kind, steps.idle_s, steps.rows, steps.clock_mhz.astype(float), steps.kv_max,
-             steps.tokens)]
+             steps.tokens, steps.kv_tokens)]
     return steps.model_s.to_numpy() * np.asarray(f) + steps.retire_s.to_numpy()
