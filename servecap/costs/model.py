@@ -418,8 +418,8 @@ class CostModel:
             if end != math.inf:
                 n = min(n, end - kv_max + 1)
             total = kv_tokens + rows * j
-            if c.by_total and (end := total_kv_class_end(total)) != math.inf:
-                n = min(n, (end - kv_tokens) // rows + 1)
+            if c.by_total and (total_end := total_kv_class_end(total)) != math.inf:
+                n = min(n, (total_end - kv_tokens) // rows + 1)
             rest = c.factor(kind, "decode", 0.0, rows, kv_max=kv_max + j, kv_tokens=total)
             out += [x * rest for x in steps[j:n]]
             j = n
