@@ -50,7 +50,7 @@ def plot(rows: list[dict], out: Path) -> None:
         pred = np.array([r[k]["pred"] for r in rows]) * 100
         lo = np.array([r[k]["lo"] for r in rows]) * 100
         hi = np.array([r[k]["hi"] for r in rows]) * 100
-        seen = False
+        seen = False  # the spread's legend entry, once
         ax.vlines(x, lo, hi, color="tab:blue", alpha=0.35, lw=6, label="90% band")
         ax.plot(x, pred, "o", color="tab:blue", label="prediction")
         for i, r in enumerate(rows):
@@ -68,9 +68,9 @@ def plot(rows: list[dict], out: Path) -> None:
         ax.set_ylabel(f"{name}, % off the real runs' mean")
         ax.legend(loc="upper left", fontsize=8, ncol=4)
     axes[-1].set_xticks(x, [r["label"] for r in rows], rotation=75, ha="right", fontsize=7)
-    seen = sorted({r["validation"] for r in rows}, key=lambda v: int(v[1:]))
+    names = sorted({r["validation"] for r in rows}, key=lambda v: int(v[1:]))
     fig.suptitle(f"Blind predictions from tables corrected from earlier serving runs and refreshed on the GPU at hand:\n"
-                 f"{len(rows)} points of validations {seen[0]}-{seen[-1]}, each run on 3 fresh engines", fontsize=10)
+                 f"{len(rows)} points of validations {names[0]}-{names[-1]}, each run on 3 fresh engines", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=130)
 

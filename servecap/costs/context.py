@@ -79,6 +79,11 @@ def _bucket(bounds: tuple[int, ...], i: int, tag: str) -> str:
     return f"{tag}{lo}-{bounds[i]}" if i < len(bounds) else f"{tag}{lo}+"
 
 
+def _end(bounds: tuple[int, ...], i: int) -> float:
+    """Where class i of `bounds` ends (inf for the last)."""
+    return bounds[i] if i < len(bounds) else math.inf
+
+
 def kv_class(kv_max: int) -> str:
     return _bucket(KV_BUCKETS, kv_index(kv_max), "k")
 
@@ -93,8 +98,7 @@ def total_kv_class(kv_tokens: int) -> str:
 
 def total_kv_class_end(kv_tokens: int) -> float:
     """The K/V tokens in all at which kv_tokens's class ends (inf for the last)."""
-    i = total_kv_index(kv_tokens)
-    return TOTAL_KV_BUCKETS[i] if i < len(TOTAL_KV_BUCKETS) else math.inf
+    return _end(TOTAL_KV_BUCKETS, total_kv_index(kv_tokens))
 
 
 def tokens_class(tokens: int) -> str:
@@ -103,8 +107,7 @@ def tokens_class(tokens: int) -> str:
 
 def kv_class_end(kv_max: int) -> float:
     """The longest row at which kv_max's class ends (inf for the last)."""
-    i = kv_index(kv_max)
-    return KV_BUCKETS[i] if i < len(KV_BUCKETS) else math.inf
+    return _end(KV_BUCKETS, kv_index(kv_max))
 
 
 def prefill_kind(policy: str) -> str:
