@@ -4,7 +4,8 @@
 # points and traces of the plan V (committed before this call), its sha256 and time in the log before any real
 # run, then the real runs of POINTS (a share of V's points) under it, in V-GPU. With PROBE set, the time left goes
 # to scripts/prefill_probe.py on two of V's traces. Validations v12 (two calls), v13 and v15 ran it; v14 (two calls)
-# ran its version of commits e6f08bc and 45cb560, which also refreshed TABLE from serving runs (since withdrawn).
+# ran its version of commits e6f08bc and 45cb560, which also refreshed TABLE from serving runs (since withdrawn);
+# v16 and v17 ran it too.
 # Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
 #          bash scripts/h200_refreshed_validation.sh
 set -u
