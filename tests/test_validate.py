@@ -17,7 +17,7 @@ from servecap.traces.errors import InputError
 from servecap.traces.provenance import now_iso
 from servecap.traces.records import RunWriter
 from servecap.validate.cli import main
-from servecap.validate.points import build_trace, load_plan, run_dir
+from servecap.validate.points import build_trace, load_plan, run_dir, select
 
 N = 40
 
@@ -157,13 +157,21 @@ def test_a_plan_keeps_only_the_points_it_is_told_and_names_the_ones_it_left_out(
             "--table", str(inputs / "table.json"), "--skip", "curve,closed,policies,fleet,public-below"]
     assert main([*base, "--only", "azure-conv-near,nowhere", "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err
-    assert "--only names point(s) the plan did not choose: nowhere" in err and err.count("\n") == 1
+    assert "--only names point(s) the plan does not have: nowhere" in err and err.count("\n") == 1
     assert not (tmp_path / "bad" / "plan.json").exists()
     assert main([*base, "--only", "azure-conv-near,sharegpt-past", "--out", str(tmp_path / "v")]) == 0
     plan, points = load_plan(tmp_path / "v")
     assert [p.id.rsplit("-", 1)[0] for p in points] == ["azure-conv-near", "sharegpt-past"]
     assert sorted(plan["predictions"]) == [p.id for p in points]
     assert [i.rsplit("-", 1)[0] for i in plan["left_out"]] == ["azure-conv-past"]
+    # the real runs take the same names: with or without the rate, and a name the plan lacks is refused at once
+    kept, rest = select(points, ["sharegpt-past", points[0].id])
+    assert [p.id for p in kept] == [p.id for p in points] and rest == []
+    assert [p.id for p in select(points, ["sharegpt-past"])[0]] == [points[1].id]
+    assert main(["real", "--out", str(tmp_path / "v"), "--only", "sharegpt-past,nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert "--only names point(s) the plan does not have: nowhere" in err and err.count("\n") == 1
+    assert not (tmp_path / "v" / "real").exists()
 
 
 def test_a_report_grades_the_repeats_that_completed_when_a_run_was_cut_off(inputs, tmp_path):

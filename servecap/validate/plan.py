@@ -38,7 +38,7 @@ from servecap.traces.trace_io import write_trace
 from servecap.traces.workload import Trace, poisson_trace
 
 from . import mechanisms
-from .points import Point, build_trace, load_plan, round_rate as _round
+from .points import Point, build_trace, load_plan, round_rate as _round, select
 
 ENGINE_START_S = 40.0  # for the time estimate only
 # The public traces' points are cut to what the engine serves by default (servecap/engine/cli.py: prompts to 4096 tokens,
@@ -121,13 +121,7 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
                                                        max_num_batched_tokens, azure_from_s)
     left_out = []
     if only is not None:
-        names = {p.id: {p.id, _unrated(p.id)} for p in points}
-        unknown = [n for n in only if not any(n in ids for ids in names.values())]
-        if unknown:
-            raise InputError(f"--only names point(s) the plan did not choose: {', '.join(unknown)} (it chose "
-                             f"{', '.join(p.id for p in points)})")
-        left_out = [p.id for p in points if not names[p.id] & set(only)]
-        points = [p for p in points if names[p.id] & set(only)]
+        points, left_out = select(points, only)
     predicted = {p.id: predict(table, p, out) for p in points}
     intervals = None
     if interval is not None:  # frozen with the predictions, before any real run
@@ -227,13 +221,6 @@ def _chosen_points(table, out: Path, n: int, seed: int, azure: Path | None, shar
     for p in points:
         p.serving = capped(p.serving)
     return points, cap, small_cap, blind
-
-
-def _unrated(point_id: str) -> str:
-    """A point's id without the rate its name ends with (azure-conv-near-37 -> azure-conv-near), as one names it
-    before the plan has chosen the rate."""
-    head, _, tail = point_id.rpartition("-")
-    return head if head and tail.replace(".", "", 1).isdigit() else point_id
 
 
 def _points_from(source: Path, out: Path) -> tuple[list[Point], dict]:

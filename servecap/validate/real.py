@@ -13,7 +13,7 @@ from servecap.core.block_pool import PoolSize
 from servecap.core.config import ServingConfig
 from servecap.traces.errors import InputError
 
-from .points import Point, build_trace, is_complete, load_plan, run_dir
+from .points import Point, build_trace, is_complete, load_plan, run_dir, select
 
 
 def engine_batches(points: list[Point]) -> list[list[Point]]:
@@ -65,10 +65,7 @@ def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = 
     plan, points = load_plan(out)
     points = [p for p in points if p.serving.replicas == 1]
     if only:
-        unknown = sorted(set(only) - {p.id for p in points})
-        if unknown:
-            raise InputError(f"the plan has no point(s) {', '.join(unknown)}", path=Path(out) / "plan.json")
-        points = [p for p in points if p.id in only]
+        points, _ = select(points, only)
     i, n = shard
     batches = shares(engine_batches(points), n, plan["predictions"])[i]
     todo = [t for b in batches for t in engine_runs(b, out)]
@@ -115,7 +112,9 @@ def run_fleet(out: Path, devices: list[str], expect_gpu: str | None = None, only
     from servecap.engine.fleet import serve_fleet
 
     plan, points = load_plan(out)
-    points = [p for p in points if p.serving.replicas > 1 and (not only or p.id in only)]
+    points = [p for p in points if p.serving.replicas > 1]
+    if only:
+        points, _ = select(points, only)
     shared = len(set(devices)) < len(devices)
     for p in points:
         if len(devices) != p.serving.replicas:
