@@ -561,6 +561,10 @@ def test_coverage_counts_every_repeat_inside_its_band():
     assert Point("mixed512-closed-mixed-32", "mixed", {}).load is None
     assert cov["width_vs_real_spread"] == [{"point": "rate-44", "metric": "ttft_p50", "width": pytest.approx(0.15),
                                             "real_spread": pytest.approx(0.15)}]
+    # coverage.md says a latency's width and spread in ms, as the bands are printed
+    from servecap.validate.coverage import markdown
+    md = markdown(cov, {"level": 90, "how": "blind"})
+    assert "| rate-44 | ttft_p50 | 150.0 ms | 150.0 ms | 1.0 |" in md
 
 
 def test_sim_run_interval_prints_a_band_per_metric_and_refuses_a_bad_level(capsys):

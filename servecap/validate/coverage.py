@@ -12,6 +12,7 @@ import math
 import statistics
 from pathlib import Path
 
+from servecap.sim.intervals import NAMES
 from servecap.traces.csvio import atomic_write_text
 from servecap.traces.errors import InputError
 from servecap.traces.provenance import provenance
@@ -68,8 +69,10 @@ def markdown(cov: dict, what: dict) -> list[str]:
     if cov["width_vs_real_spread"]:
         lines += ["", "Near and past capacity, band width against the real repeats' spread (max - min):", "",
                   "| point | metric | width | real spread | ratio |", "|---|---|---|---|---|"]
-        lines += [f"| {r['point']} | {r['metric']} | {r['width']:.4g} | {r['real_spread']:.4g} | "
-                  f"{r['width'] / r['real_spread']:.1f} |" for r in cov["width_vs_real_spread"]]
+        for r in cov["width_vs_real_spread"]:
+            _, unit, scale, spec = NAMES[r["metric"]]
+            lines.append(f"| {r['point']} | {r['metric']} | {format(r['width'] * scale, spec)} {unit} | "
+                         f"{format(r['real_spread'] * scale, spec)} {unit} | {r['width'] / r['real_spread']:.1f} |")
     return lines + [""]
 
 
