@@ -6,10 +6,15 @@ For each validation directory (plan.json and real/POINT/run-K, as `python -m val
 compared with its plan under the protocol checks of servecap/validate/comparison.py, on the plan's own table:
 - at every arrival point, the mean of its repeats: served rate error, and TTFT p50 error against max(10%, the
   repeats' spread, (max - min) / median);
-- each run's summed step time over its price in context (servecap/costs/recorded.py), and the median real / price
-  per step kind, the price a typical step's (a correction's class medians, where it has them);
+- each run's summed step time over its price in context (servecap/costs/recorded.py), by decode and prefill steps,
+  beside the GPU's median SM clock, temperature and power over the run where it recorded telemetry; and the median
+  real / price per step kind, the price a typical step's (a correction's class medians, where it has them);
 - the plan's 90% bands: the share of every run's measurements inside (servecap/validate/coverage.py), by the
   points' role (public, mixed, prefix-cache).
+With --by, the summed real / price of every run's decode and prefill steps binned by one context a correction has
+no class for: the requests waiting at the step's start (`queue`), the SM clock last sampled before it (`clock`), the
+GPU's temperature (`temperature`), a prefill step's positions (`tokens`), or the token bucket the engine ran it at
+(`bucket`, each its own bin), to tell what a miss follows.
 """
 from __future__ import annotations
 
@@ -26,21 +31,64 @@ from servecap.costs.recorded import contextual, priced_steps
 from servecap.sim import inputs
 from servecap.traces.errors import InputError
 from servecap.traces.records import read_run
+from servecap.traces.telemetry import join_steps, read_telemetry
 from servecap.validate.comparison import compare
 from servecap.validate.coverage import coverage
 from servecap.validate.points import run_dir
 
 
-def grade(validation: Path) -> None:
+# --by: (bin edges, None: each value its own bin; the column binned; which steps)
+BINS = {"bucket": (None, "bucket", "prefill"),
+        "queue": ((-1, 0, 5, 20, 50, 100, 200, 400, np.inf), "queue", None),
+        "clock": ((0, 1600, 1700, 1800, 1900, 1950, 2000), "sampled_clock_mhz", None),
+        "temperature": ((0, 50, 55, 60, 65, 70, 100), "temperature_c", None),
+        "tokens": ((0, 256, 512, 1024, 2048, 4096, 8192, np.inf), "tokens", "prefill")}
+
+
+def _waiting(steps, requests) -> np.ndarray:
+    """The requests arrived and not yet admitted at each step's start."""
+    arrived = np.sort(requests.arrival.to_numpy())
+    admitted = np.sort(requests.admitted.dropna().to_numpy())
+    start = steps.start.to_numpy()
+    return np.searchsorted(arrived, start) - np.searchsorted(admitted, start)
+
+
+def _binned(steps, by: str) -> list[str]:
+    import pandas as pd
+
+    edges, column, only = BINS[by]
+    if only:
+        steps = steps[steps.step_kind == only]
+    s = steps.assign(bin=steps[column] if edges is None else pd.cut(steps[column], edges)).dropna(subset=["bin"])
+    g = s.groupby(["step_kind", "bin"], observed=True).agg(n=("real_s", "size"), real=("real_s", "sum"),
+                                                            price=("price", "sum"))
+    return [f"    {kind:8s} {by} {str(b):16s} n={int(row.n):6d} {row.real / row.price:.3f}"
+            for (kind, b), row in g.iterrows()]
+
+
+def grade(validation: Path, by: str | None = None) -> None:
+    import pandas as pd
+
     table_path = Path(json.loads((validation / "plan.json").read_text())["table"]["path"])
     plan, results = compare(validation, table_path)
     cost = CostModel(inputs.load_table(table_path))
-    targets, runs, kinds = [], [], {}
+    targets, runs, kinds, per_run, every = [], [], {}, [], []
     for c in results:
         for k in range(1, len(c.real) + 1):
-            steps = priced_steps(read_run(run_dir(validation, c.point, k)), cost)
+            d = run_dir(validation, c.point, k)
+            rec, telemetry = read_run(d), read_telemetry(d)
+            steps = priced_steps(rec, cost)  # at the reference clock, as the simulator priced the prediction
             price = contextual(steps, cost.correction)
             runs.append(float(steps.real_s.sum() / price.sum()))
+            steps = steps.assign(price=price, queue=_waiting(steps, rec.requests),
+                                 bucket=cost.rounding.bucket(steps.tokens.to_numpy()), **_sampled(steps, telemetry))
+            by_kind = ", ".join(f"{kind} {g.real_s.sum() / g.price.sum():.3f}"
+                                for kind, g in steps.groupby("step_kind"))
+            gpu = ("" if telemetry is None or not len(telemetry) else
+                   f"; SM clock {telemetry.sm_clock_mhz.median():.0f} MHz, {telemetry.temperature_c.median():.0f} C, "
+                   f"{telemetry.power_w.median():.0f} W (medians)")
+            per_run.append(f"  {c.point.id}/run-{k}: {runs[-1]:.3f} ({by_kind}){gpu}")
+            every.append(steps)
             typical = contextual(steps, cost.correction, typical=True)
             for kind, r in (steps.real_s / typical).groupby(steps.kind):
                 kinds.setdefault(kind, []).extend(r.tolist())
@@ -60,6 +108,7 @@ def grade(validation: Path) -> None:
     r = np.array(runs)
     print(f"  each run's summed step time real / price in context: {r.min():.3f}-{r.max():.3f}, within 2%: "
           f"{int((abs(r - 1) <= 0.02).sum())} of {len(r)}")
+    print("\n".join(per_run))
     for kind, v in sorted(kinds.items()):
         print(f"  median real / price in context, {kind:22s} n={len(v):6d} {np.median(v):.3f}")
     bands = plan.get("intervals", {}).get("bands", {})
@@ -67,18 +116,29 @@ def grade(validation: Path) -> None:
         cov = coverage([c for c in results if c.point.role == role], bands)
         if cov["graded"]:
             print(f"  90% bands, {role} points: {cov['inside']} of {cov['graded']} inside ({cov['share']:.1%})")
+    if by:
+        print(f"  summed real / price in context by {by}, every run:")
+        print("\n".join(_binned(pd.concat(every, ignore_index=True), by)))
+
+
+def _sampled(steps, telemetry) -> dict:
+    """The SM clock and temperature last sampled before each step's start (NaN without telemetry), in columns of their
+    own: priced_steps' clock_mhz would price the step at its clock, and the grading prices at the reference."""
+    joined = join_steps(steps[["start"]], telemetry)
+    return {"sampled_clock_mhz": joined.sm_clock_mhz.to_numpy(), "temperature_c": joined.temperature_c.to_numpy()}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("validations", type=Path, nargs="+")
+    p.add_argument("--by", choices=sorted(BINS), help="also bin every run's steps' real / price by this context")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")  # extrapolation notes about a few long steps; the grading reads every step
     try:
         for v in args.validations:
             if not (v / "plan.json").is_file():
                 raise InputError("holds no plan.json", path=v)
-            grade(v)
+            grade(v, args.by)
     except InputError as e:
         print(f"grade_validation: {e}", file=sys.stderr)
         return 2

@@ -1,8 +1,10 @@
 """Shared test setup. The engine's kernels must be imported before anything else imports triton, so that
 on a CPU machine they run under Triton's interpreter (servecap.engine.kernels sets TRITON_INTERPRET; the
 checkout's engine/ is only the shim for `python -m engine`, which imports nothing)."""
+import importlib.util
 import sys
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -38,6 +40,23 @@ def slow_first(items: list) -> list:
     to run alone at the end."""
     slow = [i.get_closest_marker("slow") is not None for i in items]
     return [i for i, s in zip(items, slow) if s] + [i for i, s in zip(items, slow) if not s]
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def script(monkeypatch) -> Callable[[str], object]:
+    """A script of scripts/ loaded as a module by its name, run from the repository's root (the committed
+    validations' plans name their tables by paths from there)."""
+    monkeypatch.chdir(ROOT)
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return load
 
 
 @pytest.fixture

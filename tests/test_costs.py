@@ -4,7 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-
+import numpy as np
 import pytest
 
 from servecap.costs.model import CostModel, tile_work
@@ -51,6 +51,11 @@ def test_a_table_with_the_engines_rounding_prices_the_bucket_it_runs_at():
     assert rounded.rounding.features(shape)[0] == 512 and plain.rounding.features(shape) == (300, 100.0)
     assert rounded.prefill(shape) > plain.prefill(shape)
     assert rounded.prefill(PrefillShape.padded(4, 128)) == rounded.prefill(PrefillShape.padded(4, 128))
+    # the bucket a step runs at, one or many (a record's steps); past the last bucket, or unrecorded, the step itself
+    tokens = np.array([1, 64, 65, 300, 131072, 200000])
+    assert rounded.rounding.bucket(tokens).tolist() == [64, 64, 128, 512, 131072, 200000]
+    assert [rounded.rounding.bucket(int(t)) for t in tokens] == [64, 64, 128, 512, 131072, 200000]
+    assert plain.rounding.bucket(tokens).tolist() == tokens.tolist() and plain.rounding.bucket(300) == 300
 
 
 def test_the_simulator_side_imports_no_torch_and_no_scipy():

@@ -1,24 +1,13 @@
 """scripts/plot_workflow.py on a committed validation: each point's prediction and band over its real runs' mean."""
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
 
-
-def _script():
-    spec = importlib.util.spec_from_file_location("plot_workflow", ROOT / "scripts/plot_workflow.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_the_workflow_figure_puts_each_blind_prediction_and_band_over_its_real_runs_mean(tmp_path, monkeypatch):
+def test_the_workflow_figure_puts_each_blind_prediction_and_band_over_its_real_runs_mean(tmp_path, script):
     pytest.importorskip("matplotlib")
-    monkeypatch.chdir(ROOT)  # the plan names its table by a path from the repository's root
-    plot = _script()
+    plot = script("plot_workflow")
     rows = plot.points([Path("results/validation-v16-71520d56")])
     assert [r["label"] for r in rows] == ["v16 71520d56 sharegpt-past-56", "v16 71520d56 chunked512-sharegpt-past-47"]
     for r in rows:

@@ -135,14 +135,22 @@ class PrefillRounding:
             prefix = sum(2 * n * p for n, p in zip(attended.computed, attended.prefix))
         return tokens, span - prefix / tokens, prefix / tokens
 
+    def bucket(self, tokens):
+        """The token count a step of `tokens` runs at (an int; or an array of them, for an array): its bucket, or
+        itself past the last bucket or where the table does not record the engine's rounding."""
+        b = self.buckets
+        i = np.searchsorted(b, tokens)
+        if np.ndim(tokens) == 0:  # the simulator's path, once a prefill step
+            return int(b[i]) if i < b.size else int(tokens)
+        return np.where(i < b.size, b[np.minimum(i, b.size - 1)], tokens) if b.size else np.asarray(tokens)
+
     def features(self, shape: PrefillShape, attended: PrefillShape | None = None) -> tuple[int, float]:
         """(tokens, attention work per token) the fitted surface takes for this step (`attended`: as for split)."""
         attended = shape if attended is None else attended
         if not self.known:  # a table from before the engine recorded its rounding: the step's own work
             return shape.tokens, attended.attn / shape.tokens
         tokens = shape.tokens
-        i = int(np.searchsorted(self.buckets, tokens))
-        bucket = int(self.buckets[i]) if i < self.buckets.size else tokens
+        bucket = self.bucket(tokens)
         work = sum(tile_work(n, p, self.block_m) for n, p in zip(attended.computed, attended.prefix))
         work += tile_work(bucket - tokens, 0, self.block_m) if bucket > tokens else 0
         return bucket, work / bucket

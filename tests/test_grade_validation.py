@@ -1,0 +1,23 @@
+"""scripts/grade_validation.py on a committed validation: the README's targets, each run's line, and --by."""
+
+
+def test_grading_a_validation_prints_its_targets_each_run_and_its_steps_by_a_context(capsys, script):
+    assert script("grade_validation").main(["results/validation-v16-71520d56", "--by", "tokens"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # as committed in that validation's grade.txt (the README's table)
+    assert "  sharegpt-past-56                   served +0.9%  TTFT p50 -4.9% (spread 8%) ok" in out
+    runs = [line for line in out if "/run-" in line]
+    assert len(runs) == 6 and all("SM clock" in line and " W (medians)" in line for line in runs)
+    summary = next(line for line in out if "each run's summed step time" in line)
+    lo, hi = (float(x) for x in summary.split(": ")[1].split(",")[0].split("-"))
+    ratios = [float(line.split(": ")[1].split()[0]) for line in runs]
+    assert (min(ratios), max(ratios)) == (lo, hi) == (0.998, 1.010)  # the summary is the runs' own range
+    binned = out[out.index("  summed real / price in context by tokens, every run:") + 1:]
+    assert binned and all(line.split()[0] == "prefill" for line in binned)  # positions bin prefill steps alone
+    assert sum(int(line.split("n=")[1].split()[0]) for line in binned) == 1101 + 3028  # every prefill step, once
+
+
+def test_grading_refuses_a_directory_without_a_plan_in_one_line(capsys, tmp_path, script):
+    assert script("grade_validation").main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no plan.json" in err
