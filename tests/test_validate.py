@@ -172,6 +172,14 @@ def test_a_plan_keeps_only_the_points_it_is_told_and_names_the_ones_it_left_out(
     err = capsys.readouterr().err
     assert "--only names point(s) the plan does not have: nowhere" in err and err.count("\n") == 1
     assert not (tmp_path / "v" / "real").exists()
+    # its report grades the targets it has points for, and names the others in one line, not as "0 of 0" rows
+    from servecap.costs.table import load_cost_table
+    fill_real(tmp_path / "v", load_cost_table(inputs / "table.json"))
+    assert main(["report", "--table", str(inputs / "table.json"), "--out", str(tmp_path / "v")]) == 0
+    report = (tmp_path / "v" / "report.md").read_text()
+    assert "| served rate, public traces (first pass of a fresh engine) | " in report and "| 0 of 0 |" not in report
+    skipped = next(line for line in report.splitlines() if line.startswith("Not graded here"))
+    assert "fleet of two: served rate" in skipped and "served rate, public traces" not in skipped
 
 
 def test_a_report_grades_the_repeats_that_completed_when_a_run_was_cut_off(inputs, tmp_path):

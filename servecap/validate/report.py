@@ -202,9 +202,13 @@ def _markdown(plan: dict, results: list[Compared], rows: list[dict], steps: dict
              "denominator (the targets say the worst in ms). "
              "Same GPU: whether a run's GPU UUID is the table's.", "", "## Targets", "",
              "| target | met | worst error | where | limit |", "|---|---|---|---|---|"]
-    for t in targets(results):
+    graded = targets(results)
+    for t in (t for t in graded if t["of"]):
         lines.append(f"| {t['target']} | {t['met']} of {t['of']} | {_fmt(t['worst'], '.1%')} | {t['worst_point']} | "
                      f"{_fmt(t['limit'], '.0%')} |")
+    if any(not t["of"] for t in graded):
+        lines += ["", "Not graded here (the plan has no such points): " +
+                  "; ".join(t["target"] for t in graded if not t["of"]) + "."]
     lines += ["", "## Points (predicted / measured, error; blind prediction where there is one)", "",
               "| point | rate (req/s) | served (req/s) | queue p50 (ms) | TTFT p50 (ms) | TTFT p95 (ms) | wall (s) | "
               "largest gap (ms) | stable servecap/sim/real | seed sd of served | same GPU |",
