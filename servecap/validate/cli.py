@@ -153,7 +153,8 @@ def parser() -> argparse.ArgumentParser:
 
     real = sub.add_parser("real", parents=[common], help="run the plan's points on the engine (GPU; resumes)")
     real.add_argument("--expect-gpu", metavar="NAME", help="refuse any other device, e.g. 'NVIDIA H200'")
-    real.add_argument("--only", metavar="ID1,ID2", type=_ids, help="run only these points")
+    real.add_argument("--only", metavar="ID1,ID2", type=_ids,
+                      help="run only these points, by id with or without its rate (azure-conv-near)")
     real.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
                       help="run the I-th of N shares of the plan's single-engine points (one process per GPU)")
     real.add_argument("--fleet", metavar="DEV1,DEV2", type=lambda t: t.split(","),

@@ -107,7 +107,7 @@ def load_plan(out: Path) -> tuple[dict, list[Point]]:
     return plan, points
 
 
-def unrated(point_id: str) -> str:
+def _unrated(point_id: str) -> str:
     """A point's id without the rate its name ends with (azure-conv-near-37 -> azure-conv-near), as one names it
     before the plan has chosen the rate."""
     head, _, tail = point_id.rpartition("-")
@@ -117,7 +117,7 @@ def unrated(point_id: str) -> str:
 def select(points: list[Point], only: list[str]) -> tuple[list[Point], list[str]]:
     """The points `only` names, each by its id with or without its rate, and the ids of the others; a name that
     matches none is refused, before anything runs."""
-    names = {p.id: {p.id, unrated(p.id)} for p in points}
+    names = {p.id: {p.id, _unrated(p.id)} for p in points}
     unknown = [n for n in only if not any(n in ids for ids in names.values())]
     if unknown:
         raise InputError(f"--only names point(s) the plan does not have: {', '.join(unknown)} (it has "
