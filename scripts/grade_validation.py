@@ -12,9 +12,9 @@ compared with its plan under the protocol checks of servecap/validate/comparison
 - the plan's 90% bands: the share of every run's measurements inside (servecap/validate/coverage.py), by the
   points' role (public, mixed, prefix-cache).
 With --by, the summed real / price of every run's decode and prefill steps binned by one context a correction has
-no class for: the requests waiting at the step's start (`queue`), the SM clock last sampled before it (`clock`), the
-GPU's temperature (`temperature`), a prefill step's positions (`tokens`), or the token bucket the engine ran it at
-(`bucket`, each its own bin), to tell what a miss follows.
+no class for: the requests waiting at the step's start (`queue`, servecap/traces/metrics.queue_depth), the SM clock
+last sampled before it (`clock`), the GPU's temperature (`temperature`), a prefill step's positions (`tokens`), or
+the token bucket the engine ran it at (`bucket`, each its own bin), to tell what a miss follows.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from servecap.costs.model import CostModel
 from servecap.costs.recorded import contextual, priced_steps
 from servecap.sim import inputs
 from servecap.traces.errors import InputError
+from servecap.traces.metrics import queue_depth
 from servecap.traces.records import read_run
 from servecap.traces.telemetry import join_steps, read_telemetry
 from servecap.validate.comparison import compare
@@ -43,14 +44,6 @@ BINS = {"bucket": (None, "bucket", "prefill"),
         "clock": ((0, 1600, 1700, 1800, 1900, 1950, 2000), "sampled_clock_mhz", None),
         "temperature": ((0, 50, 55, 60, 65, 70, 100), "temperature_c", None),
         "tokens": ((0, 256, 512, 1024, 2048, 4096, 8192, np.inf), "tokens", "prefill")}
-
-
-def _waiting(steps, requests) -> np.ndarray:
-    """The requests arrived and not yet admitted at each step's start."""
-    arrived = np.sort(requests.arrival.to_numpy())
-    admitted = np.sort(requests.admitted.dropna().to_numpy())
-    start = steps.start.to_numpy()
-    return np.searchsorted(arrived, start) - np.searchsorted(admitted, start)
 
 
 def _binned(steps, by: str) -> list[str]:
@@ -80,15 +73,17 @@ def grade(validation: Path, by: str | None = None) -> None:
             steps = priced_steps(rec, cost)  # at the reference clock, as the simulator priced the prediction
             price = contextual(steps, cost.correction)
             runs.append(float(steps.real_s.sum() / price.sum()))
-            steps = steps.assign(price=price, queue=_waiting(steps, rec.requests),
-                                 bucket=cost.rounding.bucket(steps.tokens.to_numpy()), **_sampled(steps, telemetry))
+            steps = steps.assign(price=price)
             by_kind = ", ".join(f"{kind} {g.real_s.sum() / g.price.sum():.3f}"
                                 for kind, g in steps.groupby("step_kind"))
             gpu = ("" if telemetry is None or not len(telemetry) else
                    f"; SM clock {telemetry.sm_clock_mhz.median():.0f} MHz, {telemetry.temperature_c.median():.0f} C, "
                    f"{telemetry.power_w.median():.0f} W (medians)")
             per_run.append(f"  {c.point.id}/run-{k}: {runs[-1]:.3f} ({by_kind}){gpu}")
-            every.append(steps)
+            if by:  # the contexts a step is binned by, for --by alone
+                every.append(steps.assign(queue=queue_depth(rec, steps.start),
+                                          bucket=cost.rounding.bucket(steps.tokens.to_numpy()),
+                                          **_sampled(steps, telemetry)))
             typical = contextual(steps, cost.correction, typical=True)
             for kind, r in (steps.real_s / typical).groupby(steps.kind):
                 kinds.setdefault(kind, []).extend(r.tolist())
