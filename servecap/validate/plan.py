@@ -7,8 +7,8 @@ the table existed or planned against another table. A plan is never overwritten 
 group of points is never left out without the plan saying so.
 
 Points: the seeded curve (below, near and past capacity), a small pool, closed controls; public traces with
-arbitrary lengths (an Azure conversation window at three rates and a ShareGPT-lengths Poisson trace at two), each
-on the first pass of a freshly started engine; each prefill policy besides padded (a closed control, three rates,
+arbitrary lengths (an Azure conversation window and a ShareGPT-lengths Poisson trace, each below, near and past
+capacity; ShareGPT near since validation v20), each on the first pass of a freshly started engine; each prefill policy besides padded (a closed control, three rates,
 the Azure window); and the sag candidates of a sag search, when given.
 """
 from __future__ import annotations
@@ -201,7 +201,7 @@ def _chosen_points(table, out: Path, n: int, seed: int, azure: Path | None, shar
         for policy in public_policies:
             tag = "" if policy == "padded" else policy.replace(":", "") + "-"
             for base, name, loads in ((window, "azure-conv", ((0.6, "below"), (1.0, "near"), (1.5, "past"))),
-                                      (lengths, "sharegpt", ((0.7, "below"), (1.3, "past")))):
+                                      (lengths, "sharegpt", ((0.7, "below"), (1.0, "near"), (1.3, "past")))):
                 bcap = search(LARGE_POOL.but(prefill=policy), Workload(base=base))
                 for f, role in loads:
                     if role != "below" or "public-below" not in skip:
