@@ -381,7 +381,7 @@ def test_a_cost_draw_scales_every_step_and_an_uncorrected_table_keeps_its_prices
         [1.1 * x for x in base.decode_stretch("paged", 4, 400, 100, 3)])
 
 
-def test_the_cost_sigma_combines_the_held_out_residual_and_the_refresh_spread():
+def test_the_cost_sigma_combines_the_held_out_residual_and_the_gpu_to_gpu_spread():
     import math
     from servecap.costs.synthetic import linear_table
     from servecap.costs.table import as_cost_table, table_id
@@ -394,7 +394,11 @@ def test_the_cost_sigma_combines_the_held_out_residual_and_the_refresh_spread():
     raw["refresh"] = {"factors": {"prefill": 1.0, "decode paged": 1.04}}
     both = cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}))
     gpu = math.sqrt(math.log(1.04) ** 2 / 2)
-    assert both["sigma"] == pytest.approx(math.hypot(plain["sigma"], gpu))
+    assert both["sigma"] == pytest.approx(math.hypot(plain["sigma"], gpu))  # no sessions measured: the refresh's
+    sessions = {"sessions": {"sigma": 0.0096, "mean_log_speed": {"a": 0.0, "b": 0.01, "c": -0.01}}}
+    measured = cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}), sessions)
+    assert measured["sigma"] == pytest.approx(math.hypot(plain["sigma"], 0.0096))  # the refresh's factors not added
+    assert "3 sessions" in measured["terms"]["gpu_to_gpu"]["from"]
 
 
 def test_the_run_to_run_speed_joins_the_cost_sigma_unless_held_out_runs_already_hold_it():

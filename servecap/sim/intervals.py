@@ -11,11 +11,14 @@ percentiles, a closed run's wall time) that combines the things a real run can d
    - held: a corrected table's held-out residual at the level of a whole run (correction.residual_sigma["all"], the
      RMS over held-out runs of the log of the summed step time error), which holds each held-out run's own noise, so
      that `run` is then left out; else the RMS of the log error of the calibration's held-out shapes;
-   - gpu: the GPU-to-GPU spread, from a refresh (the RMS of the log of a refreshed table's factors) where the
-     table was refreshed, else from the repeated real runs' sessions (the sd of their mean log speeds, below, or an
-     earlier noise file's where the engine has run on fewer than three GPUs): the held-out runs were held out run by
-     run, or point by point, within the sessions the correction was fitted on, so the GPU a run lands on is not in
-     `held`;
+   - gpu: the GPU-to-GPU spread, from the repeated real runs' sessions (the sd of their mean log speeds, below, or
+     an earlier noise file's where the engine has run on fewer than three GPUs), else, where no noise file has
+     sessions, from a refresh (the RMS of the log of a refreshed table's factors): the held-out runs were held out
+     run by run, or point by point, within the sessions the correction was fitted on, so the GPU a run lands on is
+     not in `held`. A refresh's factors say how far it moved the table, not how far the refreshed table still is
+     from what that GPU costs in serving: they widened the band most where the refresh had moved the table most,
+     and refreshed GPUs' mean serving speeds spread about their refreshed tables as widely as the sessions' about
+     one table (README, validation v20);
    - run: the run-to-run spread of a run's speed measured from repeated real runs (below).
    Near capacity a percent of speed moves TTFT by tens of percent; drawing it as a cost factor lets the simulator
    say how much, point by point, instead of one spread for every point.
@@ -62,12 +65,12 @@ def cost_sigma(table: CostTable, noise: dict | None = None) -> dict:
     else:
         errors = [1 + p["error"] for p in (table.raw.get("accuracy") or {}).get("points", [])]
         held, held_from = _rms_log(errors), "the calibration's held-out shapes (RMS of the log error)"
-    factors = (table.raw.get("refresh") or {}).get("factors") or {}
-    gpu = _rms_log(factors.values())
-    gpu_from = "the table's refresh factors"
-    if gpu is None and (noise or {}).get("sessions"):
+    if (noise or {}).get("sessions"):
         gpu, gpu_from = noise["sessions"]["sigma"], (f"the sd of {len(noise['sessions']['mean_log_speed'])} "
                                                      "sessions' mean run speed (run_to_run.json)")
+    else:
+        gpu = _rms_log(((table.raw.get("refresh") or {}).get("factors") or {}).values())
+        gpu_from = "the table's refresh factors"
     pooled = (noise or {}).get("pooled", {})
     speed = (pooled.get("arrival") or pooled.get("closed") or {}).get("speed")
     run = None if per_run or speed is None else speed["sigma"]
