@@ -12,9 +12,10 @@ compared with its plan under the protocol checks of servecap/validate/comparison
 - the plan's 90% bands: the share of every run's measurements inside (servecap/validate/coverage.py), by the
   points' role (public, mixed, prefix-cache).
 With --by, the summed real / price of every run's decode and prefill steps binned by one context a correction has
-no class for: the requests waiting at the step's start (`queue`, servecap/traces/metrics.queue_depth), the SM clock
-last sampled before it (`clock`), the GPU's temperature (`temperature`), a prefill step's positions (`tokens`), or
-the token bucket the engine ran it at (`bucket`, each its own bin), to tell what a miss follows.
+no class for: the requests waiting at the step's start (`queue`, servecap/traces/metrics.queue_depth), the share of
+the BUSY_S seconds before it the engine spent in steps (`busy`: a GPU's power and clock follow its duty cycle), the
+SM clock last sampled before it (`clock`), the GPU's temperature (`temperature`), a prefill step's positions
+(`tokens`), or the token bucket the engine ran it at (`bucket`, each its own bin), to tell what a miss follows.
 """
 from __future__ import annotations
 
@@ -40,10 +41,34 @@ from servecap.validate.points import run_dir
 
 # --by: (bin edges, None: each value its own bin; the column binned; which steps)
 BINS = {"bucket": (None, "bucket", "prefill"),
+        "busy": ((-0.01, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 1.0), "busy", None),
         "queue": ((-1, 0, 5, 20, 50, 100, 200, 400, np.inf), "queue", None),
         "clock": ((0, 1600, 1700, 1800, 1900, 1950, 2000), "sampled_clock_mhz", None),
         "temperature": ((0, 50, 55, 60, 65, 70, 100), "temperature_c", None),
         "tokens": ((0, 256, 512, 1024, 2048, 4096, 8192, np.inf), "tokens", "prefill")}
+
+
+BUSY_S = 0.5
+
+
+def busy_share(record_steps, at, replica, window: float = BUSY_S) -> np.ndarray:
+    """The share of the `window` seconds before each time `at` that `replica` spent in the record's steps (all of
+    them: a chunk step the pricing leaves out took the GPU all the same)."""
+    out = np.zeros(len(at))
+    at, replica = np.asarray(at, float), np.asarray(replica)
+    for r, steps in record_steps.groupby("replica"):
+        steps = steps.sort_values("start")
+        start, end = steps.start.to_numpy(float), steps.end.to_numpy(float)
+        done = np.r_[0.0, np.cumsum(end - start)]
+        mine = replica == r
+        t = at[mine]
+        first = np.searchsorted(end, t - window, side="right")  # the first step still running at the window's start
+        last = np.searchsorted(start, t, side="left")  # the steps that started before t
+        edge = np.minimum(first, len(start) - 1)
+        before = np.clip(t - window - start[edge], 0, None)  # the first step's part before the window
+        after = np.clip(end[np.maximum(last - 1, 0)] - t, 0, None)  # the last one's part after t, if it runs on
+        out[mine] = np.where(last > first, done[last] - done[first] - before - after, 0.0) / window
+    return np.clip(out, 0.0, 1.0)
 
 
 def _binned(steps, by: str) -> list[str]:
@@ -81,7 +106,7 @@ def grade(validation: Path, by: str | None = None) -> None:
                    f"{telemetry.power_w.median():.0f} W (medians)")
             per_run.append(f"  {c.point.id}/run-{k}: {runs[-1]:.3f} ({by_kind}){gpu}")
             if by:  # the contexts a step is binned by, for --by alone
-                every.append(steps.assign(queue=queue_depth(rec, steps.start),
+                every.append(steps.assign(queue=queue_depth(rec, steps.start), busy=busy_share(rec.steps, steps.start, steps.replica),
                                           bucket=cost.rounding.bucket(steps.tokens.to_numpy()),
                                           **_sampled(steps, telemetry)))
             typical = contextual(steps, cost.correction, typical=True)

@@ -1,4 +1,6 @@
 """scripts/grade_validation.py on a committed validation: the README's targets, each run's line, and --by."""
+import pandas as pd
+import pytest
 
 
 def test_grading_a_validation_prints_its_targets_each_run_and_its_steps_by_a_context(capsys, script):
@@ -21,3 +23,13 @@ def test_grading_refuses_a_directory_without_a_plan_in_one_line(capsys, tmp_path
     assert script("grade_validation").main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "holds no plan.json" in err
+
+
+def test_the_busy_share_counts_the_steps_time_in_the_window_before_each_time(script):
+    busy_share = script("grade_validation").busy_share
+    steps = pd.DataFrame({"replica": [0, 0, 0, 1], "start": [0.0, 0.3, 0.6, 0.0], "end": [0.2, 0.5, 0.7, 1.0]})
+    at = [0.6, 0.6, 0.25, 0.0, 1.0, 0.4]
+    replica = [0, 1, 0, 0, 1, 0]
+    # at 0.6 on replica 0: [0.1, 0.2] and [0.3, 0.5] of the window [0.1, 0.6]; replica 1 was busy throughout;
+    # at 0.25 the window reaches before the run; at 0.0 nothing has run; at 0.4, inside a step, its part to 0.4 (0.2 + 0.1)
+    assert busy_share(steps, at, replica, window=0.5) == pytest.approx([0.6, 1.0, 0.4, 0.0, 1.0, 0.6])
