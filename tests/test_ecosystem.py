@@ -227,6 +227,23 @@ def test_capacity_cli_band_and_windows(tmp_path, capsys):
     assert _exit(["capacity", "--window-s", "100"]) == 2
 
 
+def test_capacity_cli_bands_its_answer_by_the_searches_at_the_intervals_edge_cost_factors(capsys):
+    from servecap.sim.intervals import edge_factors
+    assert main(["capacity", "--n", str(N), "--max-batch", "16", "--interval", "90", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    cheap, dear, _ = edge_factors(load_table(None), 90)
+    assert next(line for line in out if line.startswith("interval 90%:")).startswith(
+        f"interval 90%: each search again with every step cost x{cheap:.3f} and x{dear:.3f}")
+    line = next(line for line in out if "90% interval" in line)
+    center = float(line.split("holds ")[1].split()[0])
+    low, high = (float(x) for x in line.split("interval ")[1].split(" req/s")[0].split(" .. "))
+    # steps that cost F times as much hold about 1/F the rate (retirement's overhead is not scaled)
+    assert low < center < high
+    assert low == pytest.approx(center / dear, rel=0.03) and high == pytest.approx(center / cheap, rel=0.03)
+    assert _exit(["capacity", "--trace", "x.csv", "--window-s", "100", "--interval", "90"]) == 2
+    assert "--interval bands the rate and replica searches, not --window-s" in capsys.readouterr().err
+
+
 def test_engine_run_saves_its_result_under_vllms_keys(tmp_path, capsys):
     """engine run --save-result writes the real run's figures as sim run does the simulator's (CPU, tiny model),
     and never over a result already there."""

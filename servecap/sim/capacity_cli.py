@@ -13,12 +13,13 @@ from servecap.core.block_pool import PoolSize
 from servecap.core.config import ServingConfig
 from servecap.core.routing import ROUTERS
 from servecap.traces.arrival_options import add_arrival_options, given
-from servecap.traces.cli import SLO_HELP, batch_arg, checked, count_arg, gib_arg, rate_arg, requests_arg, seed_arg, slo_arg
+from servecap.traces.cli import (SLO_HELP, batch_arg, checked, count_arg, gib_arg, level_arg, rate_arg, requests_arg,
+                                 seed_arg, slo_arg)
 from servecap.traces.errors import InputError
 from servecap.traces.slo import describe
 from servecap.traces.workload import DEFAULT_N
 
-from . import capacity, inputs, sweep
+from . import capacity, inputs, intervals, sweep
 from .arg_types import backend_arg, router_arg, seeds_arg
 from .sweep import Workload
 
@@ -62,6 +63,11 @@ def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
     seeds.add_argument("--seeds", type=seeds_arg, metavar="A-B|S1,S2,...",
                        help="search on each of these workload seeds and report min, median and max")
     add_arrival_options(p)
+    p.add_argument("--interval", type=level_arg, metavar="LEVEL",
+                   help="also the answer's LEVEL%% band over the cost model's uncertainty (its held-out error and the "
+                        "GPU-to-GPU spread, servecap/sim/intervals.py): each search again with every step cost at the "
+                        "band's two edge factors (capacity falls as steps cost more); the engine's run-to-run noise "
+                        "beyond speed is not in it")
     p.add_argument("--jobs", type=count_arg, help="seeds searched in parallel (default: every core)")
     common(p)
     p.set_defaults(func=cmd_capacity)
@@ -75,6 +81,8 @@ def _check(args: argparse.Namespace) -> None:
     if args.trace is not None and (args.n is not None or args.seed is not None or args.seeds or given(args)):
         raise InputError("--n, --seed(s), --burstiness and --ramp-up-s shape the seeded trace; a trace file keeps its "
                          "own requests")
+    if args.interval is not None and args.window_s is not None:
+        raise InputError("--interval bands the rate and replica searches, not --window-s's windows")
     if (args.rate is not None or args.window_s is not None) and args.replicas != 1:
         raise InputError("--replicas does nothing with --rate or --window-s: the search finds the fewest replicas")
 
@@ -107,22 +115,46 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         raise InputError("every request of this trace arrives at once, so it cannot be run at a rate", path=args.trace)
     init = (table, args.strict, workload, args.noise_seed, args.slo)
     if args.rate is None:
-        found = _per_seed(init, capacity.max_rate, [(config, s, args.slo, args.tolerance) for s in seeds], args.jobs)
-        for f in found:
+        fn, calls, name, unit = capacity.max_rate, [(config, s, args.slo, args.tolerance) for s in seeds], \
+            "highest rate that holds", "req/s"
+    else:
+        fn, calls, name, unit = capacity.fewest_replicas, \
+            [(config, args.rate, s, args.slo, args.max_replicas, args.router) for s in seeds], "fewest replicas", ""
+    found = _per_seed(init, fn, calls, args.jobs)
+    for f in found:
+        if args.rate is None:
             print(f"seed {f.seed}: " + (f"highest rate that holds {f.answer:.4g} req/s" if f.answer is not None else
                                         "no rate held") +
                   (f", {f.bound:.4g} fails" if f.bound is not None else ", no probed rate failed") +
                   f" ({len(f.probes)} probes from the saturated estimate {f.estimate:.4g} req/s)")
-        _band("highest rate that holds", [f.answer for f in found], "req/s")
-    else:
-        found = _per_seed(init, capacity.fewest_replicas,
-                          [(config, args.rate, s, args.slo, args.max_replicas, args.router) for s in seeds], args.jobs)
-        for f in found:
+        else:
             print(f"seed {f.seed}: rate {args.rate:g} req/s -> " +
                   (f"{f.answer} replicas" if f.answer is not None else f"none of 1-{args.max_replicas} replicas") +
                   f" ({', '.join(f'{k}: ' + ('holds' if ok else 'fails') for k, ok in sorted(f.probes))})")
-        _band("fewest replicas", [f.answer for f in found], "")
+    _band(name, [f.answer for f in found], unit)
+    if args.interval is not None:
+        _interval(args, table, init, fn, calls, found, name, unit)
     return 0
+
+
+def _interval(args: argparse.Namespace, table, init: tuple, fn, calls: list[tuple], found: list, name: str,
+              unit: str) -> None:
+    """The searches again at the band's edge cost factors: the cheaper edge's answer and the dearer edge's bound
+    the answer's band (a capacity rises, a replica count falls, as steps cost less)."""
+    cheap, dear, cost = intervals.edge_factors(table, args.interval)
+    print(f"interval {args.interval:g}%: each search again with every step cost x{cheap:.3f} and x{dear:.3f} "
+          f"({intervals.describe_sigma(cost)}); the engine's run-to-run noise beyond speed is not in it")
+    edges = {f: _per_seed((intervals.scaled_table(table, f), *init[1:]), fn, calls, args.jobs) for f in (cheap, dear)}
+    low, high = (dear, cheap) if args.rate is None else (cheap, dear)
+    show = (lambda v: "none" if v is None else f"{v:.4g}") if args.rate is None else \
+        (lambda v: f"more than {args.max_replicas}" if v is None else f"{v}")
+    for i, f in enumerate(found):
+        print(f"seed {f.seed}: {name} {show(f.answer)}{' ' + unit if unit else ''}, {args.interval:g}% interval "
+              f"{show(edges[low][i].answer)} .. {show(edges[high][i].answer)}{' ' + unit if unit else ''} (every step "
+              f"x{low:.3f} .. x{high:.3f})")
+    if len(found) > 1:
+        for which, factor in (("lower", low), ("upper", high)):
+            _band(f"the interval's {which} edge", [f.answer for f in edges[factor]], unit)
 
 
 def _band(name: str, values: list, unit: str) -> None:

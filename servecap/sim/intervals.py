@@ -95,11 +95,32 @@ def load_noise(path: Path = NOISE) -> dict:
     return doc
 
 
-def scaled(table: CostTable, factor: float) -> CostModel:
-    """The table's model with every step cost times `factor` (its correction's scale)."""
+def scaled_table(table: CostTable, factor: float) -> dict:
+    """The table's JSON object with every step cost times `factor` (its correction's scale)."""
     raw = {k: v for k, v in table.raw.items() if k != "table_id"}
     raw.update(version=CORRECTED_VERSION, correction={**(table.correction or {"factors": {}}), "scale": factor})
-    return CostModel(raw)
+    return raw
+
+
+def scaled(table: CostTable, factor: float) -> CostModel:
+    """The table's model with every step cost times `factor`."""
+    return CostModel(scaled_table(table, factor))
+
+
+def edge_factors(table: CostTable, level: float, noise: dict | None = None) -> tuple[float, float, dict]:
+    """The cost factors at a LEVEL% band's edges, exp(-/+ z sigma_cost), and sigma_cost with its terms: where a
+    metric is monotone in the cost level (a capacity, a replica count), its band edges are its values there."""
+    cost = cost_sigma(table, noise if noise is not None else load_noise())
+    z = NormalDist().inv_cdf(0.5 + level / 200)
+    return math.exp(-z * cost["sigma"]), math.exp(z * cost["sigma"]), cost
+
+
+def describe_sigma(cost: dict) -> str:
+    """sigma_cost and its terms, in a line."""
+    t = cost["terms"]
+    run = "in the held-out term" if t["run_to_run"]["in_held_out"] else _pct(t["run_to_run"]["sigma"])
+    return (f"cost sigma {cost['sigma']:.1%}: held-out {_pct(t['held_out']['sigma'])}, GPU-to-GPU "
+            f"{_pct(t['gpu_to_gpu']['sigma'])}, run-to-run speed {run}")
 
 
 class Intervals:
@@ -176,12 +197,8 @@ NAMES = {"served_rate": ("served", "req/s", 1, ".2f"), "queue_wait_p50": ("queue
 
 def lines(bands: dict, iv: Intervals, samples: int) -> list[str]:
     """A band per metric, as `sim run` prints them."""
-    terms = iv.cost["terms"]
-    run = "in the held-out term" if terms["run_to_run"]["in_held_out"] else _pct(terms["run_to_run"]["sigma"])
-    out = [f"interval {iv.level:g}%: {samples} trace sample(s) x {COST_DRAWS} cost factors (cost sigma "
-           f"{iv.cost['sigma']:.1%}: held-out {_pct(terms['held_out']['sigma'])}, GPU-to-GPU "
-           f"{_pct(terms['gpu_to_gpu']['sigma'])}, run-to-run speed {run}), widened by "
-           f"the measured run-to-run noise beyond speed"]
+    out = [f"interval {iv.level:g}%: {samples} trace sample(s) x {COST_DRAWS} cost factors ({describe_sigma(iv.cost)}), "
+           f"widened by the measured run-to-run noise beyond speed"]
     for k, b in bands.items():
         name, unit, scale, spec = NAMES[k]
         out.append(f"  {name:15s} {format(b['lo'] * scale, spec)} .. {format(b['hi'] * scale, spec)} {unit}")

@@ -92,7 +92,7 @@ _slos: tuple[SLO, ...] = ()
 _percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
 
 
-def _init(table: CostTable, strict: bool, workload: Workload, noise_seed: int | None, slos: tuple[SLO, ...] = (),
+def _init(table: CostTable | dict, strict: bool, workload: Workload, noise_seed: int | None, slos: tuple[SLO, ...] = (),
           percentiles: tuple[float, ...] = DEFAULT_PERCENTILES, parent: int | None = None) -> None:
     global _cost, _workload, _noise_seed, _slos, _percentiles
     if parent is not None:
