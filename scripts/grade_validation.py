@@ -10,7 +10,8 @@ compared with its plan under the protocol checks of servecap/validate/comparison
   beside the GPU's median SM clock, temperature and power over the run where it recorded telemetry; and the median
   real / price per step kind, the price a typical step's (a correction's class medians, where it has them);
 - the plan's 90% bands: the share of every run's measurements inside (servecap/validate/coverage.py), by the
-  points' role (public, mixed, prefix-cache).
+  points' role (public, mixed, prefix-cache);
+- given several validations, every run's error pooled and the sd of the validations' mean log speeds.
 With --by, the summed real / price of every run's decode and prefill steps binned by one context a correction has
 no class for: the requests waiting at the step's start (`queue`, servecap/traces/metrics.queue_depth), the share of
 the BUSY_S seconds before it the engine spent in steps (`busy`: a GPU's power and clock follow its duty cycle), the
@@ -84,7 +85,8 @@ def _binned(steps, by: str) -> list[str]:
             for (kind, b), row in g.iterrows()]
 
 
-def grade(validation: Path, by: str | None = None) -> None:
+def grade(validation: Path, by: str | None = None) -> list[float]:
+    """Print the validation's grading (module docstring); return each run's summed real / price in context."""
     import pandas as pd
 
     table_path = Path(json.loads((validation / "plan.json").read_text())["table"]["path"])
@@ -139,6 +141,18 @@ def grade(validation: Path, by: str | None = None) -> None:
     if by:
         print(f"  summed real / price in context by {by}, every run:")
         print("\n".join(_binned(pd.concat(every, ignore_index=True), by)))
+    return runs
+
+
+def pooled(runs: dict[Path, list[float]]) -> str:
+    """Every run's error over several validations, and how their mean speeds spread (a refreshed validation's
+    directory is one GPU's session): what a band's cost sigma has to cover."""
+    logs = {v: np.log(r) for v, r in runs.items() if r}
+    every = np.concatenate(list(logs.values()))
+    means = [float(x.mean()) for x in logs.values()]
+    spread = f"sd {np.std(means, ddof=1):.2%}" if len(means) > 1 else "one validation"
+    return (f"over {len(logs)} validations: every run's summed step time real / price in context, RMS of the log "
+            f"{np.sqrt(np.mean(every ** 2)):.2%} ({len(every)} runs); the validations' mean log speeds: {spread}")
 
 
 def _sampled(steps, telemetry) -> dict:
@@ -155,10 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")  # extrapolation notes about a few long steps; the grading reads every step
     try:
+        runs = {}
         for v in args.validations:
             if not (v / "plan.json").is_file():
                 raise InputError("holds no plan.json", path=v)
-            grade(v, args.by)
+            runs[v] = grade(v, args.by)
+        if len(runs) > 1:
+            print(pooled(runs))
     except InputError as e:
         print(f"grade_validation: {e}", file=sys.stderr)
         return 2

@@ -33,3 +33,14 @@ def test_the_busy_share_counts_the_steps_time_in_the_window_before_each_time(scr
     # at 0.6 on replica 0: [0.1, 0.2] and [0.3, 0.5] of the window [0.1, 0.6]; replica 1 was busy throughout;
     # at 0.25 the window reaches before the run; at 0.0 nothing has run; at 0.4, inside a step, its part to 0.4 (0.2 + 0.1)
     assert busy_share(steps, at, replica, window=0.5) == pytest.approx([0.6, 1.0, 0.4, 0.0, 1.0, 0.6])
+
+
+def test_several_validations_pool_their_runs_error_and_the_spread_of_their_mean_speeds(script):
+    import math
+    pooled = script("grade_validation").pooled
+    runs = {"a": [1.01, 0.99], "b": [1.02]}
+    logs = [math.log(x) for x in (1.01, 0.99, 1.02)]
+    rms = math.sqrt(sum(x * x for x in logs) / 3)
+    sd = abs(math.log(1.02) - (math.log(1.01) + math.log(0.99)) / 2) / math.sqrt(2)
+    assert pooled(runs) == (f"over 2 validations: every run's summed step time real / price in context, RMS of the log "
+                            f"{rms:.2%} (3 runs); the validations' mean log speeds: sd {sd:.2%}")
