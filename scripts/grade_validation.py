@@ -108,7 +108,8 @@ def grade(validation: Path, by: str | None = None) -> list[float]:
                    f"{telemetry.power_w.median():.0f} W (medians)")
             per_run.append(f"  {c.point.id}/run-{k}: {runs[-1]:.3f} ({by_kind}){gpu}")
             if by:  # the contexts a step is binned by, for --by alone
-                every.append(steps.assign(queue=queue_depth(rec, steps.start), busy=busy_share(rec.steps, steps.start, steps.replica),
+                every.append(steps.assign(queue=queue_depth(rec, steps.start),
+                                          busy=busy_share(rec.steps, steps.start, steps.replica),
                                           bucket=cost.rounding.bucket(steps.tokens.to_numpy()),
                                           **_sampled(steps, telemetry)))
             typical = contextual(steps, cost.correction, typical=True)

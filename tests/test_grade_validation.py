@@ -31,7 +31,8 @@ def test_the_busy_share_counts_the_steps_time_in_the_window_before_each_time(scr
     at = [0.6, 0.6, 0.25, 0.0, 1.0, 0.4]
     replica = [0, 1, 0, 0, 1, 0]
     # at 0.6 on replica 0: [0.1, 0.2] and [0.3, 0.5] of the window [0.1, 0.6]; replica 1 was busy throughout;
-    # at 0.25 the window reaches before the run; at 0.0 nothing has run; at 0.4, inside a step, its part to 0.4 (0.2 + 0.1)
+    # at 0.25 the window reaches before the run; at 0.0 nothing has run; at 0.4, inside a step, its part up to then
+    # (0.2 + 0.1)
     assert busy_share(steps, at, replica, window=0.5) == pytest.approx([0.6, 1.0, 0.4, 0.0, 1.0, 0.6])
 
 

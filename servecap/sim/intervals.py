@@ -197,8 +197,8 @@ NAMES = {"served_rate": ("served", "req/s", 1, ".2f"), "queue_wait_p50": ("queue
 
 def lines(bands: dict, iv: Intervals, samples: int) -> list[str]:
     """A band per metric, as `sim run` prints them."""
-    out = [f"interval {iv.level:g}%: {samples} trace sample(s) x {COST_DRAWS} cost factors ({describe_sigma(iv.cost)}), "
-           f"widened by the measured run-to-run noise beyond speed"]
+    out = [f"interval {iv.level:g}%: {samples} trace sample(s) x {COST_DRAWS} cost factors "
+           f"({describe_sigma(iv.cost)}), widened by the measured run-to-run noise beyond speed"]
     for k, b in bands.items():
         name, unit, scale, spec = NAMES[k]
         out.append(f"  {name:15s} {format(b['lo'] * scale, spec)} .. {format(b['hi'] * scale, spec)} {unit}")

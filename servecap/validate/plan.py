@@ -8,8 +8,9 @@ group of points is never left out without the plan saying so.
 
 Points: the seeded curve (below, near and past capacity), a small pool, closed controls; public traces with
 arbitrary lengths (an Azure conversation window and a ShareGPT-lengths Poisson trace, each below, near and past
-capacity; ShareGPT near since validation v20), each on the first pass of a freshly started engine; each prefill policy besides padded (a closed control, three rates,
-the Azure window); and the sag candidates of a sag search, when given.
+capacity; ShareGPT near since validation v20), each on the first pass of a freshly started engine; each prefill
+policy besides padded (a closed control, three rates, the Azure window); and the sag candidates of a sag search,
+when given.
 """
 from __future__ import annotations
 
