@@ -107,11 +107,16 @@ def scaled(table: CostTable, factor: float) -> CostModel:
     return CostModel(scaled_table(table, factor))
 
 
+def z_level(level: float) -> float:
+    """The standard normal's quantile at a LEVEL% two-sided band's upper edge."""
+    return NormalDist().inv_cdf(0.5 + level / 200)
+
+
 def edge_factors(table: CostTable, level: float, noise: dict | None = None) -> tuple[float, float, dict]:
     """The cost factors at a LEVEL% band's edges, exp(-/+ z sigma_cost), and sigma_cost with its terms: where a
     metric is monotone in the cost level (a capacity, a replica count), its band edges are its values there."""
     cost = cost_sigma(table, noise if noise is not None else load_noise())
-    z = NormalDist().inv_cdf(0.5 + level / 200)
+    z = z_level(level)
     return math.exp(-z * cost["sigma"]), math.exp(z * cost["sigma"]), cost
 
 
@@ -128,7 +133,7 @@ class Intervals:
 
     def __init__(self, table: CostTable, level: float, noise: dict | None = None):
         self.table, self.level = table, level
-        self.z = NormalDist().inv_cdf(0.5 + level / 200)
+        self.z = z_level(level)
         self.noise = noise if noise is not None else load_noise()
         self.cost = cost_sigma(table, self.noise)
         zs = [NormalDist().inv_cdf((j + 0.5) / COST_DRAWS) for j in range(COST_DRAWS)]
