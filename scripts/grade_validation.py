@@ -21,7 +21,6 @@ SM clock last sampled before it (`clock`), the GPU's temperature (`temperature`)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -35,7 +34,7 @@ from servecap.traces.errors import InputError
 from servecap.traces.metrics import queue_depth
 from servecap.traces.records import read_run
 from servecap.traces.telemetry import join_steps, read_telemetry
-from servecap.validate.comparison import compare
+from servecap.validate.comparison import compare, plan_table
 from servecap.validate.coverage import coverage
 from servecap.validate.points import run_dir
 
@@ -89,7 +88,7 @@ def grade(validation: Path, by: str | None = None) -> list[float]:
     """Print the validation's grading (module docstring); return each run's summed real / price in context."""
     import pandas as pd
 
-    table_path = Path(json.loads((validation / "plan.json").read_text())["table"]["path"])
+    table_path = plan_table(validation)
     plan, results = compare(validation, table_path)
     cost = CostModel(inputs.load_table(table_path))
     targets, runs, kinds, per_run, every = [], [], {}, [], []

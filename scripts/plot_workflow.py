@@ -8,7 +8,6 @@ Usage: python scripts/plot_workflow.py --out FIG.png VALIDATION_DIR ...
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -19,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from servecap.validate.comparison import compare  # noqa: E402
+from servecap.validate.comparison import compare, plan_table  # noqa: E402
 
 METRICS = (("served_rate", "served rate", 0.02), ("ttft_p50", "TTFT p50", 0.10))
 
@@ -29,7 +28,7 @@ def points(validations: list[Path]) -> list[dict]:
     repeats' mean."""
     out = []
     for v in validations:
-        plan, results = compare(v, Path(json.loads((v / "plan.json").read_text())["table"]["path"]))
+        plan, results = compare(v, plan_table(v))
         bands = plan["intervals"]["bands"]
         for c in results:
             name = v.name.removeprefix("validation-").removesuffix("-shapes").replace("-", " ", 1)

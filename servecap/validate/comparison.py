@@ -6,6 +6,7 @@ refused (an error naming the point), since its prediction could not have been bl
 """
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import warnings
@@ -63,6 +64,18 @@ def _scored(rec: RunRecord, rate: float | None, tokens: bool) -> dict:
 
 def _when(iso: str | None) -> float:
     return datetime.fromisoformat(iso).timestamp() if iso else math.nan
+
+
+def plan_table(out: Path) -> Path:
+    """The cost table the plan in out was made from: the path it names, or, where that file now holds another table
+    (a GPU that served two calls of one validation refreshed the table twice under one name, and the later copy is
+    kept beside it with a suffix), the sibling of that name whose id is the plan's."""
+    named = json.loads((Path(out) / "plan.json").read_text())["table"]
+    path = Path(named["path"])
+    for p in [path, *sorted(path.parent.glob(f"{path.stem}?*.json"))]:
+        if p.is_file() and json.loads(p.read_text()).get("table_id") == named["id"]:
+            return p
+    return path  # compare() names the mismatch
 
 
 def compare(out: Path, table_path: Path | None, allow_nonstationary: bool = False) -> tuple[dict, list[Compared]]:
