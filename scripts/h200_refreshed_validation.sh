@@ -5,7 +5,8 @@
 # run, then the real runs of POINTS (a share of V's points) under it, in V-GPU. With PROBE set, the time left goes
 # to scripts/prefill_probe.py on two of V's traces. Validations v12 (two calls), v13 and v15 ran it; v14 (two calls)
 # ran its version of commits e6f08bc and 45cb560, which also refreshed TABLE from serving runs (since withdrawn);
-# v16 and v17 ran it too.
+# v16-v20 ran it too. Two calls on one warm GPU write the same two names: the later call's are kept beside the
+# first's with the call's letter appended (v20's 673ad031c), where servecap.validate.comparison.plan_table finds them.
 # Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
 #          bash scripts/h200_refreshed_validation.sh
 set -u

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -227,3 +228,21 @@ def test_plan_azure_from_is_recorded_in_the_points_traces(inputs, tmp_path):
     _, points = load_plan(out)
     azure = [p for p in points if p.id.startswith("azure-conv")]
     assert azure and all(build_trace(p.trace, out).meta["options"]["window"][0] == 20 for p in azure)
+
+
+def test_a_plans_table_is_found_by_its_id_when_its_gpu_refreshed_the_table_twice_under_one_name(monkeypatch):
+    from servecap.validate.comparison import plan_table
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # the plans name their tables from the root
+    # v20's calls b and c ran on one GPU: both refreshes wrote h200-t10-v19-673ad031.json there; call c's is kept
+    # beside call b's with a suffix, and each plan names the path and its own id
+    first, second = Path("results/validation-v20-673ad031"), Path("results/validation-v20-673ad031c")
+    assert plan_table(first) == Path("results/calibration/t10/h200-t10-v19-673ad031.json")
+    assert plan_table(second) == Path("results/calibration/t10/h200-t10-v19-673ad031c.json")
+
+
+def test_a_plans_table_that_is_nowhere_is_left_for_compare_to_name(tmp_path):
+    from servecap.validate.comparison import plan_table
+    (tmp_path / "plan.json").write_text(json.dumps({"table": {"id": "0" * 16, "path": str(tmp_path / "t.json")}}))
+    (tmp_path / "t.json").write_text(json.dumps({"table_id": "1" * 16}))
+    (tmp_path / "t-other.json").write_text(json.dumps({"table_id": "2" * 16}))
+    assert plan_table(tmp_path) == tmp_path / "t.json"
