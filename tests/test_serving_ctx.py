@@ -258,7 +258,8 @@ def _engine_like_runs(tmp_path, table_path, rates):
         assert sim.cli.main(["run", "--rate", str(rate), "--n", "150", "--seed", str(i), "--max-batch", "8",
                              "--table", str(table_path), "--out", str(d)]) == 0
         meta = json.loads((d / "meta.json").read_text())
-        (d / "meta.json").write_text(json.dumps({**meta, "kind": "engine"}))  # as if measured
+        device = {**meta.get("device", {}), "uuid": f"GPU-{i % 2}"}  # as if measured, on two GPUs
+        (d / "meta.json").write_text(json.dumps({**meta, "kind": "engine", "device": device}))
         runs.append(d)
     return runs
 
@@ -318,6 +319,7 @@ def test_holdout_by_point_grades_each_run_by_a_correction_fitted_without_its_poi
     assert c["holdout"] == "point" and sorted(c["held_out_runs"]) == sorted(c["fitted_runs"]) == sorted(map(str, runs))
     assert c["factors"]["decode paged padded|prefill"]["factor"] == pytest.approx(1.2, rel=1e-6)
     assert c["residual_sigma_from"].startswith("held-out points")
+    assert c["held_out_gpus"]["n"] == 2  # the runs' records name two GPUs
     assert set(c["held_out"]["runs"]) == set(map(str, runs))
     for r in c["held_out"]["runs"].values():
         assert r["before"] < -0.04 and abs(r["after"]) < 1e-3  # the truth is the same at every point
@@ -399,6 +401,38 @@ def test_the_cost_sigma_combines_the_held_out_residual_and_the_gpu_to_gpu_spread
     measured = cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}), sessions)
     assert measured["sigma"] == pytest.approx(math.hypot(plain["sigma"], 0.0096))  # the refresh's factors not added
     assert "3 sessions" in measured["terms"]["gpu_to_gpu"]["from"]
+
+
+def test_held_out_runs_on_three_gpus_hold_the_gpu_to_gpu_spread_and_fewer_do_not():
+    import math
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import as_cost_table, table_id
+    from servecap.sim.intervals import cost_sigma, describe_sigma
+    sessions = {"sessions": {"sigma": 0.0096, "mean_log_speed": {"a": 0.0, "b": 0.01, "c": -0.01}}}
+
+    def sigma(gpus: int) -> dict:
+        raw = linear_table()
+        raw.update(version=3, correction={"factors": {}, "residual_sigma": {"all": 0.015},
+                                          "held_out_gpus": {"n": gpus, "sd_of_means": 0.009}})
+        return cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}), sessions)
+    three, two = sigma(3), sigma(2)
+    assert three["sigma"] == pytest.approx(0.015) and three["terms"]["gpu_to_gpu"]["in_held_out"]
+    assert "3 GPUs" in three["terms"]["gpu_to_gpu"]["from"] and "GPU-to-GPU in the held-out term" in describe_sigma(three)
+    assert two["sigma"] == pytest.approx(math.hypot(0.015, 0.0096)) and not two["terms"]["gpu_to_gpu"]["in_held_out"]
+
+
+def test_the_held_out_gpus_are_counted_by_uuid_with_the_spread_of_their_mean_errors():
+    import math
+    from pathlib import Path
+    from servecap.calibrate.from_runs import held_out_gpus
+    after = {"a1": 0.01, "a2": 0.03, "b1": -0.02, "c1": 0.0}  # (model - real) / real
+    gpu = {"a1": "GPU-a", "a2": "GPU-a", "b1": "GPU-b", "c1": None}  # c1's record names no GPU
+    runs = {Path(k): {"meta": {"device": {"uuid": g} if g else {}}} for k, g in gpu.items()}
+    got = held_out_gpus({k: {"after": v} for k, v in after.items()}, runs)
+    log = {k: math.log(1 / (1 + v)) for k, v in after.items()}
+    means = [(log["a1"] + log["a2"]) / 2, log["b1"]]
+    assert got["n"] == 2 and got["sd_of_means"] == pytest.approx(abs(means[0] - means[1]) / math.sqrt(2))
+    assert held_out_gpus({"a1": {"after": 0.01}}, runs) == {"n": 1, "sd_of_means": None}
 
 
 def test_the_run_to_run_speed_joins_the_cost_sigma_unless_held_out_runs_already_hold_it():

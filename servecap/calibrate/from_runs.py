@@ -10,7 +10,9 @@ Held out by run (`holdout="run"`): the runs of each prefill policy, in path orde
 of the fit, and the report (printed, and stored in the table) gives, on the held-out runs only, the median real /
 model per step kind before and after the correction, each run's summed step time error before and after, and the
 residual spread the intervals use (servecap/sim/intervals.py). The correction stored is the one fitted without the
-held-out runs: the one the report grades.
+held-out runs: the one the report grades. The table also stores which GPUs the held-out runs ran on and how far
+apart those GPUs' mean errors lie (held_out_gpus): on runs from several GPUs, the residual spread holds the
+GPU-to-GPU spread too.
 
 Held out by point (`holdout="point"`, leave-one-point-out): a point is the runs of one trace on one configuration
 (a validation's repeats, point_key). Repeats of one point are near copies of each other, so a run held out beside
@@ -190,6 +192,18 @@ def leave_one_point_out(runs: dict[Path, dict]) -> tuple[dict, dict[Path, dict]]
     return fit(pd.concat([r["steps"] for r in runs.values()], ignore_index=True)), own
 
 
+def held_out_gpus(held: dict[str, dict], runs: dict[Path, dict]) -> dict:
+    """How many GPUs the held-out runs ran on (the device UUID their records name), and the sd over those GPUs of
+    each one's mean log(real / corrected price) per run (None under two)."""
+    by_gpu: dict[str, list[float]] = {}
+    for path, r in held.items():
+        uuid = (runs[Path(path)]["meta"].get("device") or {}).get("uuid")
+        if uuid:
+            by_gpu.setdefault(uuid, []).append(math.log(1 / (1 + r["after"])))
+    means = [float(np.mean(v)) for v in by_gpu.values()]
+    return {"n": len(by_gpu), "sd_of_means": float(np.std(means, ddof=1)) if len(means) >= 2 else None}
+
+
 HOLDOUTS = ("run", "point")
 
 
@@ -232,9 +246,11 @@ def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], f
         report = {"held_out": evaluate({p: runs[p]["steps"] for p in held}, correction),
                   "fitted": evaluate({p: runs[p]["steps"] for p in fitted}, correction), "holdout": holdout}
         sigma_from = "held-out runs" if held else "the fitted runs (nothing held out)"
+    report["held_out_gpus"] = held_out_gpus(report["held_out"]["runs"], runs)
     correction.update(residual_sigma=report["held_out"].get("residual_sigma") or report["fitted"]["residual_sigma"],
                       residual_sigma_from=sigma_from, holdout=holdout,
                       fitted_runs=[str(p) for p in fitted], held_out_runs=[str(p) for p in held],
+                      held_out_gpus=report["held_out_gpus"],
                       held_out=report["held_out"], created_at=now_iso(), git_commit=git_commit(),
                       command=shlex.join(["python", "-m", "calibrate", *argv]))
     raw = {k: v for k, v in table.raw.items() if k not in ("table_id", "correction")}
@@ -261,4 +277,8 @@ def describe(report: dict) -> str:
         lines += [f"  {k:70s} {v['before']:+.1%} -> {v['after']:+.1%}" for k, v in r["runs"].items()]
         lines.append("  log residual RMS over runs (after): " + ", ".join(
             f"{k} {v:.3f}" for k, v in r["residual_sigma"].items() if v is not None))
+        gpus = report.get("held_out_gpus") if part == "held_out" else None
+        if gpus and gpus["n"]:
+            spread = f", whose mean log errors spread by sd {gpus['sd_of_means']:.3f}" if gpus["sd_of_means"] else ""
+            lines.append(f"  the held-out runs ran on {gpus['n']} GPU(s){spread}")
     return "\n".join(lines)

@@ -11,14 +11,15 @@ percentiles, a closed run's wall time) that combines the things a real run can d
    - held: a corrected table's held-out residual at the level of a whole run (correction.residual_sigma["all"], the
      RMS over held-out runs of the log of the summed step time error), which holds each held-out run's own noise, so
      that `run` is then left out; else the RMS of the log error of the calibration's held-out shapes;
-   - gpu: the GPU-to-GPU spread, from the repeated real runs' sessions (the sd of their mean log speeds, below, or
-     an earlier noise file's where the engine has run on fewer than three GPUs), else, where no noise file has
-     sessions, from a refresh (the RMS of the log of a refreshed table's factors): the held-out runs were held out
-     run by run, or point by point, within the sessions the correction was fitted on, so the GPU a run lands on is
-     not in `held`. A refresh's factors say how far it moved the table, not how far the refreshed table still is
-     from what that GPU costs in serving: they widened the band most where the refresh had moved the table most,
-     and refreshed GPUs' mean serving speeds spread about their refreshed tables as widely as the sessions' about
-     one table (README, validation v20);
+   - gpu: the GPU-to-GPU spread. Where the correction's held-out runs ran on MIN_GPUS or more GPUs
+     (correction.held_out_gpus), `held` holds it already: one correction prices every GPU, so each held-out run's
+     error carries its GPU's offset (over v11-v20's 231 runs on 15 GPUs, the GPUs' mean errors spread by sd 0.9%,
+     as the sessions' speeds do), and gpu is then left out. Else from the repeated real runs' sessions (the sd of
+     their mean log speeds, below, or an earlier noise file's where the engine has run on fewer than three GPUs),
+     else, where no noise file has sessions, from a refresh (the RMS of the log of a refreshed table's factors). A
+     refresh does not take the term away: refreshed GPUs' mean serving speeds spread about their refreshed tables as
+     widely as the sessions' about one table (README, validation v20), and a refresh's factors say how far it moved
+     the table, not how far the refreshed table still is from what that GPU costs in serving;
    - run: the run-to-run spread of a run's speed measured from repeated real runs (below).
    Near capacity a percent of speed moves TTFT by tens of percent; drawing it as a cost factor lets the simulator
    say how much, point by point, instead of one spread for every point.
@@ -44,6 +45,7 @@ from servecap.costs.model import CostModel
 from servecap.costs.table import CORRECTED_VERSION, CostTable
 from servecap.traces.errors import InputError
 
+MIN_GPUS = 3  # held-out runs on this many GPUs or more: their residual holds the GPU-to-GPU spread
 METRICS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s")
 COST_DRAWS = 16
 SEEDS = 5
@@ -65,7 +67,11 @@ def cost_sigma(table: CostTable, noise: dict | None = None) -> dict:
     else:
         errors = [1 + p["error"] for p in (table.raw.get("accuracy") or {}).get("points", [])]
         held, held_from = _rms_log(errors), "the calibration's held-out shapes (RMS of the log error)"
-    if (noise or {}).get("sessions"):
+    gpus = c.get("held_out_gpus") or {}
+    gpu_in_held = per_run and gpus.get("n", 0) >= MIN_GPUS
+    if gpu_in_held:
+        gpu, gpu_from = None, f"held in the held-out runs' term (they ran on {gpus['n']} GPUs)"
+    elif (noise or {}).get("sessions"):
         gpu, gpu_from = noise["sessions"]["sigma"], (f"the sd of {len(noise['sessions']['mean_log_speed'])} "
                                                      "sessions' mean run speed (run_to_run.json)")
     else:
@@ -75,7 +81,8 @@ def cost_sigma(table: CostTable, noise: dict | None = None) -> dict:
     speed = (pooled.get("arrival") or pooled.get("closed") or {}).get("speed")
     run = None if per_run or speed is None else speed["sigma"]
     terms = {"held_out": {"sigma": held, "from": held_from if held is not None else "none in the table"},
-             "gpu_to_gpu": {"sigma": gpu, "from": gpu_from if gpu is not None else
+             "gpu_to_gpu": {"sigma": gpu, "in_held_out": gpu_in_held,
+                            "from": gpu_from if gpu is not None or gpu_in_held else
                             "not measured (the table was not refreshed, the noise file has no sessions)"},
              "run_to_run": {"sigma": run, "in_held_out": per_run,
                             "from": "held in the held-out runs' term" if per_run else
@@ -123,9 +130,10 @@ def edge_factors(table: CostTable, level: float, noise: dict | None = None) -> t
 def describe_sigma(cost: dict) -> str:
     """sigma_cost and its terms, in a line."""
     t = cost["terms"]
-    run = "in the held-out term" if t["run_to_run"]["in_held_out"] else _pct(t["run_to_run"]["sigma"])
-    return (f"cost sigma {cost['sigma']:.1%}: held-out {_pct(t['held_out']['sigma'])}, GPU-to-GPU "
-            f"{_pct(t['gpu_to_gpu']['sigma'])}, run-to-run speed {run}")
+    run, gpu = ("in the held-out term" if t[k].get("in_held_out") else _pct(t[k]["sigma"])
+                for k in ("run_to_run", "gpu_to_gpu"))
+    return (f"cost sigma {cost['sigma']:.1%}: held-out {_pct(t['held_out']['sigma'])}, GPU-to-GPU {gpu}, "
+            f"run-to-run speed {run}")
 
 
 class Intervals:
