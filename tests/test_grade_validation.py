@@ -1,4 +1,8 @@
-"""scripts/grade_validation.py on a committed validation: the README's targets, each run's line, and --by."""
+"""scripts/grade_validation.py on a committed validation: the README's targets, each run's line, and --by; and
+scripts/rebanded.py's re-planned bands."""
+import json
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -45,3 +49,18 @@ def test_several_validations_pool_their_runs_error_and_the_spread_of_their_mean_
     sd = abs(math.log(1.02) - (math.log(1.01) + math.log(0.99)) / 2) / math.sqrt(2)
     assert pooled(runs) == (f"over 2 validations: every run's summed step time real / price in context, RMS of the log "
                             f"{rms:.2%} (3 runs); the validations' mean log speeds: sd {sd:.2%}")
+
+
+def test_rebanding_with_the_gpu_spread_held_in_the_held_out_term_narrows_the_bands(capsys, tmp_path, script):
+    rebanded = script("rebanded")
+    v = "results/validation-v16-71520d56"  # planned from T10-v15, whose held-out runs ran on v11-v15's GPUs
+    copy = rebanded.with_gpu_count(rebanded.plan_table(Path(v)), tmp_path / "t.json")
+    assert json.loads(copy.read_text())["correction"]["held_out_gpus"]["n"] == 8
+    counts = {}
+    for rule in ("held", "added"):
+        assert rebanded.main(["--rule", rule, v, "--work", str(tmp_path)]) == 0
+        line = capsys.readouterr().out.splitlines()[0]
+        inside, graded = int(line.split(": ")[1].split()[0]), int(line.split(" of ")[1].split()[0])
+        counts[rule] = (inside, graded)
+    assert counts["held"][1] == counts["added"][1] == 42  # 2 points x 3 runs x 7 metrics
+    assert counts["held"][0] <= counts["added"][0]  # narrower bands hold no more
