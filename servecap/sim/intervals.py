@@ -13,8 +13,8 @@ percentiles, a closed run's wall time) that combines the things a real run can d
      that `run` is then left out; else the RMS of the log error of the calibration's held-out shapes;
    - gpu: the GPU-to-GPU spread. Where the correction's held-out runs ran on MIN_GPUS or more GPUs
      (correction.held_out_gpus), `held` holds it already: one correction prices every GPU, so each held-out run's
-     error carries its GPU's offset (over v11-v20's 231 runs on 15 GPUs, the GPUs' mean errors spread by sd 0.9%,
-     as the sessions' speeds do), and gpu is then left out. Else from the repeated real runs' sessions (the sd of
+     error carries its GPU's offset (their GPUs' mean errors spread as widely as the sessions' mean speeds: README,
+     validation v21), and gpu is then left out. Else from the repeated real runs' sessions (the sd of
      their mean log speeds, below, or an earlier noise file's where the engine has run on fewer than three GPUs),
      else, where no noise file has sessions, from a refresh (the RMS of the log of a refreshed table's factors). A
      refresh does not take the term away: refreshed GPUs' mean serving speeds spread about their refreshed tables as
