@@ -2,7 +2,7 @@
 runs (retrospective: the tables did not see the runs, but the noise file may have, and the choice to look did).
 
 --rule held: the rule of servecap/sim/intervals.py since commit 7aaf202, applied to tables made before it: each
-table's correction is given the count of GPUs its held-out runs ran on (from those runs' records), so where they
+table's correction is given the GPUs its held-out runs ran on (from those runs' records), so where they
 are MIN_GPUS or more the cost sigma is the held-out term alone. --rule added: the tables as they are (no GPU count:
 the sessions' GPU-to-GPU spread added in quadrature). Prints each validation's inside / graded, then near and past
 capacity's, and how many bands' widths are within 2x the repeats' spread.
@@ -18,7 +18,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from servecap.costs.table import table_id
+from servecap.calibrate.from_runs import held_out_gpus
+from servecap.costs.table import save_cost_table
 from servecap.traces.errors import InputError
 from servecap.validate.comparison import compare, plan_table
 from servecap.validate.coverage import coverage
@@ -26,14 +27,14 @@ from servecap.validate.plan import make_plan
 
 
 def with_gpu_count(table_path: Path, out: Path) -> Path:
-    """A copy of the table whose correction says how many GPUs its held-out runs ran on (their meta.json)."""
+    """A copy of the table whose correction says what `--from-runs` now records of its held-out runs' GPUs
+    (held_out_gpus, from the runs' meta.json and the errors the correction stored for them)."""
     raw = json.loads(table_path.read_text())
-    runs = (raw.get("correction") or {}).get("held_out_runs") or []
-    gpus = {json.loads((Path(r) / "meta.json").read_text())["device"].get("uuid") for r in runs}
-    raw["correction"]["held_out_gpus"] = {"n": len(gpus - {None}), "sd_of_means": None}
-    raw["table_id"] = table_id({k: v for k, v in raw.items() if k != "table_id"})
+    held = raw["correction"]["held_out"]["runs"]
+    metas = {Path(r): {"meta": json.loads((Path(r) / "meta.json").read_text())} for r in held}
+    raw["correction"]["held_out_gpus"] = held_out_gpus(held, metas)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(raw))
+    save_cost_table(raw, out)
     return out
 
 

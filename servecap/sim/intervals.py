@@ -76,14 +76,13 @@ def cost_sigma(table: CostTable, noise: dict | None = None) -> dict:
                                                      "sessions' mean run speed (run_to_run.json)")
     else:
         gpu = _rms_log(((table.raw.get("refresh") or {}).get("factors") or {}).values())
-        gpu_from = "the table's refresh factors"
+        gpu_from = ("the table's refresh factors" if gpu is not None else
+                    "not measured (the table was not refreshed, the noise file has no sessions)")
     pooled = (noise or {}).get("pooled", {})
     speed = (pooled.get("arrival") or pooled.get("closed") or {}).get("speed")
     run = None if per_run or speed is None else speed["sigma"]
     terms = {"held_out": {"sigma": held, "from": held_from if held is not None else "none in the table"},
-             "gpu_to_gpu": {"sigma": gpu, "in_held_out": gpu_in_held,
-                            "from": gpu_from if gpu is not None or gpu_in_held else
-                            "not measured (the table was not refreshed, the noise file has no sessions)"},
+             "gpu_to_gpu": {"sigma": gpu, "in_held_out": gpu_in_held, "from": gpu_from},
              "run_to_run": {"sigma": run, "in_held_out": per_run,
                             "from": "held in the held-out runs' term" if per_run else
                             "repeated real runs' speed (run_to_run.json)" if run is not None else
