@@ -21,8 +21,10 @@ SM clock last sampled before it (`clock`), the GPU's temperature (`temperature`)
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -84,12 +86,18 @@ def _binned(steps, by: str) -> list[str]:
             for (kind, b), row in g.iterrows()]
 
 
-def grade(validation: Path, by: str | None = None) -> list[float]:
-    """Print the validation's grading (module docstring); return each run's summed real / price in context."""
+def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] | None = None) -> list[float]:
+    """Print the validation's grading (module docstring); return each run's summed real / price in context.
+    `replanned` (a plan directory of the same points and the table it was made from): grade the runs against that
+    plan instead, one made after them (a retrospective: the protocol checks are the validation's own plan's)."""
     import pandas as pd
 
     table_path = plan_table(validation)
     plan, results = compare(validation, table_path)
+    if replanned is not None:
+        plan_dir, table_path = replanned
+        plan = json.loads((plan_dir / "plan.json").read_text())
+        results = [replace(c, sim=plan["predictions"][c.point.id]) for c in results]
     cost = CostModel(inputs.load_table(table_path))
     targets, runs, kinds, per_run, every = [], [], {}, [], []
     for c in results:

@@ -64,3 +64,30 @@ def test_rebanding_with_the_gpu_spread_held_in_the_held_out_term_narrows_the_ban
         counts[rule] = (inside, graded)
     assert counts["held"][1] == counts["added"][1] == 42  # 2 points x 3 runs x 7 metrics
     assert counts["held"][0] <= counts["added"][0]  # narrower bands hold no more
+
+
+def test_a_refresh_re_applied_in_full_reproduces_its_frozen_grades_and_unapplied_prices_as_the_unrefreshed_table(
+        capsys, tmp_path, script):
+    retro, grade = script("refresh_retro"), script("grade_validation")
+    v = "results/validation-v16-71520d56"  # refreshed from T10-v15, validation-v16's plan table
+    points = lambda out: [line for line in out if line.endswith((" ok", " MISS"))]  # noqa: E731
+    runs = lambda out: [line.split(";")[0] for line in out if "/run-" in line]  # noqa: E731
+    assert retro.main(["--apply", "all", v, "--work", str(tmp_path)]) == 0
+    full = capsys.readouterr().out.splitlines()
+    assert points(full) == points(Path(v, "grade.txt").read_text().splitlines()) and len(points(full)) == 2
+    assert retro.main(["--apply", "none", v, "--work", str(tmp_path)]) == 0
+    none = capsys.readouterr().out.splitlines()
+    assert grade.main(["results/validation-v16"]) == 0  # the same runs, graded on the table the refresh started from
+    assert runs(none) == runs(capsys.readouterr().out.splitlines()) and len(runs(none)) == 6 and runs(none) != runs(full)
+    assert json.loads((tmp_path / "none" / "validation-v16-71520d56" / "plan.json").read_text())["table"]["id"] != \
+        json.loads((tmp_path / "all" / "validation-v16-71520d56" / "plan.json").read_text())["table"]["id"]
+
+
+def test_a_refreshs_readings_are_the_log_of_its_factors_where_a_kinds_steps_are_priced_by_one_factor(capsys, script):
+    import math
+    retro = script("refresh_retro")
+    v = Path("results/validation-v16-71520d56")
+    factors = json.loads(retro.plan_table(v).read_text())["refresh"]["factors"]
+    read = retro.readings(v)
+    assert read["decode"][0] == pytest.approx(math.log(factors["decode paged"]), abs=5e-4)
+    assert read["prefill"][0] == pytest.approx(math.log(factors["prefill"]), abs=5e-4)

@@ -397,6 +397,9 @@ def test_the_cost_sigma_combines_the_held_out_residual_and_the_gpu_to_gpu_spread
     both = cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}))
     gpu = math.sqrt(math.log(1.04) ** 2 / 2)
     assert both["sigma"] == pytest.approx(math.hypot(plain["sigma"], gpu))  # no sessions measured: the refresh's
+    raw["refresh"] = {"factors": {"prefill": 1.05, "decode paged": 1.04}, "applied": {"decode paged": 1.04}}
+    applied = cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}))
+    assert applied["sigma"] == pytest.approx(math.hypot(plain["sigma"], math.log(1.04)))  # what it moved the table by
     sessions = {"sessions": {"sigma": 0.0096, "mean_log_speed": {"a": 0.0, "b": 0.01, "c": -0.01}}}
     measured = cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}), sessions)
     assert measured["sigma"] == pytest.approx(math.hypot(plain["sigma"], 0.0096))  # the refresh's factors not added
@@ -892,3 +895,23 @@ def test_a_corrected_table_refreshed_keeps_its_correction_and_its_version(tmp_pa
     old_model, new_model = CostModel(as_cost_table(raw)), CostModel(new)
     assert new_model.prefill_in_context(shape, "padded", "decode", 0.0) == pytest.approx(
         1.05 * old_model.prefill_in_context(shape, "padded", "decode", 0.0), rel=0.02)
+
+
+def test_a_refresh_on_a_gpu_of_the_tables_name_rescales_decode_alone_and_elsewhere_both():
+    from servecap.calibrate.refresh import applied, rescaled
+    from servecap.costs.model import CostModel
+    from servecap.costs.shapes import PrefillShape
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import as_cost_table, table_id
+    raw = linear_table()
+    raw = {**raw, "table_id": table_id(raw)}
+    factor = {"prefill": 1.05, **{f"decode {b}": 1.02 for b in raw["decode"]}}
+    same, other = applied(factor, same_gpu=True), applied(factor, same_gpu=False)
+    assert "prefill" not in same and same == {k: f for k, f in factor.items() if k != "prefill"} and other == factor
+    old = CostModel(as_cost_table(raw))
+    shape, b = PrefillShape.of([300], [0]), next(iter(raw["decode"]))
+    for applies, prefill in ((same, 1.0), (other, 1.05)):
+        new = rescaled(raw, applies)
+        new = CostModel(as_cost_table({**new, "table_id": table_id(new)}))
+        assert new.prefill(shape) == pytest.approx(prefill * old.prefill(shape), rel=0.02)
+        assert new.decode(b, 8, 8 * 1024, 1024) == pytest.approx(1.02 * old.decode(b, 8, 8 * 1024, 1024), rel=0.02)

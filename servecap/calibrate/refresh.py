@@ -2,8 +2,12 @@
 
 Two GPUs of the same name differ a little (clocks, memory, the host). A whole calibration takes minutes; a refresh
 re-measures a handful of decode and prefill shapes, takes the median ratio of measured to the table's model per
-kind (prefill; decode per backend), rescales the table's points by it, refits, and writes a table that names the
-one it was refreshed from, the ratios and this GPU.
+kind (prefill; decode per backend), rescales the table's points by the factors it applies, refits, and writes a
+table that names the one it was refreshed from, every factor, those applied, the ratios and this GPU.
+
+On a GPU of the table's own name the prefill factor is recorded and not applied: over blind validations on many
+such GPUs the closed prefill shapes' reading did not follow the GPU's serving prefill speed, where the decode
+reading did (README, validation v22; `scripts/refresh_retro.py`). On another GPU the prefill factor is applied too.
 """
 from __future__ import annotations
 
@@ -52,12 +56,19 @@ def ratios(cost: CostModel, runs: list[Run], samples: list[dict]) -> dict[str, l
     return out
 
 
+def applied(factor: dict[str, float], same_gpu: bool) -> dict[str, float]:
+    """The factors a refresh rescales by: all of them on another GPU, the decode ones alone on a GPU of the table's
+    own name (module docstring)."""
+    return {k: f for k, f in factor.items() if not (same_gpu and k == "prefill")}
+
+
 def rescaled(raw: dict, factor: dict[str, float]) -> dict:
     """The table's points with each kind's times multiplied by its factor, refitted."""
     def scale(p: dict, f: float) -> dict:
         return {**p, **{k: p[k] * f for k in ("median_s", "p10_s", "p90_s")}}
-    prefill = [scale(p, factor["prefill"]) for p in CostTable(raw).prefill_points()]  # keyed by shape
-    decode = {b: {"points": [scale(p, factor[f"decode {b}"]) for p in d["points"]]} for b, d in raw["decode"].items()}
+    prefill = [scale(p, factor.get("prefill", 1.0)) for p in CostTable(raw).prefill_points()]  # keyed by shape
+    decode = {b: {"points": [scale(p, factor.get(f"decode {b}", 1.0)) for p in d["points"]]}
+              for b, d in raw["decode"].items()}
     # A corrected table (version 3) stays one: its serving-context factors are ratios to the closed surface, which
     # the rescaling moves, so they carry over as they are.
     return {**raw, "version": max(raw.get("version", 2), 2), "prefill": {"points": prefill}, "decode": decode,
@@ -100,12 +111,13 @@ def refresh(old: CostTable, out: Path, cfg, argv: list[str], telemetry=None) -> 
     for b in old.backends:
         factor.setdefault(f"decode {b}", 1.0)
     meta = engine.metadata()
-    table = rescaled(old.raw, factor)
+    applies = applied(factor, same_gpu=meta["device"]["name"] == old.device_name)
+    table = rescaled(old.raw, applies)
     table.update(device=meta["device"], software=meta["software"], created_at=meta["created_at"],
                  git_commit=meta["git_commit"], host=meta["host"],
                  name=f"{old.raw['name']} (refreshed on {meta['device']['name']})",
                  refreshed_from={"table_id": old.table_id, "device": old.device, "created_at": old.created_at},
-                 refresh={"factors": factor, "ratios": measured, "runs": [r.label for r in runs],
+                 refresh={"factors": factor, "applied": applies, "ratios": measured, "runs": [r.label for r in runs],
                           "wall_s": round(time.perf_counter() - t0, 1),
                           **({"telemetry": telemetry.summary()} if telemetry is not None else {}),
                           "command": shlex.join(["python", "-m", "calibrate", *argv])})
@@ -114,6 +126,7 @@ def refresh(old: CostTable, out: Path, cfg, argv: list[str], telemetry=None) -> 
     table.pop("table_id", None)
     tid = save_cost_table(table, out)
     print(f"refreshed {old.summary()} on {meta['device']['name']} (GPU {meta['device'].get('uuid')}): measured / "
-          "table " + ", ".join(f"{k} {f:.3f} (n={len(measured.get(k, []))})" for k, f in factor.items()))
+          "table " + ", ".join(f"{k} {f:.3f} (n={len(measured.get(k, []))}{'' if k in applies else ', not applied'})"
+                               for k, f in factor.items()))
     print(f"wrote cost table {tid} to {out} in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -75,7 +75,8 @@ def cost_sigma(table: CostTable, noise: dict | None = None) -> dict:
         gpu, gpu_from = noise["sessions"]["sigma"], (f"the sd of {len(noise['sessions']['mean_log_speed'])} "
                                                      "sessions' mean run speed (run_to_run.json)")
     else:
-        gpu = _rms_log(((table.raw.get("refresh") or {}).get("factors") or {}).values())
+        refresh = table.raw.get("refresh") or {}
+        gpu = _rms_log((refresh.get("applied", refresh.get("factors")) or {}).values())
         gpu_from = ("the table's refresh factors" if gpu is not None else
                     "not measured (the table was not refreshed, the noise file has no sessions)")
     pooled = (noise or {}).get("pooled", {})

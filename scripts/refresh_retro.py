@@ -1,0 +1,132 @@
+"""Refreshed validations graded as if their refresh had applied only some of its readings (retrospective: the
+readings are the ones each refresh took before its runs, but the choice of which to apply was made after them).
+
+A refresh (servecap/calibrate/refresh.py) reads a prefill factor and a decode factor on the GPU at hand and
+rescales the table by both. For each refreshed validation DIR this rebuilds the table its refresh started from
+(the plan table of DIR's validation, `validation-vN`) rescaled by the readings of --apply alone, re-plans DIR's
+points from it with 90% bands, and grades DIR's runs against that plan with scripts/grade_validation.py's grading;
+then the pooled runs' error and, over near and past capacity, the bands' coverage. `--apply all` rebuilds the
+refreshed table itself (a check that the re-plan reproduces the frozen plan), `none` the unrefreshed one.
+`--readings` instead sets, per session and step kind, what the refresh read against what the GPU's serving steps
+then cost: the mean over the session's runs of log(refreshed / unrefreshed price) beside log(real / unrefreshed
+price), each run's steps of the kind summed; then per kind their correlation over the sessions, the slope of the
+second on the first, and the sessions' RMS offset from either price.
+
+    python scripts/refresh_retro.py --apply decode DIR ... [--work /tmp/refresh-retro]
+    python scripts/refresh_retro.py --readings DIR ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from grade_validation import grade, pooled  # noqa: E402
+
+from servecap.calibrate.refresh import rescaled  # noqa: E402
+from servecap.costs.model import CostModel  # noqa: E402
+from servecap.costs.recorded import contextual, priced_steps  # noqa: E402
+from servecap.costs.table import load_cost_table, save_cost_table  # noqa: E402
+from servecap.traces.errors import InputError  # noqa: E402
+from servecap.traces.records import read_run  # noqa: E402
+from servecap.validate.comparison import compare, plan_table  # noqa: E402
+from servecap.validate.coverage import coverage  # noqa: E402
+from servecap.validate.plan import make_plan  # noqa: E402
+from servecap.validate.points import run_dir  # noqa: E402
+
+
+def applied(validation: Path, which: str, out: Path) -> Path:
+    """The table `validation`'s refreshed table was refreshed from (the plan table of the validation it is a call
+    of: validation-vN-GPU's is validation-vN's), rescaled by its refresh's factors of kinds `which` (1 for the
+    others), with the refreshed table's provenance (device, time), saved to `out`."""
+    refreshed = plan_table(validation)
+    raw = json.loads(refreshed.read_text())
+    whole = validation.parent / "-".join(validation.name.split("-")[:2])
+    old = load_cost_table(plan_table(whole), allow_nonstationary=True)
+    if old.table_id != raw.get("refreshed_from", {}).get("table_id"):
+        raise InputError(f"was not refreshed from {whole}'s plan table {old.table_id}", path=refreshed)
+    factors = raw["refresh"]["factors"]
+    keep = {k: f for k, f in factors.items() if which == "all" or k.split()[0] == which}
+    table = rescaled(old.raw, keep)
+    table.update({k: raw[k] for k in ("device", "software", "created_at", "git_commit", "host", "refreshed_from")},
+                 name=f"{raw['name']}, {which} applied", refresh={**raw["refresh"], "applied": keep})
+    table.pop("table_id", None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_cost_table(table, out)
+    return out
+
+
+def readings(validation: Path) -> dict[str, tuple[float, float]]:
+    """Per step kind (decode, prefill): (the refresh's move of its price, where serving fell from the unrefreshed
+    price), each the mean over the validation's runs of a log ratio of its steps' sums (module docstring)."""
+    refreshed = plan_table(validation)
+    source = load_cost_table(plan_table(validation.parent / "-".join(validation.name.split("-")[:2])),
+                             allow_nonstationary=True)
+    costs = [CostModel(load_cost_table(refreshed, allow_nonstationary=True)), CostModel(source)]
+    _, results = compare(validation, refreshed)
+    logs: dict[str, list[tuple[float, float]]] = {}
+    for c in results:
+        for k in range(1, len(c.real) + 1):
+            rec = read_run(run_dir(validation, c.point, k))
+            steps = [priced_steps(rec, cost) for cost in costs]
+            prices = [s.assign(price=contextual(s, cost.correction)) for s, cost in zip(steps, costs)]
+            for kind in ("decode", "prefill"):
+                new, old = (p[p.step_kind == kind] for p in prices)
+                if len(old):
+                    logs.setdefault(kind, []).append((math.log(new.price.sum() / old.price.sum()),
+                                                      math.log(old.real_s.sum() / old.price.sum())))
+    return {kind: tuple(float(np.mean(x)) for x in zip(*v)) for kind, v in logs.items()}
+
+
+def print_readings(validations: list[Path]) -> None:
+    every = {v: readings(v) for v in validations}
+    for v, r in every.items():
+        print(f"{v}: " + ", ".join(f"{k} read {m:+.2%}, serving {t:+.2%}" for k, (m, t) in r.items()), flush=True)
+    for kind in ("decode", "prefill"):
+        moved, true = (np.array(x) for x in zip(*(r[kind] for r in every.values() if kind in r)))
+        slope = np.polyfit(moved, true, 1)[0]
+        print(f"{kind}: {len(moved)} sessions, correlation {np.corrcoef(moved, true)[0, 1]:+.2f}, slope {slope:.2f}; "
+              f"the refresh read sd {moved.std():.2%}, the GPUs' serving offset sd {true.std():.2%}; RMS offset "
+              f"from the unrefreshed price {np.sqrt(np.mean(true ** 2)):.2%}, from the refreshed "
+              f"{np.sqrt(np.mean((true - moved) ** 2)):.2%}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("validations", nargs="+", type=Path, metavar="DIR")
+    how = ap.add_mutually_exclusive_group(required=True)
+    how.add_argument("--apply", choices=("decode", "prefill", "all", "none"), help="which of each refresh's readings "
+                     "to apply")
+    how.add_argument("--readings", action="store_true", help="each refresh's readings against its GPU's serving")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/refresh-retro"), help="where the tables and plans go")
+    args = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    runs, inside, graded = {}, 0, 0
+    try:
+        if args.readings:
+            print_readings(args.validations)
+            return 0
+        for v in args.validations:
+            table = applied(v, args.apply, args.work / "tables" / args.apply / f"{v.name}.json")
+            out = args.work / args.apply / v.name
+            make_plan(table, out, points_from=v, interval=90.0, force=True)
+            runs[v] = grade(v, replanned=(out, table))
+            _, results = compare(v, plan_table(v))
+            cov = coverage(results, json.loads((out / "plan.json").read_text())["intervals"]["bands"])
+            inside, graded = inside + cov["inside"], graded + cov["graded"]
+    except InputError as e:
+        print(f"refresh_retro: error: {e}", file=sys.stderr)
+        return 2
+    print(pooled(runs))
+    print(f"90% bands: {inside} of {graded} inside ({inside / graded:.1%})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
