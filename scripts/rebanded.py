@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     totals: dict[str, list] = {"near": [0, 0, 0, 0, []], "past": [0, 0, 0, 0, []]}
     try:
         for v in args.validations:
+            if not (v / "plan.json").is_file():
+                raise InputError("holds no plan.json", path=v)
             results, bands = rebanded(v, args.rule, args.work)
             every = coverage(results, bands)
             print(f"{v}: {every['inside']} of {every['graded']} inside", flush=True)

@@ -5,7 +5,7 @@ A refresh (servecap/calibrate/refresh.py) reads a prefill factor and a decode fa
 rescales the table by both. For each refreshed validation DIR this rebuilds the table its refresh started from
 (the plan table of DIR's validation, `validation-vN`) rescaled by the readings of --apply alone, re-plans DIR's
 points from it with 90% bands, and grades DIR's runs against that plan with scripts/grade_validation.py's grading;
-then the pooled runs' error and, over near and past capacity, the bands' coverage. `--apply all` rebuilds the
+then the pooled runs' error and the bands' coverage. `--apply all` rebuilds the
 refreshed table itself (a check that the re-plan reproduces the frozen plan), `none` the unrefreshed one.
 `--readings` instead sets, per session and step kind, what the refresh read against what the GPU's serving steps
 then cost: the mean over the session's runs of log(refreshed / unrefreshed price) beside log(real / unrefreshed
@@ -32,7 +32,7 @@ from grade_validation import grade, pooled  # noqa: E402
 from servecap.calibrate.refresh import rescaled  # noqa: E402
 from servecap.costs.model import CostModel  # noqa: E402
 from servecap.costs.recorded import contextual, priced_steps  # noqa: E402
-from servecap.costs.table import load_cost_table, save_cost_table  # noqa: E402
+from servecap.costs.table import CostTable, as_cost_table, load_cost_table, save_cost_table  # noqa: E402
 from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.records import read_run  # noqa: E402
 from servecap.validate.comparison import compare, plan_table  # noqa: E402
@@ -41,16 +41,22 @@ from servecap.validate.plan import make_plan  # noqa: E402
 from servecap.validate.points import run_dir  # noqa: E402
 
 
-def applied(validation: Path, which: str, out: Path) -> Path:
-    """The table `validation`'s refreshed table was refreshed from (the plan table of the validation it is a call
-    of: validation-vN-GPU's is validation-vN's), rescaled by its refresh's factors of kinds `which` (1 for the
-    others), with the refreshed table's provenance (device, time), saved to `out`."""
+def tables(validation: Path) -> tuple[dict, CostTable]:
+    """(the refreshed table `validation` was planned from, as stored; the table it was refreshed from, the plan
+    table of the validation it is a call of: validation-vN-GPU's is validation-vN's)."""
     refreshed = plan_table(validation)
     raw = json.loads(refreshed.read_text())
     whole = validation.parent / "-".join(validation.name.split("-")[:2])
     old = load_cost_table(plan_table(whole), allow_nonstationary=True)
     if old.table_id != raw.get("refreshed_from", {}).get("table_id"):
         raise InputError(f"was not refreshed from {whole}'s plan table {old.table_id}", path=refreshed)
+    return raw, old
+
+
+def applied(validation: Path, which: str, out: Path) -> Path:
+    """The table `validation`'s refresh started from, rescaled by that refresh's factors of kinds `which` alone,
+    with the refreshed table's provenance (device, time), saved to `out`."""
+    raw, old = tables(validation)
     factors = raw["refresh"]["factors"]
     keep = {k: f for k, f in factors.items() if which == "all" or k.split()[0] == which}
     table = rescaled(old.raw, keep)
@@ -65,11 +71,9 @@ def applied(validation: Path, which: str, out: Path) -> Path:
 def readings(validation: Path) -> dict[str, tuple[float, float]]:
     """Per step kind (decode, prefill): (the refresh's move of its price, where serving fell from the unrefreshed
     price), each the mean over the validation's runs of a log ratio of its steps' sums (module docstring)."""
-    refreshed = plan_table(validation)
-    source = load_cost_table(plan_table(validation.parent / "-".join(validation.name.split("-")[:2])),
-                             allow_nonstationary=True)
-    costs = [CostModel(load_cost_table(refreshed, allow_nonstationary=True)), CostModel(source)]
-    _, results = compare(validation, refreshed)
+    raw, old = tables(validation)
+    costs = [CostModel(as_cost_table(raw, allow_nonstationary=True)), CostModel(old)]
+    _, results = compare(validation, plan_table(validation))
     logs: dict[str, list[tuple[float, float]]] = {}
     for c in results:
         for k in range(1, len(c.real) + 1):
@@ -109,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")
     runs, inside, graded = {}, 0, 0
     try:
+        for v in args.validations:
+            if not (v / "plan.json").is_file():
+                raise InputError("holds no plan.json", path=v)
         if args.readings:
             print_readings(args.validations)
             return 0

@@ -23,8 +23,10 @@ def test_grading_a_validation_prints_its_targets_each_run_and_its_steps_by_a_con
     assert sum(int(line.split("n=")[1].split()[0]) for line in binned) == 1101 + 3028  # every prefill step, once
 
 
-def test_grading_refuses_a_directory_without_a_plan_in_one_line(capsys, tmp_path, script):
-    assert script("grade_validation").main([str(tmp_path)]) == 2
+@pytest.mark.parametrize("name, args", [("grade_validation", []), ("rebanded", ["--rule", "held"]),
+                                        ("refresh_retro", ["--apply", "decode"]), ("refresh_retro", ["--readings"])])
+def test_grading_refuses_a_directory_without_a_plan_in_one_line(capsys, tmp_path, script, name, args):
+    assert script(name).main([*args, str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "holds no plan.json" in err
 
