@@ -7,6 +7,8 @@
 # ran its version of commits e6f08bc and 45cb560, which also refreshed TABLE from serving runs (since withdrawn);
 # v16-v20 ran it too. Two calls on one warm GPU write the same two names: the later call's are kept beside the
 # first's with the call's letter appended (v20's 673ad031c), where servecap.validate.comparison.plan_table finds them.
+# Where V-GPU/plan.json is already there (a call's directory carried back in, the same GPU still warm), the call
+# refreshes and plans nothing and resumes that plan's runs (v22's call a2 did so by hand).
 # Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
 #          bash scripts/h200_refreshed_validation.sh
 set -u
@@ -15,10 +17,14 @@ L=logs/call-$CALL; mkdir -p $L; GPU="NVIDIA H200"; END=${END_S:-585}
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,power.limit --format=csv | tee $L/nvidia-smi.txt
 gpu=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | cut -c5-12)
 R=${TABLE%.json}-$gpu.json; VR=$V-$gpu
-timeout 120 python3 -m calibrate --refresh $TABLE --backend paged --out $R --expect-gpu "$GPU" \
-  > $L/refresh.txt 2>&1; tail -2 $L/refresh.txt
-timeout 120 python3 -m validate plan --table $R --out $VR --points-from $V --interval 90 > $L/plan.txt 2>&1
-tail -1 $L/plan.txt; (sha256sum $VR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-frozen.txt
+if [ -f $VR/plan.json ]; then  # this GPU's frozen plan, carried in: its interrupted or missing runs resume under it
+  echo "== resuming under $VR/plan.json"; (sha256sum $VR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-resumed.txt
+else
+  timeout 120 python3 -m calibrate --refresh $TABLE --backend paged --out $R --expect-gpu "$GPU" \
+    > $L/refresh.txt 2>&1; tail -2 $L/refresh.txt
+  timeout 120 python3 -m validate plan --table $R --out $VR --points-from $V --interval 90 > $L/plan.txt 2>&1
+  tail -1 $L/plan.txt; (sha256sum $VR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-frozen.txt
+fi
 left=$((END - 40 - SECONDS)); [ -n "${PROBE:-}" ] && left=$((left < 300 ? left : 300))
 echo "== validate real $VR --only $POINTS, $left s ($(date -u +%T))"
 timeout $left python3 -m validate real --out $VR --only "$POINTS" --expect-gpu "$GPU" > $L/real.txt 2>&1
