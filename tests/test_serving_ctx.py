@@ -915,3 +915,40 @@ def test_a_refresh_on_a_gpu_of_the_tables_name_rescales_decode_alone_and_elsewhe
         new = CostModel(as_cost_table({**new, "table_id": table_id(new)}))
         assert new.prefill(shape) == pytest.approx(prefill * old.prefill(shape), rel=0.02)
         assert new.decode(b, 8, 8 * 1024, 1024) == pytest.approx(1.02 * old.decode(b, 8, 8 * 1024, 1024), rel=0.02)
+
+
+@pytest.mark.parametrize("gpu, prefill", [("same", 1.0), ("NVIDIA H100", 1.05)])
+def test_a_refresh_writes_every_factor_and_rescales_by_those_it_applies(tmp_path, monkeypatch, capsys, gpu, prefill):
+    from types import SimpleNamespace
+
+    import servecap.calibrate.measure as measure
+    import servecap.calibrate.refresh as refresh
+    import servecap.engine.engine as engine
+    from servecap.costs.model import CostModel
+    from servecap.costs.shapes import PrefillShape
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import load_cost_table, save_cost_table
+    from servecap.traces.provenance import provenance
+    save_cost_table(linear_table(), tmp_path / "old.json")
+    old = load_cost_table(tmp_path / "old.json")
+    name = old.device_name if gpu == "same" else gpu
+
+    class Engine:  # the GPU's readings are given below: what is tested is what the refresh does with them
+        def __init__(self, cfg):
+            pass
+
+        def metadata(self):
+            return {"device": {"name": name}, **provenance()}
+    monkeypatch.setattr(engine, "Engine", Engine)
+    monkeypatch.setattr(measure, "measure", lambda eng, run: {})
+    read = {"prefill": [1.05] * 4, **{f"decode {b}": [1.02] * 8 for b in old.backends}}
+    monkeypatch.setattr(refresh, "ratios", lambda cost, runs, samples: read)
+    assert refresh.refresh(old, tmp_path / "new.json", SimpleNamespace(serving=SimpleNamespace(max_batch=32)), []) == 0
+    new = load_cost_table(tmp_path / "new.json")
+    assert new.raw["refresh"]["factors"] == {k: pytest.approx(v[0]) for k, v in read.items()}
+    assert ("prefill" in new.raw["refresh"]["applied"]) == (gpu != "same")
+    assert ("prefill 1.050 (n=4, not applied)" in capsys.readouterr().out) == (gpu == "same")
+    shape, b = PrefillShape.of([300], [0]), old.backends[0]
+    assert CostModel(new).prefill(shape) == pytest.approx(prefill * CostModel(old).prefill(shape), rel=0.02)
+    assert CostModel(new).decode(b, 8, 8 * 1024, 1024) == pytest.approx(1.02 * CostModel(old).decode(b, 8, 8 * 1024, 1024),
+                                                                        rel=0.02)
