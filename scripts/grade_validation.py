@@ -86,8 +86,10 @@ def _binned(steps, by: str) -> list[str]:
             for (kind, b), row in g.iterrows()]
 
 
-def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] | None = None) -> list[float]:
-    """Print the validation's grading (module docstring); return each run's summed real / price in context.
+def grade(validation: Path, by: str | None = None,
+          replanned: tuple[Path, Path] | None = None) -> tuple[list[float], dict]:
+    """Print the validation's grading (module docstring); return each run's summed real / price in context, and the
+    plan's bands' coverage over every point (servecap/validate/coverage.py).
     `replanned` (a plan directory of the same points and the table it was made from): grade the runs against that
     plan instead, one made after them (a retrospective: the protocol checks are the validation's own plan's)."""
     import pandas as pd
@@ -149,7 +151,7 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
     if by:
         print(f"  summed real / price in context by {by}, every run:")
         print("\n".join(_binned(pd.concat(every, ignore_index=True), by)))
-    return runs
+    return runs, coverage(results, bands)
 
 
 def pooled(runs: dict[Path, list[float]]) -> str:
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         for v in args.validations:
             if not (v / "plan.json").is_file():
                 raise InputError("holds no plan.json", path=v)
-            runs[v] = grade(v, args.by)
+            runs[v], _ = grade(v, args.by)
         if len(runs) > 1:
             print(pooled(runs))
     except InputError as e:

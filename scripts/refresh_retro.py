@@ -36,7 +36,6 @@ from servecap.costs.table import CostTable, as_cost_table, load_cost_table, save
 from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.records import read_run  # noqa: E402
 from servecap.validate.comparison import compare, plan_table  # noqa: E402
-from servecap.validate.coverage import coverage  # noqa: E402
 from servecap.validate.plan import make_plan  # noqa: E402
 from servecap.validate.points import run_dir  # noqa: E402
 
@@ -123,9 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             table = applied(v, args.apply, args.work / "tables" / args.apply / f"{v.name}.json")
             out = args.work / args.apply / v.name
             make_plan(table, out, points_from=v, interval=90.0, force=True)
-            runs[v] = grade(v, replanned=(out, table))
-            _, results = compare(v, plan_table(v))
-            cov = coverage(results, json.loads((out / "plan.json").read_text())["intervals"]["bands"])
+            runs[v], cov = grade(v, replanned=(out, table))
             inside, graded = inside + cov["inside"], graded + cov["graded"]
     except InputError as e:
         print(f"refresh_retro: error: {e}", file=sys.stderr)
