@@ -84,6 +84,19 @@ def test_decode_past_the_longest_measured_length_never_falls():
     assert steps[0] < steps[1] < steps[2]
 
 
+def test_knots_without_a_floor_extrapolate_their_end_segment_without_a_numpy_warning():
+    """A floor that starts nowhere (floor_from inf, the default) leaves the end segment's slope as it is; its
+    unused branch once computed inf - inf and warned on every refresh."""
+    import warnings
+
+    from servecap.costs.model import _interp
+    x, y = np.array([1.0, 2.0]), np.array([1.0, 1.5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _interp(x, y, np.array([4.0]), min_slope=1.0).tolist() == [2.5]
+        assert _interp(x, y, np.array([4.0]), min_slope=1.0, floor_from=3.0).tolist() == [3.0]
+
+
 def test_where_fused_steps_were_measured_a_step_also_pays_for_its_longest_attention_program():
     """Points whose cost grows 8e-7 s a key of the step's longest sequence context (its critical path: a fused
     step's decode rows are one-query tiles over long prefixes, run all at once) beside chunks and whole prompts:

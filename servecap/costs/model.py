@@ -171,7 +171,7 @@ def _interp(x: np.ndarray, y: np.ndarray, length, min_slope: float = 0.0, floor_
     lo = y[0] + (length - x[0]) * (y[1] - y[0]) / (x[1] - x[0])
     slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
     hi = y[-1] + (length - x[-1]) * slope
-    if min_slope > slope:
+    if min_slope > slope and floor_from < math.inf:  # inf - inf below would be nan, a warning for nothing
         edge = max(floor_from, x[-1])
         hi = np.where(length > edge, y[-1] + (edge - x[-1]) * slope + (length - edge) * min_slope, hi)
     return np.where(length < x[0], lo, np.where(length > x[-1], hi, np.interp(length, x, y)))
