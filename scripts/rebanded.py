@@ -5,9 +5,10 @@ runs (retrospective: the tables did not see the runs, but the noise file may hav
 table's correction is given the GPUs its held-out runs ran on (from those runs' records), so where they
 are MIN_GPUS or more the cost sigma is the held-out term alone. --rule added: the tables as they are (no GPU count:
 the sessions' GPU-to-GPU spread added in quadrature). Prints each validation's inside / graded, then near and past
-capacity's, and how many bands' widths are within 2x the repeats' spread.
+capacity's, and how many bands' widths are within 2x the repeats' spread. --noise FILE: widen by that run-to-run
+noise file instead of the shipped one (a file measured without the validations' runs keeps the noise out of sample).
 
-    python scripts/rebanded.py --rule held DIR ... [--work /tmp/rebanded]
+    python scripts/rebanded.py --rule held DIR ... [--work /tmp/rebanded] [--noise FILE]
 """
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ from pathlib import Path
 
 from servecap.calibrate.from_runs import held_out_gpus
 from servecap.costs.table import save_cost_table
+from servecap.sim.inputs import load_table
+from servecap.sim.intervals import Intervals, load_noise
 from servecap.traces.errors import InputError
 from servecap.validate.comparison import compare, plan_table
 from servecap.validate.coverage import coverage
-from servecap.validate.plan import make_plan
+from servecap.validate.plan import point_band
 
 
 def with_gpu_count(table_path: Path, out: Path) -> Path:
@@ -38,30 +41,33 @@ def with_gpu_count(table_path: Path, out: Path) -> Path:
     return out
 
 
-def rebanded(validation: Path, rule: str, work: Path) -> tuple[list, dict]:
-    """The validation's compared points and the bands re-planned under `rule`."""
+def rebanded(validation: Path, rule: str, work: Path, noise: dict | None = None) -> tuple[list, dict]:
+    """The validation's compared points and the bands re-planned under `rule` (widened by `noise`, else the shipped
+    run-to-run noise), as `validate plan --interval 90` bands them."""
     table = plan_table(validation)
     _, results = compare(validation, table)
     if rule == "held":
         table = with_gpu_count(table, work / "tables" / table.name)
-    out = work / rule / validation.name
-    make_plan(table, out, points_from=validation, interval=90.0, force=True)
-    return results, json.loads((out / "plan.json").read_text())["intervals"]["bands"]
+    table = load_table(table)
+    iv = Intervals(table, 90.0, noise)
+    return results, {c.point.id: point_band(iv, table, c.point, validation) for c in results}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("validations", nargs="+", type=Path, metavar="DIR")
     ap.add_argument("--rule", choices=("held", "added"), required=True)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/rebanded"), help="where the re-planned bands go")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/rebanded"), help="where the tables given a GPU count go")
+    ap.add_argument("--noise", type=Path, help="a run-to-run noise file (default: the shipped one)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     totals: dict[str, list] = {"near": [0, 0, 0, 0, []], "past": [0, 0, 0, 0, []]}
     try:
+        noise = load_noise(args.noise) if args.noise else None
         for v in args.validations:
             if not (v / "plan.json").is_file():
                 raise InputError("holds no plan.json", path=v)
-            results, bands = rebanded(v, args.rule, args.work)
+            results, bands = rebanded(v, args.rule, args.work, noise)
             every = coverage(results, bands)
             print(f"{v}: {every['inside']} of {every['graded']} inside", flush=True)
             for load, t in totals.items():

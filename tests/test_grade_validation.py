@@ -68,6 +68,20 @@ def test_rebanding_with_the_gpu_spread_held_in_the_held_out_term_narrows_the_ban
     assert counts["held"][0] <= counts["added"][0]  # narrower bands hold no more
 
 
+def test_rebanding_widens_by_the_noise_file_given(capsys, tmp_path, script):
+    v = "results/validation-v18-b75ac2b2"  # 54 of its 63 measurements inside the frozen bands
+    inside = {}
+    for name, sigma in (("none", 0.0), ("wide", 1.0)):
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps({"schema": "run-to-run-noise", "groups": [], "pooled": {"arrival": {
+            k: {"sigma": sigma} for k in ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95",
+                                          "tpot_p50", "wall_time_s")}}}))
+        assert script("rebanded").main(["--rule", "held", v, "--work", str(tmp_path), "--noise", str(f)]) == 0
+        line = capsys.readouterr().out.splitlines()[0]
+        inside[name] = int(line.split(": ")[1].split()[0])
+    assert inside["none"] < inside["wide"] == 63  # a log sd of 1.0 on every metric holds every measurement
+
+
 def test_a_refresh_re_applied_in_full_reproduces_its_frozen_grades_and_unapplied_prices_as_the_unrefreshed_table(
         capsys, tmp_path, script):
     retro, grade = script("refresh_retro"), script("grade_validation")

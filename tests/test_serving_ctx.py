@@ -500,6 +500,46 @@ def test_bands_hold_the_seed_and_cost_spread_and_widen_by_the_measured_noise():
     assert noisy["ttft_p50"]["lo"] == pytest.approx(m * math.exp(-math.hypot(math.log(m / lo), 1.6448536 * 0.2)))
 
 
+def test_the_noise_below_and_past_capacity_mix_by_the_share_of_samples_stable():
+    import math
+    from servecap.sim.intervals import noise_sigma
+    pooled = {"closed": {"ttft_p50": {"sigma": 0.01}},
+              "arrival": {"ttft_p50": {"sigma": 0.2, "residual_sigma": 0.05}},
+              "arrival-stable": {"ttft_p50": {"residual_sigma": 0.08}},
+              "arrival-unstable": {"ttft_p50": {"residual_sigma": 0.02}}}
+    assert noise_sigma(pooled, "ttft_p50", closed=True) == 0.01
+    assert noise_sigma(pooled, "ttft_p50", False, 1.0) == pytest.approx(0.08)
+    assert noise_sigma(pooled, "ttft_p50", False, 0.0) == pytest.approx(0.02)
+    assert noise_sigma(pooled, "ttft_p50", False, 0.25) == pytest.approx(math.sqrt(0.25 * 0.08 ** 2 + 0.75 * 0.02 ** 2))
+    # no verdict in the samples, or a file measured before the split: the pooled arrival sd
+    assert noise_sigma(pooled, "ttft_p50", False, None) == 0.05
+    assert noise_sigma({"arrival": pooled["arrival"]}, "ttft_p50", False, 1.0) == 0.05
+    assert noise_sigma(pooled, "tpot_p50", False, 0.5) == 0.0
+
+
+@pytest.mark.parametrize("rate, stable, sigma", [(1.0, True, 0.2), (4.0, False, 0.01)])  # capacity about 1.8
+def test_a_point_widens_by_the_noise_measured_at_its_load(rate, stable, sigma):
+    import math
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import as_cost_table, table_id
+    from servecap.sim.intervals import Intervals, simulated
+    from servecap.sim.simulator import SimConfig
+    from servecap.traces.workload import poisson_trace
+    raw = linear_table()
+    raw["accuracy"] = {"points": [{"error": 0.05}, {"error": -0.05}]}
+    table = as_cost_table({**raw, "table_id": table_id(raw)})
+    traces = [poisson_trace(rate, 80, 0)]
+    run = simulated(SimConfig(ServingConfig(max_batch=8)), rate)
+    assert all(run(traces[0], m)["stable"] == stable for m in Intervals(table, 90, NO_NOISE).models)
+    quiet = Intervals(table, 90, NO_NOISE).band(traces, run)
+    noise = {"schema": "run-to-run-noise", "groups": [],
+             "pooled": {"arrival": {"ttft_p50": {"sigma": 0.5}}, "arrival-stable": {"ttft_p50": {"residual_sigma": 0.2}},
+                        "arrival-unstable": {"ttft_p50": {"residual_sigma": 0.01}}}}
+    noisy = Intervals(table, 90, noise).band(traces, run)
+    m, lo = quiet["ttft_p50"]["median"], quiet["ttft_p50"]["lo"]
+    assert noisy["ttft_p50"]["lo"] == pytest.approx(m * math.exp(-math.hypot(math.log(m / lo), 1.6448536 * sigma)))
+
+
 def test_run_to_run_noise_is_measured_from_the_committed_repeats():
     from pathlib import Path
 
@@ -548,6 +588,12 @@ def test_with_a_table_the_noise_splits_into_each_runs_speed_and_what_speed_leave
     res = [math.log(summary(r, 44.0)["ttft_p50"] / s["ttft_p50"]) for r, s in zip(runs, sims)]
     assert group["residual_log_sd"]["ttft_p50"] == pytest.approx(float(np.std(res, ddof=1)))
     assert doc["pooled"]["arrival"]["speed"]["runs"] == 2 and "residual_sigma" in doc["pooled"]["arrival"]["ttft_p50"]
+    # the load the simulator judged at each run's speed, and the one group pooled under it alone
+    assert group["sim_stable"] == [bool(s["stable"]) for s in sims]
+    load = "arrival-stable" if sum(group["sim_stable"]) * 2 > len(speeds) else "arrival-unstable"
+    other = "arrival-unstable" if load == "arrival-stable" else "arrival-stable"
+    assert doc["pooled"][load]["ttft_p50"]["residual_sigma"] == pytest.approx(group["residual_log_sd"]["ttft_p50"])
+    assert other not in doc["pooled"]
     assert "sessions" not in doc  # one session: no GPU-to-GPU spread from it
 
 

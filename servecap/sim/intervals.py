@@ -26,7 +26,10 @@ percentiles, a closed run's wall time) that combines the things a real run can d
 3. What the run-to-run noise leaves beyond speed, measured from repeated real runs (servecap/costs/data/run_to_run.json,
    written by `python -m validate noise --table` with its sources): per metric and regime (closed, arrival), the
    sd over repeats of log(measured / simulated at the run's own speed) (a file without it: the sd of the log of the
-   metric itself).
+   metric itself). Arrival points mix the file's two loads, below capacity and past it (`arrival-stable`,
+   `arrival-unstable`: several-fold apart in queue waits and TTFT), by the share p of the point's samples the
+   simulator judged stable: s^2 = p s_stable^2 + (1 - p) s_unstable^2 (a zero-mean mixture's variance); a file
+   without them: the pooled `arrival` sd.
 
 Combined: the Monte-Carlo samples over seeds x cost factors give the band's quantiles around their median m; each
 side's log half-width is then widened in quadrature by z_level * sigma_noise: lo = m exp(-sqrt(log(m / q_lo)^2 +
@@ -114,6 +117,21 @@ def scaled(table: CostTable, factor: float) -> CostModel:
     return CostModel(scaled_table(table, factor))
 
 
+def noise_sigma(pooled: dict, metric: str, closed: bool, stable: float | None = None) -> float:
+    """The run-to-run sd beyond speed the band widens `metric` by: closed runs', else the two loads' mixed by the
+    share `stable` of the point's samples that kept up (module docstring), else (a file without them, or samples
+    without a verdict: stable None) the pooled arrival sd."""
+    def sd(regime: str) -> float | None:
+        d = pooled.get(regime, {}).get(metric)
+        return None if d is None else d.get("residual_sigma", d.get("sigma"))
+    if closed:
+        return sd("closed") or 0.0
+    below, past = sd("arrival-stable"), sd("arrival-unstable")
+    if stable is None or below is None or past is None:
+        return sd("arrival") or 0.0
+    return math.sqrt(stable * below ** 2 + (1 - stable) * past ** 2)
+
+
 def z_level(level: float) -> float:
     """The standard normal's quantile at a LEVEL% two-sided band's upper edge."""
     return NormalDist().inv_cdf(0.5 + level / 200)
@@ -152,8 +170,9 @@ class Intervals:
         """Every metric's band for a point: `run(trace, cost_model)` simulates and scores one run (a summary dict);
         `traces` are its trace samples (seeds)."""
         samples = [run(t, m) for t in traces for m in self.models]
-        regime = "closed" if (traces[0].meta.get("rate") or traces[0].offered_rate) is None else "arrival"
-        noise = self.noise["pooled"].get(regime, {})
+        closed = (traces[0].meta.get("rate") or traces[0].offered_rate) is None
+        verdicts = [s.get("stable") for s in samples]
+        stable = None if None in verdicts else float(np.mean(verdicts))
         out = {}
         for k in METRICS:
             v = np.array([s.get(k) if s.get(k) is not None else math.nan for s in samples], float)
@@ -161,7 +180,7 @@ class Intervals:
                 continue
             m = float(np.median(v))
             q_lo, q_hi = np.percentile(v, [50 - self.level / 2, 50 + self.level / 2], method="hazen")
-            s = noise.get(k, {}).get("residual_sigma", noise.get(k, {}).get("sigma", 0.0))
+            s = noise_sigma(self.noise["pooled"], k, closed, stable)
             lo = m * math.exp(-math.hypot(math.log(m / q_lo), self.z * s))
             hi = m * math.exp(math.hypot(math.log(q_hi / m), self.z * s))
             out[k] = {"lo": lo, "hi": hi, "median": m}
@@ -173,7 +192,8 @@ class Intervals:
                 "noise": {"source": str(NOISE.name), "pooled": self.noise["pooled"],
                           "points": [g["point"] for g in self.noise["groups"]], "table": self.noise.get("table")},
                 "method": "Monte-Carlo over trace seeds x quantile-spaced cost factors (hazen percentiles), widened in "
-                          "quadrature in log space by the measured run-to-run spread beyond speed (servecap/sim/intervals.py)"}
+                          "quadrature in log space by the measured run-to-run spread beyond speed, below and past "
+                          "capacity mixed by the share of samples stable (servecap/sim/intervals.py)"}
 
 
 def seeded(trace_of, seed: int, n: int = SEEDS) -> list:

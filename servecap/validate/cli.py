@@ -222,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
                 table = args.table and inputs.load_table(args.table, allow_nonstationary=args.allow_nonstationary)
                 doc = write(args.validations, args.out, args.force, table, args.sessions_from)
                 print(f"wrote {args.out}: {len(doc['groups'])} repeated points; " + "; ".join(
-                    f"{regime}: " + ", ".join(f"{k} {v['sigma']:.1%}" + (f" ({v['residual_sigma']:.1%} beyond speed)"
-                                                                          if "residual_sigma" in v else "")
-                                              for k, v in m.items())
+                    f"{regime}: " + ", ".join(f"{k} " + " ".join(
+                        ([f"{v['sigma']:.1%}"] if "sigma" in v else [])
+                        + ([f"({v['residual_sigma']:.1%} beyond speed)"] if "residual_sigma" in v else []))
+                        for k, v in m.items())
                     for regime, m in doc["pooled"].items()))
             elif args.step == "sag" and args.compare:
                 from .sag import compare_real

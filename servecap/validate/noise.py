@@ -12,6 +12,11 @@ the run's speed), per metric. The intervals propagate the first through the simu
 by the second, so that neither is counted twice. And the speed's spread from GPU to GPU: the sd of the sessions'
 mean log speeds (a session is one validation directory on one GPU).
 
+What speed leaves is pooled a second time by load, as the simulator judges it at the runs' own speeds (summary's
+`stable`: kept up with its arrivals): below capacity a queue's waits swing with the run's own arrival luck against a
+server barely keeping up, past it the backlog sets them, so the two regimes' residuals differ several-fold (pooled
+`arrival-stable` and `arrival-unstable`; the intervals mix them by the share of a point's samples that are stable).
+
     python -m validate noise results/validation results/validation-v2 ... --table T --out servecap/costs/data/run_to_run.json
 """
 from __future__ import annotations
@@ -42,9 +47,9 @@ def _groups(validation: Path) -> dict[str, list[Path]]:
     return out
 
 
-def _speed_and_residuals(validation: Path, p, recs: list, table) -> tuple[list[float], list[dict]]:
-    """Each run's speed (summed real step time over its contextual price) and log(measured / simulated at that
-    speed) per metric, for point p of the validation's plan."""
+def _speed_and_residuals(validation: Path, p, recs: list, table) -> tuple[list[float], list[dict], list[bool]]:
+    """Each run's speed (summed real step time over its contextual price), log(measured / simulated at that
+    speed) per metric, and whether that simulated run was stable, for point p of the validation's plan."""
     from servecap.costs.model import CostModel
     from servecap.costs.recorded import contextual, priced_steps
     from servecap.sim.intervals import scaled, simulated
@@ -56,15 +61,16 @@ def _speed_and_residuals(validation: Path, p, recs: list, table) -> tuple[list[f
     trace = build_trace(p.trace, validation)
     rate = trace.meta.get("rate") or trace.offered_rate
     run = simulated(point_config(p), rate)
-    speeds, residuals = [], []
+    speeds, residuals, stable = [], [], []
     for rec in recs:
         steps = priced_steps(rec, cost)
         f = float(steps.real_s.sum() / contextual(steps, cost.correction).sum())
         sim = run(trace, scaled(table, f))
         speeds.append(f)
+        stable.append(bool(sim.get("stable")))
         residuals.append({k: math.log(v / sim[k]) for k, v in _metrics(rec, rate).items()
                           if sim.get(k) is not None and math.isfinite(sim[k]) and sim[k] > 0})
-    return speeds, residuals
+    return speeds, residuals, stable
 
 
 def _metrics(rec, rate) -> dict:
@@ -108,9 +114,9 @@ def measure(validations: list[Path], table=None) -> dict:
             if table is not None:
                 if point not in plan:
                     raise InputError(f"point {point} has real runs but is not in the plan", path=v)
-                speeds, residuals = _speed_and_residuals(Path(v), plan[point], recs, table)
+                speeds, residuals, stable = _speed_and_residuals(Path(v), plan[point], recs, table)
                 rk = [k for k in keys if all(k in r for r in residuals)]
-                g.update(speed=speeds, speed_log_sd=_sd(np.log(speeds)),
+                g.update(speed=speeds, speed_log_sd=_sd(np.log(speeds)), sim_stable=stable,
                          residual_log_sd={k: _sd([r[k] for r in residuals]) for k in rk})
             groups.append(g)
     if not groups:
@@ -128,6 +134,14 @@ def measure(validations: list[Path], table=None) -> dict:
         speed = [(len(g["speed"]) - 1, g["speed_log_sd"]) for g in mine if "speed" in g]
         if speed:
             pooled.setdefault(regime, {})["speed"] = _pool(speed)
+    for load in ("stable", "unstable"):
+        mine = [g for g in groups if g["regime"] == "arrival" and "sim_stable" in g
+                and (sum(g["sim_stable"]) * 2 > len(g["sim_stable"])) == (load == "stable")]
+        for k in METRICS:
+            res = [(len(g["speed"]) - 1, g["residual_log_sd"][k]) for g in mine if k in g["residual_log_sd"]]
+            if res:
+                pool = _pool(res)
+                pooled.setdefault(f"arrival-{load}", {})[k] = {"residual_sigma": pool.pop("sigma"), **pool}
     sessions = _sessions(groups)
     return {"schema": "run-to-run-noise", "version": 2 if table is not None else 1, "pooled": pooled,
             "groups": groups, **({"table": table.table_id} if table is not None else {}),
@@ -135,7 +149,8 @@ def measure(validations: list[Path], table=None) -> dict:
             "method": "per metric, the sd of log(metric) over the repeats of one point, pooled over points by "
                       "degrees of freedom, per regime" + ("; speed: the sd of the log of each run's summed step "
                       "time over the table's contextual price; residual_sigma: the same pooling of log(measured / "
-                      "simulated at the run's own speed)" if table is not None else ""),
+                      "simulated at the run's own speed), also by load (arrival-stable, arrival-unstable: the simulator's "
+                      "verdict at the runs' speeds, by majority)" if table is not None else ""),
             "created_at": now_iso(), "git_commit": git_commit()}
 
 
