@@ -350,6 +350,33 @@ def test_a_points_repeats_are_held_out_together():
         leave_one_point_out({k: v for k, v in runs.items() if k.name.startswith("a")})
 
 
+def test_each_points_correction_is_the_fit_of_the_other_points_runs():
+    from pathlib import Path
+
+    import numpy as np
+    import pandas as pd
+    from servecap.calibrate.from_runs import fit, leave_one_point_out
+    rng = np.random.default_rng(3)
+
+    def steps(n, kinds):  # mixed kinds, rows, contexts and clocks, so that classes differ from point to point
+        model = rng.uniform(0.002, 0.02, n)
+        return pd.DataFrame({"kind": rng.choice(kinds, n), "prev_kind": rng.choice(["decode", "prefill", None], n),
+                             "idle_s": rng.choice([0.0, 0.5], n), "rows": rng.integers(1, 33, n),
+                             "kv_max": rng.integers(16, 4096, n), "kv_tokens": rng.integers(16, 60000, n),
+                             "tokens": rng.integers(0, 2048, n), "model_s": model,
+                             "real_s": model * rng.lognormal(0.01, 0.05, n), "retire_s": 0.0,
+                             "clock_mhz": rng.choice([1980.0, 1700.0, np.nan], n)})
+    decode, prefill = "decode paged padded", "prefill padded"
+    runs = {Path(f"{t}{k}"): {"meta": {"trace_id": t, "backend": "paged", "prefill": "padded"},
+                              "steps": steps(300, [decode, prefill] if t != "c" else [decode])}
+            for t in "abc" for k in (1, 2)}
+    whole, own = leave_one_point_out(runs)
+    assert whole == fit(pd.concat([r["steps"] for r in runs.values()], ignore_index=True))
+    for t in "abc":
+        rest = pd.concat([r["steps"] for p, r in runs.items() if p.name[0] != t], ignore_index=True)
+        assert own[Path(f"{t}1")] == own[Path(f"{t}2")] == fit(rest)
+
+
 def test_from_runs_refuses_what_it_cannot_use(tmp_path, capsys):
     import servecap.calibrate.cli
     from servecap import calibrate

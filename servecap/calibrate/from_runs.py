@@ -105,17 +105,24 @@ def class_factor(real: np.ndarray, model: np.ndarray) -> float:
     return float(real[body].sum() / model[body].sum())
 
 
-def fit(steps) -> dict:
-    """The correction's factors (every key level of costs.context.keys, with its step count) and clock term."""
-    real = (steps.real_s - steps.retire_s).to_numpy()  # the factors scale steps, not retirement
-    model = steps.model_s.to_numpy()
+def classes(steps) -> dict[str, np.ndarray]:
+    """Each context class's steps (every key level of costs.context.keys), as positions in `steps`, by key."""
     got: dict[str, list[int]] = {}
     for i, (k, p, rows, kv, tokens, total) in enumerate(zip(steps.kind, _prev(steps), steps.rows, steps.kv_max,
                                                               steps.tokens, steps.kv_tokens)):
         for key in keys(k, p, int(rows), int(kv), int(tokens), int(total)):
             got.setdefault(key, []).append(i)
+    return {k: np.asarray(v) for k, v in sorted(got.items())}
+
+
+def fit(steps, by_class: dict[str, np.ndarray] | None = None) -> dict:
+    """The correction's factors (every key level of costs.context.keys, with its step count) and clock term;
+    `by_class`: classes(steps), where the caller has it already."""
+    real = (steps.real_s - steps.retire_s).to_numpy()  # the factors scale steps, not retirement
+    model = steps.model_s.to_numpy()
+    by_class = classes(steps) if by_class is None else by_class
     factors = {k: {"factor": class_factor(real[v], model[v]), "median": float(np.median(real[v] / model[v])),
-                   "n": len(v)} for k, v in sorted(got.items())}
+                   "n": len(v)} for k, v in by_class.items()}
     correction = {"method": f"summed real / summed model per (step kind, context class), steps outside the "
                             f"class's {TRIM_PCT:g}th-{100 - TRIM_PCT:g}th percentile of real / model left out",
                   "idle_s": IDLE_S, "min_steps": MIN_STEPS, "factors": factors, "clock": None}
@@ -185,11 +192,20 @@ def leave_one_point_out(runs: dict[Path, dict]) -> tuple[dict, dict[Path, dict]]
     if len(by_point) < 2:
         raise InputError(f"--holdout point needs runs of two or more points (trace and configuration); these "
                          f"{len(runs)} run(s) are all of one")
+    # Every step's classes once (a Python pass over every step), then each point's fit from those classes less its
+    # own steps: the same steps in the same order as a fit of the other points' runs, so the same factors.
+    every = pd.concat([r["steps"] for r in runs.values()], ignore_index=True)
+    run_of = np.repeat(np.arange(len(runs)), [len(r["steps"]) for r in runs.values()])
+    index = {path: i for i, path in enumerate(runs)}
+    by_class = classes(every)
     own = {}
     for paths in by_point.values():
-        rest = pd.concat([runs[p]["steps"] for p in runs if p not in paths], ignore_index=True)
-        own.update(dict.fromkeys(paths, fit(rest)))
-    return fit(pd.concat([r["steps"] for r in runs.values()], ignore_index=True)), own
+        keep = ~np.isin(run_of, [index[p] for p in paths])
+        at = np.cumsum(keep) - 1  # a kept step's position among the kept
+        rest = {k: at[v[keep[v]]] for k, v in by_class.items()}
+        own.update(dict.fromkeys(paths, fit(every[keep].reset_index(drop=True),
+                                             {k: v for k, v in rest.items() if len(v)})))
+    return fit(every, by_class), own
 
 
 def held_out_gpus(held: dict[str, dict], runs: dict[Path, dict]) -> dict:
