@@ -78,7 +78,7 @@ def test_predict_plan_real_report_end_to_end(inputs, tmp_path, capsys):
 
     from servecap.costs.table import load_cost_table
     fill_real(out, load_cost_table(table))
-    assert main(["report", "--table", str(table), "--out", str(out)]) == 0
+    assert main(["report", "--out", str(out)]) == 0  # graded against the table its plan names, not the shipped one
     report = (out / "report.md").read_text()
     for target in ("served rate, public traces", "blind prediction, served rate", "capacity bracket",
                    "fleet of two: served rate"):

@@ -21,6 +21,7 @@ from servecap.traces.outpath import check_out_dir
 
 # "public-below": the public traces' below-capacity points (the rest of the group stays)
 GROUPS = ("curve", "closed", "public", "public-below", "policies", "fleet")
+GRADED_TABLE = "the plan's cost table (default: the one its plan.json names, where that file is here)"
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -171,20 +172,20 @@ def parser() -> argparse.ArgumentParser:
     cov = sub.add_parser("coverage", parents=[common],
                          help="the share of real measurements inside their predicted band (CPU): the plan's frozen "
                               "intervals, or with --interval re-predicted from the same table (retrospective)")
-    cov.add_argument("--table", type=Path, help="the plan's cost table (default: the shipped H200 table)")
+    cov.add_argument("--table", type=Path, help=GRADED_TABLE)
     cov.add_argument("--interval", type=level_arg, metavar="LEVEL", help="for a plan that froze none")
     cov.add_argument("--force", action="store_true", help="replace an existing coverage report")
     cov.add_argument("--allow-nonstationary", action="store_true", help="as for report")
 
     mech = sub.add_parser("mechanisms", parents=[common],
                           help="graded report of a plan's --mechanisms points: blind, re-calibrated, real (CPU)")
-    mech.add_argument("--table", type=Path, help="the plan's cost table (default: the shipped H200 table)")
+    mech.add_argument("--table", type=Path, help=GRADED_TABLE)
     mech.add_argument("--recalibrated", type=Path, metavar="TABLE",
                       help="also predict every point from this table (calibrate --from-runs of real runs)")
     mech.add_argument("--force", action="store_true", help="replace an existing mechanisms.md")
 
     report = sub.add_parser("report", parents=[common], help="predicted beside measured (CPU)")
-    report.add_argument("--table", type=Path, help="the plan's cost table (default: the shipped H200 table)")
+    report.add_argument("--table", type=Path, help=GRADED_TABLE)
     report.add_argument("--force", action="store_true", help="replace an existing report")
     report.add_argument("--allow-nonstationary", action="store_true",
                         help="grade against a table whose stationarity check failed (the report says so)")
@@ -197,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     # Every step writes into --out (noise: the file --out; policies: into --predictions): an unwritable one is found
     # before minutes of work.
     check_out_dir(args.out.parent if args.step == "noise" else args.out)
+    if args.step in ("coverage", "mechanisms", "report") and args.table is None:
+        from .comparison import own_table
+        args.table = own_table(args.out)
     if args.step == "policies":
         check_out_dir(args.predictions)
     said: set[str] = set()

@@ -78,6 +78,15 @@ def plan_table(out: Path) -> Path:
     return path  # compare() names the mismatch
 
 
+def own_table(out: Path) -> Path | None:
+    """The table the plan in out was made from, where that file is here (plan_table); else None."""
+    try:
+        path = plan_table(out)
+    except (OSError, ValueError, KeyError):
+        return None  # no readable plan: the step that reads it says so
+    return path if path.is_file() else None
+
+
 def compare(out: Path, table_path: Path | None, allow_nonstationary: bool = False) -> tuple[dict, list[Compared]]:
     """Every point with real records, after the protocol checks."""
     plan, points = load_plan(out)
