@@ -560,7 +560,8 @@ def test_a_point_widens_by_the_noise_measured_at_its_load(rate, stable, sigma):
     assert all(run(traces[0], m)["stable"] == stable for m in Intervals(table, 90, NO_NOISE).models)
     quiet = Intervals(table, 90, NO_NOISE).band(traces, run)
     noise = {"schema": "run-to-run-noise", "groups": [],
-             "pooled": {"arrival": {"ttft_p50": {"sigma": 0.5}}, "arrival-stable": {"ttft_p50": {"residual_sigma": 0.2}},
+             "pooled": {"arrival": {"ttft_p50": {"sigma": 0.5}},
+                        "arrival-stable": {"ttft_p50": {"residual_sigma": 0.2}},
                         "arrival-unstable": {"ttft_p50": {"residual_sigma": 0.01}}}}
     noisy = Intervals(table, 90, noise).band(traces, run)
     m, lo = quiet["ttft_p50"]["median"], quiet["ttft_p50"]["lo"]

@@ -149,8 +149,8 @@ def measure(validations: list[Path], table=None) -> dict:
             "method": "per metric, the sd of log(metric) over the repeats of one point, pooled over points by "
                       "degrees of freedom, per regime" + ("; speed: the sd of the log of each run's summed step "
                       "time over the table's contextual price; residual_sigma: the same pooling of log(measured / "
-                      "simulated at the run's own speed), also by load (arrival-stable, arrival-unstable: the simulator's "
-                      "verdict at the runs' speeds, by majority)" if table is not None else ""),
+                      "simulated at the run's own speed), also by load (arrival-stable, arrival-unstable: the "
+                      "simulator's verdict at the runs' speeds, by majority)" if table is not None else ""),
             "created_at": now_iso(), "git_commit": git_commit()}
 
 
