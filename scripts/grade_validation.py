@@ -17,6 +17,8 @@ no class for: the requests waiting at the step's start (`queue`, servecap/traces
 the BUSY_S seconds before it the engine spent in steps (`busy`: a GPU's power and clock follow its duty cycle), the
 SM clock last sampled before it (`clock`), the GPU's temperature (`temperature`), a prefill step's positions
 (`tokens`), or the token bucket the engine ran it at (`bucket`, each its own bin), to tell what a miss follows.
+With --segments, each run's line also gives its summed real / price in the first 10% of its time, the next 15%,
+the next 25% and the second half: whether a run's speed drifts through it (a warm-up) or holds from its start.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ BINS = {"bucket": (None, "bucket", "prefill"),
 
 
 BUSY_S = 0.5
+SEGMENTS = (0.1, 0.25, 0.5)  # --segments: the shares of a run's time its segments end at (the last ends at 1)
 
 
 def busy_share(record_steps, at, replica, window: float = BUSY_S) -> np.ndarray:
@@ -73,6 +76,14 @@ def busy_share(record_steps, at, replica, window: float = BUSY_S) -> np.ndarray:
     return np.clip(out, 0.0, 1.0)
 
 
+def by_segment(steps) -> list[float]:
+    """The steps' summed real over summed price in each segment of the run's time (SEGMENTS), by their start."""
+    t = steps.start.to_numpy(float)
+    segment = np.digitize(t, t.min() + (t.max() - t.min()) * np.array(SEGMENTS))
+    return [float(steps.real_s[segment == i].sum() / steps.price[segment == i].sum())
+            for i in range(len(SEGMENTS) + 1)]
+
+
 def _binned(steps, by: str) -> list[str]:
     import pandas as pd
 
@@ -86,8 +97,8 @@ def _binned(steps, by: str) -> list[str]:
             for (kind, b), row in g.iterrows()]
 
 
-def grade(validation: Path, by: str | None = None,
-          replanned: tuple[Path, Path] | None = None) -> tuple[list[float], dict]:
+def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] | None = None,
+          segments: bool = False) -> tuple[list[float], dict]:
     """Print the validation's grading (module docstring); return each run's summed real / price in context, and the
     plan's bands' coverage over every point (servecap/validate/coverage.py).
     `replanned` (a plan directory of the same points and the table it was made from): grade the runs against that
@@ -115,7 +126,8 @@ def grade(validation: Path, by: str | None = None,
             gpu = ("" if telemetry is None or not len(telemetry) else
                    f"; SM clock {telemetry.sm_clock_mhz.median():.0f} MHz, {telemetry.temperature_c.median():.0f} C, "
                    f"{telemetry.power_w.median():.0f} W (medians)")
-            per_run.append(f"  {c.point.id}/run-{k}: {runs[-1]:.3f} ({by_kind}){gpu}")
+            per_run.append(f"  {c.point.id}/run-{k}: {runs[-1]:.3f} ({by_kind}){gpu}" + (
+                "; by time " + "/".join(f"{x:.3f}" for x in by_segment(steps)) if segments else ""))
             if by:  # the contexts a step is binned by, for --by alone
                 every.append(steps.assign(queue=queue_depth(rec, steps.start),
                                           busy=busy_share(rec.steps, steps.start, steps.replica),
@@ -176,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("validations", type=Path, nargs="+")
     p.add_argument("--by", choices=sorted(BINS), help="also bin every run's steps' real / price by this context")
+    p.add_argument("--segments", action="store_true", help="also each run's real / price by its share of time")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")  # extrapolation notes about a few long steps; the grading reads every step
     try:
@@ -183,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         for v in args.validations:
             if not (v / "plan.json").is_file():
                 raise InputError("holds no plan.json", path=v)
-            runs[v], _ = grade(v, args.by)
+            runs[v], _ = grade(v, args.by, segments=args.segments)
         if len(runs) > 1:
             print(pooled(runs))
     except InputError as e:

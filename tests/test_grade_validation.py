@@ -31,6 +31,14 @@ def test_grading_refuses_a_directory_without_a_plan_in_one_line(capsys, tmp_path
     assert err.count("\n") == 1 and "holds no plan.json" in err
 
 
+def test_a_runs_segments_price_the_steps_that_start_in_each_share_of_its_time(script):
+    grade = script("grade_validation")
+    start = pd.Series(range(101), dtype=float)  # 0..100 s: segments [0, 10), [10, 25), [25, 50), [50, 100]
+    factor = pd.cut(start, [-1, 9.5, 24.5, 49.5, 101], labels=False).map({0: 1.3, 1: 1.2, 2: 1.1, 3: 1.0})
+    steps = pd.DataFrame({"start": start, "price": 0.01, "real_s": 0.01 * factor})
+    assert grade.by_segment(steps) == pytest.approx([1.3, 1.2, 1.1, 1.0])
+
+
 def test_the_busy_share_counts_the_steps_time_in_the_window_before_each_time(script):
     busy_share = script("grade_validation").busy_share
     steps = pd.DataFrame({"replica": [0, 0, 0, 1], "start": [0.0, 0.3, 0.6, 0.0], "end": [0.2, 0.5, 0.7, 1.0]})
