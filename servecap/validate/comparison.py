@@ -82,7 +82,7 @@ def own_table(out: Path) -> Path | None:
     """The table the plan in out was made from, where that file is here (plan_table); else None."""
     try:
         path = plan_table(out)
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None  # no readable plan: the step that reads it says so
     return path if path.is_file() else None
 
