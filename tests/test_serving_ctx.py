@@ -557,8 +557,9 @@ def test_a_point_widens_by_the_noise_measured_at_its_load(rate, stable, sigma):
     table = as_cost_table({**raw, "table_id": table_id(raw)})
     traces = [poisson_trace(rate, 80, 0)]
     run = simulated(SimConfig(ServingConfig(max_batch=8)), rate)
-    assert all(run(traces[0], m)["stable"] == stable for m in Intervals(table, 90, NO_NOISE).models)
-    quiet = Intervals(table, 90, NO_NOISE).band(traces, run)
+    bare = Intervals(table, 90, NO_NOISE)
+    assert all(run(traces[0], m)["stable"] == stable for m in bare.models)
+    quiet = bare.band(traces, run)
     noise = {"schema": "run-to-run-noise", "groups": [],
              "pooled": {"arrival": {"ttft_p50": {"sigma": 0.5}},
                         "arrival-stable": {"ttft_p50": {"residual_sigma": 0.2}},

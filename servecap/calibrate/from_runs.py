@@ -202,9 +202,8 @@ def leave_one_point_out(runs: dict[Path, dict]) -> tuple[dict, dict[Path, dict]]
     for paths in by_point.values():
         keep = ~np.isin(run_of, [index[p] for p in paths])
         at = np.cumsum(keep) - 1  # a kept step's position among the kept
-        rest = {k: at[v[keep[v]]] for k, v in by_class.items()}
-        own.update(dict.fromkeys(paths, fit(every[keep].reset_index(drop=True),
-                                             {k: v for k, v in rest.items() if len(v)})))
+        rest = {k: at[v[keep[v]]] for k, v in by_class.items() if keep[v].any()}
+        own.update(dict.fromkeys(paths, fit(every[keep].reset_index(drop=True), rest)))
     return fit(every, by_class), own
 
 

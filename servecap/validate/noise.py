@@ -83,6 +83,12 @@ def _sd(values) -> float:
     return float(np.std(values, ddof=1))
 
 
+def _residuals(groups: list[dict], metric: str) -> list[tuple[int, float]]:
+    """(degrees of freedom, sd of what speed leaves of `metric`) of each group measured with a table, for _pool."""
+    return [(len(g["speed"]) - 1, g["residual_log_sd"][metric]) for g in groups
+            if metric in g.get("residual_log_sd", {})]
+
+
 def _pool(have: list[tuple[int, float]]) -> dict:
     dof = sum(d for d, _ in have)
     return {"sigma": float(math.sqrt(sum(d * s * s for d, s in have) / dof)), "groups": len(have),
@@ -128,7 +134,7 @@ def measure(validations: list[Path], table=None) -> dict:
             have = [(len(g["values"][k]) - 1, g["log_sd"][k]) for g in mine if k in g["log_sd"]]
             if have:
                 pooled.setdefault(regime, {})[k] = _pool(have)
-                res = [(len(g["speed"]) - 1, g["residual_log_sd"][k]) for g in mine if k in g.get("residual_log_sd", {})]
+                res = _residuals(mine, k)
                 if res:
                     pooled[regime][k]["residual_sigma"] = _pool(res)["sigma"]
         speed = [(len(g["speed"]) - 1, g["speed_log_sd"]) for g in mine if "speed" in g]
@@ -138,7 +144,7 @@ def measure(validations: list[Path], table=None) -> dict:
         mine = [g for g in groups if g["regime"] == "arrival" and "sim_stable" in g
                 and (sum(g["sim_stable"]) * 2 > len(g["sim_stable"])) == (load == "stable")]
         for k in METRICS:
-            res = [(len(g["speed"]) - 1, g["residual_log_sd"][k]) for g in mine if k in g["residual_log_sd"]]
+            res = _residuals(mine, k)
             if res:
                 pool = _pool(res)
                 pooled.setdefault(f"arrival-{load}", {})[k] = {"residual_sigma": pool.pop("sigma"), **pool}
