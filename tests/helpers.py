@@ -64,6 +64,9 @@ class CostRunner:
             self.clock.t = self.free_at
         return self.free_at
 
+    def prepare(self, seqs) -> None:
+        pass  # no prompt ids to make
+
     def launch_prefill(self, work) -> None:
         self._launch(self.cost.prefill(work.shape))
         self._completes = sum(work.completes(i) for i in range(len(work.seqs)))

@@ -63,3 +63,30 @@ def test_a_prefill_row_is_made_when_the_step_ends_and_written_at_the_flush():
     assert made == [(0, None, 1, 0, 0.0, 1.0)] and len(writer.record().steps) == 0  # made at once, not written
     log.flush()
     assert writer.record().steps["step"].tolist() == [0] and len(made) == 1
+
+
+def test_the_queues_head_is_made_ready_while_a_step_runs_and_every_prompt_it_held_is_ready_at_its_launch():
+    """serve's host work behind the device (servecap/engine/serve.py): each pass, once its first step is launched,
+    the runner prepares the queue's head (at most max batch requests, all still waiting); past capacity nearly every
+    prompt has waited there, so its ids are made before the prefill step that needs them is launched."""
+    cost, clock = CostModel(linear_table()), VirtualClock()
+    runner = CostRunner(cost, clock, 2000, asynchronous=True)
+    prepared, calls, unready = set(), [], []
+    launch = runner.launch_prefill
+
+    def prepare(seqs):
+        seqs = list(seqs)
+        calls.append([(s.kv_len, s.prefilling) for s in seqs])  # as they are now: still waiting
+        prepared.update(s.req.request_id for s in seqs)
+
+    def launch_prefill(work):
+        unready.extend(s.req.request_id for s, p in zip(work.seqs[work.decode:], work.prefix[work.decode:])
+                       if p == 0 and s.req.request_id not in prepared)
+        launch(work)
+    runner.prepare, runner.launch_prefill = prepare, launch_prefill
+    serving = ServingConfig(max_batch=8, prefill="chunked:128")
+    sched, _ = serve(poisson_trace(rate=400, n=200, seed=4), runner, Recorder(RunWriter(None, {}), "paged"), serving,
+                     2000, clock=clock)
+    assert sched.submitted == 200 and calls
+    assert max(len(c) for c in calls) == 8 and all(state == (0, False) for c in calls for state in c)
+    assert len(unready) < 200 * 0.05, unready

@@ -23,7 +23,9 @@ ran before it.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from functools import lru_cache
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -60,6 +62,15 @@ def _prompt_ids(req: Request, vocab: int) -> np.ndarray:
     """A prompt's ids (servecap/traces/prompts.py: from its hash ids where it has them, so equal prefixes are equal
     tokens), made once for the chunks of a prompt that spans several steps."""
     return request_token_ids(req, vocab)
+
+
+@lru_cache(maxsize=4096)
+def _tile_plan(lengths: tuple[int, ...], block_m: int, programs: int) -> tuple[np.ndarray, np.ndarray]:
+    """A step's query tiles (block_seq, block_q) for its sequences' lengths: a fused step's lengths repeat (its
+    decode rows, one position each, and a chunk that fills the step), and planning them is most of a launch's host
+    work. Read-only: callers copy them."""
+    p = plan(lengths, block_m, programs)
+    return p.block_seq, p.block_q
 
 
 def input_ids(s: Seq, start: int, n: int, vocab: int) -> np.ndarray:
@@ -172,6 +183,7 @@ class ModelRunner:
                                        pinned) if top > graph_top else None
         self.prefill_tokens = torch.zeros(self.max_seqs, dtype=torch.int64, device=dev)
         self._completes = 0  # prompts the launched prefill step completes
+        self._prepared: set[int] = set()  # id() of requests whose prompt ids prepare made (a hint: they may be gone)
         if use_graphs:
             self._capture(backends, graph_top)
         if dev.type == "cuda":
@@ -245,14 +257,14 @@ class ModelRunner:
         """Launch the first decode step of a stretch for `rows`: each writes its last token's K/V and generates
         its next token."""
         n, b, bs = len(rows), self.max_batch, self.block_size
-        h = self._host_np
+        h, put = self._host_np, self._tables.put
+        token, pos, slot = [0] * n, [0] * n, [0] * n
         for i, s in enumerate(rows):
-            pos = s.kv_len
-            h[i] = s.token_ids[-1]
-            h[b + i] = pos
-            h[2 * b + i] = pos + 1
-            h[3 * b + i] = s.block_table[pos // bs] * bs + pos % bs
-            self._tables.put(i, s.block_table)
+            p, table = s.kv_len, s.block_table
+            token[i], pos[i], slot[i] = s.token_ids[-1], p, table[p // bs] * bs + p % bs
+            put(i, table)
+        h[:n], h[b:b + n], h[2 * b:2 * b + n], h[3 * b:3 * b + n] = token, pos, pos, slot
+        h[2 * b:2 * b + n] += 1
         self._dev.copy_(self._host, non_blocking=True)
         self._stretch = (n, backend)
         self._decode_step(0)
@@ -291,7 +303,7 @@ class ModelRunner:
 
     # ---- prefill ------------------------------------------------------------------------------------
     def bucket(self, tokens: int) -> int:
-        i = int(np.searchsorted(self.buckets, tokens))
+        i = bisect_left(self.buckets, tokens)
         if i == len(self.buckets):
             raise ValueError(f"a prefill step of {tokens} tokens is beyond the engine's {self.buckets[-1]}")
         return self.buckets[i]
@@ -338,6 +350,17 @@ class ModelRunner:
             torch.nn.functional.linear(x, L.o_w)
         torch.cuda.synchronize()
 
+    def prepare(self, seqs: Iterable[Seq]) -> None:
+        """Make the prompt ids of sequences a later step will prefill (the queue's head), while the device runs a
+        step, so that step's launch does not wait for them."""
+        made = self._prepared
+        if len(made) > 4 * STRETCH_STEPS:
+            made.clear()
+        for s in seqs:
+            if id(s.req) not in made:  # a request's hash is its fields': most of the queue was made on a pass before
+                _prompt_ids(s.req, self.model.vocab)
+                made.add(id(s.req))
+
     def launch_prefill(self, work: PrefillWork) -> None:
         """Launch a prefill step; prefill_result gives the first token of each prompt it completes."""
         m, bs = self.model, self.block_size
@@ -352,18 +375,20 @@ class ModelRunner:
         d = work.decode
         completes = []
         if d:  # a fused step's decode rows, one position each: their last token, at their K/V's end
-            rows, at = work.seqs[:d], work.prefix[:d]
-            ids[:d] = [s.token_ids[q - s.req.prompt_tokens] for s, q in zip(rows, at)]
-            pos[:d] = at
-            slots[:d] = [s.block_table[q // bs] * bs + q % bs for s, q in zip(rows, at)]
+            at, put, done = work.prefix[:d], pi.tables.put, work.done
+            token, slot = [0] * d, [0] * d
+            for i, s in enumerate(work.seqs[:d]):
+                q, table = at[i], s.block_table
+                token[i] = s.token_ids[q - s.req.prompt_tokens]
+                slot[i] = table[q // bs] * bs + q % bs
+                put(i, table)
+                if done[i]:
+                    completes.append(i)
+            ids[:d], pos[:d], slots[:d] = token, at, slot
             start[:d] = np.arange(d)
             kv_lens[:d] = at
             kv_lens[:d] += 1
-            for i, s in enumerate(rows):
-                pi.tables.put(i, s.block_table)
-                if work.completes(i):
-                    last[len(completes)] = i
-                    completes.append(s)
+            last[:len(completes)] = completes
         off = d
         for i in range(d, len(work.seqs)):
             s, p, n, c = work.seqs[i], work.prefix[i], work.new[i], work.computed[i]
@@ -376,18 +401,17 @@ class ModelRunner:
             if p:  # a later chunk attends to the prompt's earlier positions through its block table
                 prefix[i] = p
                 pi.tables.put(i, s.block_table)
-            if work.completes(i):
+            if work.done[i]:
                 last[len(completes)] = off + n - 1
-                completes.append(s)
+                completes.append(i)
             off += c
-        lengths = [0] * work.decode + list(work.computed[work.decode:])
+        lengths = (0,) * work.decode + work.shape.computed[work.decode:]
         if bucket > total:  # the bucket's padding attends within itself, so no unset memory enters a product
             i = len(lengths)
             start[i], length[i] = total, bucket - total  # its tokens: id 0 at position 0
-            lengths.append(bucket - total)
+            lengths += (bucket - total,)
         programs = self._programs(bucket)
-        p = plan(lengths, self.block_m, programs)
-        bseq[:programs], bq[:programs] = p.block_seq, p.block_q
+        bseq[:programs], bq[:programs] = _tile_plan(lengths, self.block_m, programs)
         pi.dev.copy_(pi.host, non_blocking=True)
         if graph is not None:
             graph.replay()

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Protocol
+from itertools import islice
+from typing import Callable, Iterable, Protocol
 
 from servecap.costs.shapes import DecodeShape
 from servecap.traces.workload import Trace
@@ -23,7 +24,8 @@ class Runner(Protocol):
     """The model runner as the timer drives it (servecap/engine/model_runner.py). A decode stretch: launch_decode for
     its first step, launch_next(j) for step j + 1 (inputs from step j's, on the device), wait(j) until step j + 1
     has ended, stretch_result(k) for the tokens of all k launched steps, per row. A prefill step: launch_prefill,
-    then prefill_result for the first tokens of the prompts it completes (it waits for the step's end).
+    then prefill_result for the first tokens of the prompts it completes (it waits for the step's end). prepare:
+work for later prefill steps that the host can do while the device runs.
     `asynchronous`: launches return before the work is done (a GPU), so the timer may launch a step before it has
     read the last one's end, and do the host's other work while a step runs."""
 
@@ -31,6 +33,8 @@ class Runner(Protocol):
     num_blocks: int
     max_tokens: int
     asynchronous: bool
+
+    def prepare(self, seqs: Iterable[Seq]) -> None: ...
 
     def launch_prefill(self, work: PrefillWork) -> None: ...
 
@@ -142,12 +146,16 @@ def serve(trace: Trace | None, runner: Runner, recorder: Recorder, serving: Serv
           arrivals=None) -> tuple[Scheduler, EngineTimer]:
     """Replay `trace` (arrival times from the run's start) through the engine, or serve what `arrivals` hands
     over as it comes (a replica behind a router), with `serving`'s rows and policies; rows go to `recorder`, on an
-    asynchronous runner each pass's while its next pass's first step runs (WriteBehind). Returns the scheduler and
-    the timer, as the run left them."""
+    asynchronous runner each pass's while its next pass's first step runs (WriteBehind), and the prompts at the
+    queue's head are made ready then too. Returns the scheduler and the timer, as the run left them."""
     clock = clock or WallClock()
     sched = serving.scheduler(pool_blocks or runner.num_blocks, runner.max_tokens)
     log = WriteBehind(recorder) if runner.asynchronous else recorder
-    timer = EngineTimer(runner, recorder.backend, clock, log.flush)
+
+    def while_running() -> None:  # host work no step waits for, done while the device runs one
+        log.flush()
+        runner.prepare(islice(sched.queue, serving.max_batch))
+    timer = EngineTimer(runner, recorder.backend, clock, while_running)
     try:
         drive(StepLoop(sched, log, timer, arrivals or TraceArrivals(trace.requests), on_finish), timer)
     finally:  # a run cut short keeps every row it made
