@@ -135,14 +135,14 @@ def once(tree: Path, trace: str, policy: str, table: Path) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("other", type=Path, help="the other checkout (e.g. a `git worktree` of the commit before)")
     p.add_argument("--table", type=Path, default=HERE / "results/calibration/t10/h200-t10-v23.json",
                    help="the cost table whose prices stand for the device's time")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--trace", action="append", metavar="FILE:POLICY", help=f"default: {', '.join(TRACES)}")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     trees = {"this": HERE, "other": args.other.resolve()}
     bad = 0
     for spec in args.trace or TRACES:

@@ -68,8 +68,11 @@ def plot(rows: list[dict], out: Path) -> None:
         ax.legend(loc="upper left", fontsize=8, ncol=4)
     axes[-1].set_xticks(x, [r["label"] for r in rows], rotation=75, ha="right", fontsize=7)
     names = sorted({r["validation"] for r in rows}, key=lambda v: int(v[1:]))
+    engines = sorted({len(r["served_rate"]["real"]) for r in rows})
+    runs = f"{engines[0]}" if len(engines) == 1 else f"{engines[0]}-{engines[-1]}"
     fig.suptitle(f"Blind predictions from tables corrected from earlier serving runs and refreshed on the GPU at hand:\n"
-                 f"{len(rows)} points of validations {names[0]}-{names[-1]}, each run on 3 fresh engines", fontsize=10)
+                 f"{len(rows)} points of validations {names[0]}-{names[-1]}, each point on {runs} fresh engines "
+                 f"({sum(len(r['served_rate']['real']) for r in rows)} runs)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=130)
 
