@@ -1,14 +1,16 @@
 """The engine's host work per step, against another checkout's, measured side by side in one run (CPU).
 
 A step's host work (the scheduler, the runner's inputs and launches, the records) is on the device's critical path
-wherever the device waits for it: a prefill or fused step, and a pass's first decode step. On a shared cloud host
-it runs up to 2-3x slower for a while (scripts/engine_noise.py), so the less of it a step has, the less a fresh
-engine's speed varies. Here each tree's real engine (its runner, scheduler, step loop and records; the tiny model on
-the CPU, its forward passes skipped) serves validation traces on a virtual clock that only the device's time moves: each
-launched step moves it on by the step's price in a cost table, so passes batch as they would on the GPU, and the
-wall time, less the pricing's own, is the host's work. Each (trace, policy) runs in a fresh process per tree,
-alternating trees; prints every run's host seconds and microseconds per step, the runner's launches' share, and
-the ratios of the fastest runs (this tree / the other: the least disturbed by the machine's other work). Both trees must make the same steps (else it says so and fails).
+wherever the device waits for it: a prefill or fused step, and a pass's first decode step. On a shared cloud host it
+runs up to 2-3x slower for a while (scripts/engine_noise.py), and fresh engines differ in the steps that wait for it
+(scripts/instance_spread.py). Here each tree's real engine (its runner, scheduler, step loop and records; the tiny
+model on the CPU, its forward passes skipped) serves validation traces on a virtual clock that only the device's
+time moves: each launched step moves it on by the step's price in a cost table, so passes batch as they would on the
+GPU, and the wall time, less the pricing's own, is the host's work. Of it, `idle_s` is what the device waits for:
+the host's work from reading the end of the last step in flight to the next launch. Each (trace, policy) runs in a
+fresh process per tree, alternating trees; prints every run's device-idle host time (in all and per step), its whole
+host time and its launches' share, and the ratios of the fastest runs (this tree / the other: the least disturbed by
+the machine's other work). Both trees must make the same steps (else it says so and fails).
 
 Usage: python scripts/bench_host.py OTHER_TREE [--table T] [--rounds R] [--trace FILE:POLICY ...]
 """
@@ -146,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"this": HERE, "other": args.other.resolve()}
     bad = 0
     for spec in args.trace or TRACES:
+        if ":" not in spec:
+            p.error(f"--trace {spec}: give FILE:POLICY (e.g. traces.csv:chunked:512)")
         trace, policy = spec.split(":", 1)
         runs: dict[str, list[dict]] = {"this": [], "other": []}
         for i in range(args.rounds):

@@ -43,6 +43,7 @@ from .qwen2 import PagedQwen2
 GRAPH_TOKENS = 8192  # prefill steps up to this many tokens replay a graph
 EAGER_BUCKET = 1024  # above it, token counts round up to a multiple of this
 STRETCH_STEPS = 256  # the most decode steps a stretch runs with no host input: their tokens wait on the device
+PROMPT_CACHE = 1024  # prompts whose ids are kept made (a queue's head, the prompts being prefilled in chunks)
 
 
 def prefill_buckets(max_tokens: int, graph_tokens: int = GRAPH_TOKENS) -> list[int]:
@@ -57,7 +58,7 @@ def prefill_buckets(max_tokens: int, graph_tokens: int = GRAPH_TOKENS) -> list[i
     return out
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=PROMPT_CACHE)
 def _prompt_ids(req: Request, vocab: int) -> np.ndarray:
     """A prompt's ids (servecap/traces/prompts.py: from its hash ids where it has them, so equal prefixes are equal
     tokens), made once for the chunks of a prompt that spans several steps."""
@@ -354,7 +355,7 @@ class ModelRunner:
         """Make the prompt ids of sequences a later step will prefill (the queue's head), while the device runs a
         step, so that step's launch does not wait for them."""
         made = self._prepared
-        if len(made) > 4 * STRETCH_STEPS:
+        if len(made) > PROMPT_CACHE:  # bounded: by now the cache has let the oldest of them go
             made.clear()
         for s in seqs:
             if id(s.req) not in made:  # a request's hash is its fields': most of the queue was made on a pass before

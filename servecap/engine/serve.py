@@ -25,7 +25,7 @@ class Runner(Protocol):
     its first step, launch_next(j) for step j + 1 (inputs from step j's, on the device), wait(j) until step j + 1
     has ended, stretch_result(k) for the tokens of all k launched steps, per row. A prefill step: launch_prefill,
     then prefill_result for the first tokens of the prompts it completes (it waits for the step's end). prepare:
-work for later prefill steps that the host can do while the device runs.
+    work for later prefill steps that the host can do while the device runs.
     `asynchronous`: launches return before the work is done (a GPU), so the timer may launch a step before it has
     read the last one's end, and do the host's other work while a step runs."""
 
