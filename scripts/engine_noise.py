@@ -33,7 +33,7 @@ from servecap.traces.trace_io import read_trace
 from servecap.traces.workload import closed_mixed, closed_uniform
 
 RUN_COLUMNS = ("tag", "gc", "engine", "run", "steps", "busy_s", "device_s", "host_s")
-EAGER = ("_prefill_forward", "_decode_forward", "_advance")  # the runner's forwards when no graph holds a step
+EAGER = ("_prefill_forward", "_decode_forward", "_advance", "_feed")  # the runner's device work outside its graphs
 
 
 class DeviceTime:

@@ -66,7 +66,7 @@ class Probe:
         probe = self
 
         class Timer(base):
-            def prefill(self, work, start):
+            def prefill(self, work, start, then):  # the decode step after it is launched by decode(), as before
                 clock, r = self.clock, self.runner
                 t_call = clock.now()
                 e_call = torch.cuda.Event(enable_timing=True)

@@ -68,11 +68,11 @@ class CostRunner:
         pass  # no prompt ids to make
 
     def launch_prefill(self, work) -> None:
-        self._launch(self.cost.prefill(work.shape))
+        self._prefill_end = self._launch(self.cost.prefill(work.shape))
         self._completes = sum(work.completes(i) for i in range(len(work.seqs)))
 
     def prefill_result(self) -> list[int]:
-        self.clock.t = max(self.clock.t, self.free_at)
+        self.clock.t = max(self.clock.t, self._prefill_end)
         return [-1] * self._completes  # no token computed: -1, as simulated
 
     def stretch_cap(self, rows) -> int:

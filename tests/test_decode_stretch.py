@@ -131,3 +131,39 @@ def test_the_hosts_other_work_runs_once_the_passs_first_steps_are_on_the_device_
     assert late[0] == pytest.approx(AHEAD * HOST_S + 1.5 * STEP_S) and late[1:] == pytest.approx(quiet[1:])
     longer = run(3 * STEP_S)  # longer than the steps in flight: the device waits for the next launch
     assert longer[-1] > quiet[-1]
+
+
+def test_a_passs_first_decode_step_runs_right_behind_its_prefill_step_on_an_asynchronous_runner():
+    """EngineTimer.prefill launches the pass's first decode step before it reads the prefill step's end: the host's
+    work for that launch (here HOST_S a launch) overlaps the prefill step, so the decode step lasts its device time.
+    A synchronous runner launches it after the end is read, and the step holds that work."""
+    from servecap.core.config import ServingConfig
+    from servecap.core.recorder import Recorder
+    from servecap.costs.model import CostModel
+    from servecap.engine.serve import serve
+    from servecap.traces.records import RunWriter
+    from servecap.traces.workload import poisson_trace
+
+    from helpers import CostRunner, linear_table
+
+    def after_prefill(asynchronous: bool):
+        cost, clock = CostModel(linear_table()), VirtualClock()
+        runner = CostRunner(cost, clock, 2000, asynchronous)
+        launch = runner.launch_decode
+
+        def launch_decode(rows, backend):
+            clock.t += HOST_S
+            launch(rows, backend)
+        runner.launch_decode = launch_decode
+        writer = RunWriter(None, {})
+        serve(poisson_trace(rate=40, n=60, seed=5), runner, Recorder(writer, "paged"),
+              ServingConfig(max_batch=8, prefill="chunked:128"), 2000, clock=clock)
+        steps = writer.record().steps
+        first = steps[(steps.kind == "decode") & (steps.kind.shift(1) == "prefill")]
+        price = [cost.decode("paged", r.rows, r.kv_tokens, r.kv_max) for r in first.itertuples()]
+        return (first.end - first.start).to_numpy(), price
+
+    behind, price = after_prefill(True)
+    assert len(behind) > 20 and behind == pytest.approx(price, abs=1e-12)
+    after, price = after_prefill(False)
+    assert after == pytest.approx([p + HOST_S for p in price], abs=1e-12)

@@ -44,7 +44,7 @@ class _ReplayTimer:
     def wait_until(self, t: float) -> None:
         self.t = max(self.t, t)
 
-    def prefill(self, work: PrefillWork, start: float) -> tuple[None, float]:
+    def prefill(self, work: PrefillWork, start: float, then) -> tuple[None, float]:
         self.shapes.append(work.shape)
         self.t = start + 1.0
         return None, self.t

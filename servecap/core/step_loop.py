@@ -85,9 +85,10 @@ class StepTimer(Protocol):
 
     def wait_until(self, t: float) -> None: ...
 
-    def prefill(self, work: PrefillWork, start: float) -> tuple[list[int] | None, float]:
+    def prefill(self, work: PrefillWork, start: float, then: list[Seq]) -> tuple[list[int] | None, float]:
         """Run (or price) the step from `start`: the first tokens of the prompts it completes (None when not
-        computed) and the time it ends."""
+        computed) and the time it ends. `then`: the rows of the decode stretch that follows in the pass (decode()
+        gets the same list), whose first step an engine may launch right behind this one."""
 
     def decode(self, rows: list[Seq], shape: DecodeShape, start: float, limit: int,
                stop: float) -> tuple[list[list[int]] | None, list[float]]:
@@ -180,7 +181,7 @@ class StepLoop:
             _, group, work, first, rows, shape, limit, stop, preempted = sched.schedule(t, step, lookahead)
             # Run its prefill step: the prompts it completes have their first token at its end.
             if work is not None:
-                tokens, end = timer.prefill(work, t)
+                tokens, end = timer.prefill(work, t, rows)
                 for s in first:
                     s.last_token = end
                     if s.generated == 1:

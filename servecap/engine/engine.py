@@ -155,7 +155,7 @@ class Engine:
                            "prefill_graph_buckets": sorted(r.prefill_graphs), "graph_tokens": GRAPH_TOKENS,
                            "eager_bucket": EAGER_BUCKET,
                            "decode_stretch": {"ahead": AHEAD if r.asynchronous else 1, "margin_steps": MARGIN_STEPS,
-                                              "max_steps": STRETCH_STEPS}},
+                                              "max_steps": STRETCH_STEPS, "first_behind_prefill": r.asynchronous}},
                 **provenance()}
 
     def close(self) -> None:

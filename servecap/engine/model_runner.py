@@ -8,7 +8,9 @@ the host launches ahead of the device (launch_decode, launch_next): the first st
 copy, every later step's from the step before it on the device (its token, one position on, the slot that position's
 K/V goes to: one small graph, `advance`), so the host's own work between steps (reading a step's end, writing the
 records, the scheduler) overlaps the device's instead of adding to it. A step's tokens stay on the device until the
-stretch ends.
+stretch ends. A stretch's first step may be launched right behind the pass's prefill step: the rows that step
+completes take their first token from its output on the device, and the host reads the prefill step's end and
+tokens from an event and a copy of its own, so that read waits for no later step.
 
 Prefill: the step's sequences are packed back to back (a padded group's rows at the padded length, its padding
 computed and never stored; a chunk's earlier positions read from the pool) and attend through one varlen Triton
@@ -145,15 +147,16 @@ class ModelRunner:
         self.k_cache = torch.empty(shape, dtype=model.dtype, device=dev)
         self.v_cache = torch.empty(shape, dtype=model.dtype, device=dev)
         # All decode inputs live in one int32 buffer so a step needs a single host-to-device copy:
-        # [token ids | positions | seq lens | slots | block tables (max_batch x max_blocks)].
+        # [token ids | positions | seq lens | slots | fed | block tables (max_batch x max_blocks)]; fed[i] is the
+        # index of row i's token among the last prefill step's first tokens (-1: its token is in ids).
         b = max_batch
-        n = 4 * b + b * self.max_blocks
+        n = 5 * b + b * self.max_blocks
         pinned = dev.type == "cuda"
         self._host = torch.zeros(n, dtype=torch.int32, pin_memory=pinned)
         self._host_np = self._host.numpy()
         self._dev = torch.zeros(n, dtype=torch.int32, device=dev)
-        self.ids, self.pos, self.lens, self.slots = (self._dev[i * b:(i + 1) * b] for i in range(4))
-        self.tables = self._dev[4 * b:].view(b, self.max_blocks)
+        self.ids, self.pos, self.lens, self.slots, self.fed = (self._dev[i * b:(i + 1) * b] for i in range(5))
+        self.tables = self._dev[5 * b:].view(b, self.max_blocks)
         self.splits = {r: default_num_splits(r, model.hkv, max_blocks=self.max_blocks) for r in range(1, b + 1)}
         self.workspaces = {k: paged_attention_workspace(b, model.hq, model.head_dim, k, dev)
                            for k in set(self.splits.values()) if k > 1}
@@ -163,7 +166,7 @@ class ModelRunner:
         self.asynchronous = dev.type == "cuda"  # launches return before the work is done
         self._ends = [torch.cuda.Event() for _ in range(STRETCH_STEPS)] if self.asynchronous else []
         self._stretch: tuple[int, str] = (0, "paged")  # rows and backend of the stretch being run
-        self._tables = BlockTableRows(self._host_np[4 * b:].reshape(b, self.max_blocks), self.scratch)
+        self._tables = BlockTableRows(self._host_np[5 * b:].reshape(b, self.max_blocks), self.scratch)
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self.advance_graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
@@ -183,7 +186,12 @@ class ModelRunner:
         self._eager_in = PrefillInputs(top, self.max_seqs, self._programs(top), self.max_blocks, self.scratch, dev,
                                        pinned) if top > graph_top else None
         self.prefill_tokens = torch.zeros(self.max_seqs, dtype=torch.int64, device=dev)
+        # Read by the host from its own copy, made behind the step, so that reading it waits for that step alone
+        # (the decode step launched behind it may still run).
+        self._prefill_read = torch.zeros(self.max_seqs, dtype=torch.int64, pin_memory=pinned)
+        self._prefill_end = torch.cuda.Event() if self.asynchronous else None
         self._completes = 0  # prompts the launched prefill step completes
+        self._fed: dict[Seq, int] = {}  # each prompt it completes: its token's index, until a decode launch takes them
         self._prepared: set[int] = set()  # id() of requests whose prompt ids prepare made (a hint: they may be gone)
         if use_graphs:
             self._capture(backends, graph_top)
@@ -256,19 +264,33 @@ class ModelRunner:
 
     def launch_decode(self, rows: list[Seq], backend: str) -> None:
         """Launch the first decode step of a stretch for `rows`: each writes its last token's K/V and generates
-        its next token."""
+        its next token. The rows the last prefill step completed take their token from that step's output on the
+        device, so this launch need not wait for the host to have read it (EngineTimer.prefill launches it right
+        behind the prefill step)."""
         n, b, bs = len(rows), self.max_batch, self.block_size
-        h, put = self._host_np, self._tables.put
-        token, pos, slot = [0] * n, [0] * n, [0] * n
+        h, put, first = self._host_np, self._tables.put, self._fed
+        token, pos, slot, fed = [0] * n, [0] * n, [0] * n, [-1] * n
         for i, s in enumerate(rows):
             p, table = s.kv_len, s.block_table
-            token[i], pos[i], slot[i] = s.token_ids[-1], p, table[p // bs] * bs + p % bs
+            k = first.get(s, -1)
+            if k < 0:
+                token[i] = s.token_ids[-1]
+            pos[i], slot[i], fed[i] = p, table[p // bs] * bs + p % bs, k
             put(i, table)
-        h[:n], h[b:b + n], h[2 * b:2 * b + n], h[3 * b:3 * b + n] = token, pos, pos, slot
+        h[:n], h[b:b + n], h[2 * b:2 * b + n], h[3 * b:3 * b + n], h[4 * b:4 * b + n] = token, pos, pos, slot, fed
         h[2 * b:2 * b + n] += 1
         self._dev.copy_(self._host, non_blocking=True)
+        if first:
+            self._feed(n)
+            self._fed = {}
         self._stretch = (n, backend)
         self._decode_step(0)
+
+    def _feed(self, n: int) -> None:
+        """Rows whose token the last prefill step made take it from that step's output, on the device."""
+        fed = self.fed[:n]
+        self.ids[:n] = torch.where(fed >= 0, self.prefill_tokens[fed.clamp(min=0).long()].to(self.ids.dtype),
+                                   self.ids[:n])
 
     def launch_next(self, j: int) -> None:
         """Launch step j + 1 of the stretch (j >= 1 launched already), its inputs from step j's on the device."""
@@ -374,7 +396,7 @@ class ModelRunner:
         ids[:bucket], pos[:bucket], slots[:bucket] = 0, 0, -1
         start[:], length[:], last[:], prefix[:], kv_lens[:] = 0, 0, 0, 0, 0
         d = work.decode
-        completes = []
+        completes = []  # indices in the step of the sequences it completes, in its order
         if d:  # a fused step's decode rows, one position each: their last token, at their K/V's end
             at, put, done = work.prefix[:d], pi.tables.put, work.done
             token, slot = [0] * d, [0] * d
@@ -418,10 +440,17 @@ class ModelRunner:
             graph.replay()
         else:
             self._prefill_forward(bucket, pi.for_bucket(bucket, programs), fused)
+        self._prefill_read.copy_(self.prefill_tokens, non_blocking=True)
+        if self._prefill_end is not None:
+            self._prefill_end.record()
+        seqs = work.seqs
         self._completes = len(completes)
+        self._fed = {seqs[i]: k for k, i in enumerate(completes)}
 
     def prefill_result(self) -> list[int]:
-        """The first token of each prompt the launched prefill step completes, in the step's order."""
-        # Read them all: the step's one host sync, also when no prompt completes (a chunk of a longer one), so the
-        # step's time is its own and not the next step's.
-        return self.prefill_tokens.tolist()[:self._completes]
+        """The first token of each prompt the launched prefill step completes, in the step's order; it waits for
+        that step's end and no later step's, also when the step completes no prompt (a chunk of a longer one), so
+        the step's time is its own."""
+        if self._prefill_end is not None:
+            self._prefill_end.synchronize()
+        return self._prefill_read.tolist()[:self._completes]

@@ -81,6 +81,11 @@ class EngineTimer:
     step that outlasts that margin by so much that a step launched ahead was not due is still run, and counted in
     `overruns` (the run's metadata says how many).
 
+    A pass's prefill step and its decode stretch run back to back: the stretch's first step is launched right behind
+    the prefill step, its new rows' first tokens taken from that step's output on the device, so the host's work
+    between the two (reading the prefill step's end and tokens, the decode step's inputs and launch) overlaps the
+    device's; the prefill step's end is read from its own event.
+
     `while_running` is host work that waits for no step (writing the last pass's records: WriteBehind.flush): it is
     done once a pass's first step is launched, while the device runs it, instead of before."""
 
@@ -91,6 +96,7 @@ class EngineTimer:
         self.ahead = AHEAD if runner.asynchronous else 1
         self.pace: float | None = None  # the last decode step's duration
         self.overruns = 0
+        self._first: list[Seq] | None = None  # the rows whose first decode step prefill() launched
 
     def now(self) -> float:
         return self.clock.now()
@@ -98,11 +104,18 @@ class EngineTimer:
     def wait_until(self, t: float) -> None:
         self.clock.wait_until(t)
 
-    def prefill(self, work: PrefillWork, start: float) -> tuple[list[int], float]:
-        self.runner.launch_prefill(work)
+    def prefill(self, work: PrefillWork, start: float, then: list[Seq] | None = None) -> tuple[list[int], float]:
+        r = self.runner
+        r.launch_prefill(work)
+        if then and r.asynchronous:  # the pass's first decode step right behind, no host work between the two
+            r.launch_decode(then, self.backend)
         self.while_running()
-        tokens = self.runner.prefill_result()
-        return tokens, self.clock.now()
+        tokens = r.prefill_result()
+        end = self.clock.now()
+        if then and not r.asynchronous:  # a launch runs the step: after the prefill step's end is read
+            r.launch_decode(then, self.backend)
+        self._first = then
+        return tokens, end
 
     def _due(self, j: int, ends: list[float], stop: float) -> bool:
         """Whether step j + 1 runs: step j ends before stop, read, or sure to by the margin."""
@@ -118,7 +131,9 @@ class EngineTimer:
                stop: float) -> tuple[list[list[int]], list[float]]:
         r = self.runner
         limit = max(1, min(limit, r.stretch_cap(rows)))
-        r.launch_decode(rows, self.backend)
+        if self._first is not rows:  # not launched behind the pass's prefill step
+            r.launch_decode(rows, self.backend)
+        self._first = None
         launched, ends = 1, []
         while True:
             while launched < limit and launched - len(ends) < self.ahead and self._due(launched, ends, stop):

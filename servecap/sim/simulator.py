@@ -123,7 +123,7 @@ class SimTimer:
         if t > self.t:
             self.t = t
 
-    def prefill(self, work: PrefillWork, start: float) -> tuple[None, float]:
+    def prefill(self, work: PrefillWork, start: float, then: list[Seq]) -> tuple[None, float]:
         d = self.cost.prefill_in_context(work.shape, self.policy, self.last_kind, start - self.last_end)
         if self.noise:
             d *= float(self.noise[0].factors(self.prefills, 1)[0])
