@@ -35,6 +35,7 @@ from servecap.core.scheduler import decode_shape
 from servecap.costs.model import CostModel
 from servecap.costs.table import load_cost_table
 from servecap.engine.engine import Engine, EngineConfig
+from servecap.engine.model_runner import STRETCH_STEPS
 from servecap.traces.records import read_run
 from servecap.traces.trace_io import read_trace
 
@@ -64,7 +65,7 @@ engine = Engine(EngineConfig(serving=ServingConfig(model="tiny", max_batch=32, p
 r, cost, clock = engine.runner, CostModel(load_cost_table(table)), DeviceClock()
 for name in ("_prefill_forward", "_decode_forward", "_advance"):
     setattr(r, name, lambda *a, **k: None)
-r.asynchronous, r._ends = True, [Ended() for _ in r._ends or range(256)]  # the GPU's path: launch ahead, write behind
+r.asynchronous, r._ends = True, [Ended() for _ in range(STRETCH_STEPS)]  # the GPU's path: launch ahead, write behind
 # The device is idle from the moment the host has read the end of the last step in flight until the next launch;
 # the host's work in between is what a step's time holds beyond the device's (the pricing here excluded).
 launch, pricing, idle = [0.0], [0.0], [0.0]

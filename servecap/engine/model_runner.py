@@ -192,7 +192,6 @@ class ModelRunner:
         self._prefill_end = torch.cuda.Event() if self.asynchronous else None
         self._completes = 0  # prompts the launched prefill step completes
         self._fed: dict[Seq, int] = {}  # each prompt it completes: its token's index, until a decode launch takes them
-        self._prepared: set[int] = set()  # id() of requests whose prompt ids prepare made (a hint: they may be gone)
         if use_graphs:
             self._capture(backends, graph_top)
         if dev.type == "cuda":
@@ -376,13 +375,8 @@ class ModelRunner:
     def prepare(self, seqs: Iterable[Seq]) -> None:
         """Make the prompt ids of sequences a later step will prefill (the queue's head), while the device runs a
         step, so that step's launch does not wait for them."""
-        made = self._prepared
-        if len(made) > PROMPT_CACHE:  # bounded: by now the cache has let the oldest of them go
-            made.clear()
         for s in seqs:
-            if id(s.req) not in made:  # a request's hash is its fields': most of the queue was made on a pass before
-                _prompt_ids(s.req, self.model.vocab)
-                made.add(id(s.req))
+            _prompt_ids(s.req, self.model.vocab)
 
     def launch_prefill(self, work: PrefillWork) -> None:
         """Launch a prefill step; prefill_result gives the first token of each prompt it completes."""
