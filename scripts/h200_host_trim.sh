@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The engine with less host work before a launch (3f31021, scripts/bench_host.py) on one fresh H200, one call:
-#   1. OLD (an export of the commit before it, with its own scripts/engine_noise.py) and this engine side by side,
-#      a fresh engine each, alternating which goes first, on two of v24's traces: each run's busy time cut into the
-#      device's and the host's (scripts/engine_noise.py);
-#   2. with the time left, the runs of plan V (frozen from T10-v23 and committed before this call, one fresh engine
-#      per point): T10-v23's blind prediction of this engine, and the serving steps that correct T10 for it.
-# Usage: SERVECAP_GIT_COMMIT=<commit> OLD=.bench/old V=results/validation-v25-serving [ROUNDS=2] [END_S=585] \
+# An engine change's host work on one fresh H200, one call:
+#   1. OLD (an export of the engine before the change, with its own scripts/engine_noise.py) and this engine side by
+#      side, a fresh engine each, alternating which goes first, on two of v24's traces: each run's busy time cut into
+#      the device's and the host's (scripts/engine_noise.py);
+#   2. with the time left, the runs of plan V (frozen from the table before the change and committed before this
+#      call, one fresh engine per point): that table's blind prediction of this engine, and the serving steps that
+#      correct it for this engine.
+# v25-serving ran it for 3f31021 (less host work before a launch; OLD its parent), v26-serving for afaebb9 (a pass's
+# first decode step launched right behind its prefill; OLD 13a23bc).
+# Usage: SERVECAP_GIT_COMMIT=<commit> OLD=.bench/old V=results/validation-v26-serving [ROUNDS=2] [END_S=585] \
 #          bash scripts/h200_host_trim.sh
 set -u
 source scripts/gpu_env.sh
