@@ -161,3 +161,34 @@ def test_a_prefill_bucket_longer_than_the_models_positions_stays_inside_them(mon
     assert small.runner.bucket(21) == 64
     small.run(length_trace([(0.0, 21, 2)]), None, "paged", progress=False)
     assert seen and max(seen) < 37
+
+
+def test_a_decode_step_launched_before_the_prefill_tokens_are_read_takes_them_on_the_device(engine, monkeypatch):
+    """On a GPU the pass's first decode step is launched right behind its prefill step, before the host has read
+    that step's tokens (EngineTimer.prefill): the rows it completes take their token on the device (the runner's
+    feed). The CPU's runner is synchronous and launches after the read, with the host's tokens and no feed; here
+    the GPU's order is forced, and the tokens must be the same. Without the feed the decode step would read what
+    its input buffer last held."""
+    from servecap.engine.serve import EngineTimer
+
+    trace = length_trace([(0.0, 20, 5), (0.0, 33, 4), (0.0, 9, 6)])
+    runner, feeds = engine.runner, []
+    feed = runner._feed
+    monkeypatch.setattr(runner, "_feed", lambda n: (feeds.append(n), feed(n)))
+
+    def tokens():
+        rec = engine.run(trace, None, "paged", policy="packed", progress=False, telemetry=False)
+        return rec.tokens.sort_values(["request_id", "index"]).token_id.tolist(), len(feeds)
+    after, fed_after = tokens()
+
+    def behind(self, work, start, then=None):  # the asynchronous runner's order, on the synchronous one
+        self.runner.launch_prefill(work)
+        if then:
+            self.runner.launch_decode(then, self.backend)
+        tokens = self.runner.prefill_result()
+        self._first = then
+        return tokens, self.clock.now()
+    monkeypatch.setattr(EngineTimer, "prefill", behind)
+    before, fed_before = tokens()
+    assert fed_after == 0 and fed_before > fed_after
+    assert before == after and len(after) == 15

@@ -191,7 +191,11 @@ class ModelRunner:
         self._prefill_read = torch.zeros(self.max_seqs, dtype=torch.int64, pin_memory=pinned)
         self._prefill_end = torch.cuda.Event() if self.asynchronous else None
         self._completes = 0  # prompts the launched prefill step completes
-        self._fed: dict[Seq, int] = {}  # each prompt it completes: its token's index, until a decode launch takes them
+        # Each prompt it completes: its token's index, until the host reads the tokens (prefill_result) or a decode
+        # step launched before then takes them on the device. After the read the host has them: a launch then writes
+        # them with the rest of its inputs, as feeding them on the device costs a few eager ops of host time, in the
+        # open there (the decode step after a fused step was longer when it fed: results/validation-v26-serving).
+        self._fed: dict[Seq, int] = {}
         if use_graphs:
             self._capture(backends, graph_top)
         if dev.type == "cuda":
@@ -263,9 +267,9 @@ class ModelRunner:
 
     def launch_decode(self, rows: list[Seq], backend: str) -> None:
         """Launch the first decode step of a stretch for `rows`: each writes its last token's K/V and generates
-        its next token. The rows the last prefill step completed take their token from that step's output on the
-        device, so this launch need not wait for the host to have read it (EngineTimer.prefill launches it right
-        behind the prefill step)."""
+        its next token. Launched before the host has read the last prefill step's tokens (EngineTimer.prefill
+        launches it right behind that step), the rows that step completed take their token from its output on the
+        device."""
         n, b, bs = len(rows), self.max_batch, self.block_size
         h, put, first = self._host_np, self._tables.put, self._fed
         token, pos, slot, fed = [0] * n, [0] * n, [0] * n, [-1] * n
@@ -361,7 +365,9 @@ class ModelRunner:
         pi.dev.copy_(pi.host)
 
     def _warm_eager(self, graph_top: int) -> None:
-        """Run each eager bucket's matrix products once, so none is first loaded inside a measured step."""
+        """Run each eager bucket's matrix products and the decode launch's token feed once, so none is first loaded
+        inside a measured step (a fresh engine's first feed loads its kernels: results/validation-v26-serving)."""
+        self._feed(self.max_batch)  # fed is all 0 here: every row's id from the first token slot, rewritten at launch
         m = self.model
         L = m.layers[0]
         for bucket in (t for t in self.buckets if t > graph_top):
@@ -447,4 +453,5 @@ class ModelRunner:
         the step's time is its own."""
         if self._prefill_end is not None:
             self._prefill_end.synchronize()
+        self._fed = {}
         return self._prefill_read.tolist()[:self._completes]

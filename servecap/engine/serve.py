@@ -107,15 +107,15 @@ class EngineTimer:
     def prefill(self, work: PrefillWork, start: float, then: list[Seq] | None = None) -> tuple[list[int], float]:
         r = self.runner
         r.launch_prefill(work)
-        if then and r.asynchronous:  # the pass's first decode step right behind, no host work between the two
-            r.launch_decode(then, self.backend)
+        # The pass's first decode step right behind, no host work between the two; a synchronous runner's launch
+        # runs the step, so there decode() launches it, once the prefill step's end is read.
+        behind = then if then and r.asynchronous else None
+        if behind:
+            r.launch_decode(behind, self.backend)
         self.while_running()
         tokens = r.prefill_result()
-        end = self.clock.now()
-        if then and not r.asynchronous:  # a launch runs the step: after the prefill step's end is read
-            r.launch_decode(then, self.backend)
-        self._first = then
-        return tokens, end
+        self._first = behind
+        return tokens, self.clock.now()
 
     def _due(self, j: int, ends: list[float], stop: float) -> bool:
         """Whether step j + 1 runs: step j ends before stop, read, or sure to by the margin."""
