@@ -185,3 +185,11 @@ def test_the_cli_answers_help_without_pandas_or_simpy():
             "try:\n    runpy.run_module('servecap.sim', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "sys.exit(('pandas' in sys.modules) or ('simpy' in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("sigma", [math.nan, math.inf, -0.01])
+def test_seeded_noise_refuses_a_step_time_sigma_that_would_stop_the_clock(sigma):
+    from servecap.traces.errors import InputError
+
+    with pytest.raises(InputError, match="step-time sigma"):
+        _Noise(5, 0, sigma)

@@ -19,6 +19,7 @@ One engine is one process with nothing to interleave, so simulate() drives its l
 from __future__ import annotations
 
 import gc
+import math
 import time
 import warnings
 from bisect import bisect_left
@@ -88,6 +89,9 @@ class _Noise:
     CHUNK = 4096
 
     def __init__(self, seed: int, stream: int, sigma: float):
+        if not (math.isfinite(sigma) and sigma >= 0):  # a NaN factor would stop the virtual clock for good
+            raise InputError(f"the cost table's step-time sigma is {sigma}; seeded noise needs a finite one of 0 or "
+                             "more")
         self._rng = np.random.default_rng([seed, stream])
         self._sigma = sigma
         self._buf = np.empty(0)
