@@ -34,7 +34,8 @@ from servecap.traces.provenance import git_commit, now_iso
 METRICS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s")
 
 
-def _groups(validation: Path) -> dict[str, list[Path]]:
+def runs_by_point(validation: Path, min_runs: int = 2) -> dict[str, list[Path]]:
+    """The complete run records of each point of a validation's real/ that has `min_runs` or more of them."""
     real = Path(validation) / "real"
     if not real.is_dir():
         raise InputError("has no real/ directory of run records", path=validation)
@@ -42,12 +43,12 @@ def _groups(validation: Path) -> dict[str, list[Path]]:
     for point in sorted(p for p in real.iterdir() if p.is_dir()):
         runs = [r for r in sorted(point.glob("run-*")) if (r / "meta.json").exists()
                 and json.loads((r / "meta.json").read_text()).get("status") == "complete"]
-        if len(runs) >= 2:
+        if len(runs) >= min_runs:
             out[point.name] = runs
     return out
 
 
-def _speed_and_residuals(validation: Path, p, recs: list, table) -> tuple[list[float], list[dict], list[bool]]:
+def speed_and_residuals(validation: Path, p, recs: list, table) -> tuple[list[float], list[dict], list[bool]]:
     """Each run's speed (summed real step time over its contextual price), log(measured / simulated at that
     speed) per metric, and whether that simulated run was stable, for point p of the validation's plan."""
     from servecap.costs.model import CostModel
@@ -105,7 +106,7 @@ def measure(validations: list[Path], table=None) -> dict:
     groups = []
     for v in validations:
         plan = {p.id: p for p in load_plan(Path(v))[1]} if table is not None else {}
-        for point, runs in _groups(v).items():
+        for point, runs in runs_by_point(v).items():
             recs = [read_run(r) for r in runs]
             if len({r.meta["trace_id"] for r in recs}) > 1:
                 raise InputError(f"point {point}: its repeats replayed different traces", path=v)
@@ -120,7 +121,7 @@ def measure(validations: list[Path], table=None) -> dict:
             if table is not None:
                 if point not in plan:
                     raise InputError(f"point {point} has real runs but is not in the plan", path=v)
-                speeds, residuals, stable = _speed_and_residuals(Path(v), plan[point], recs, table)
+                speeds, residuals, stable = speed_and_residuals(Path(v), plan[point], recs, table)
                 rk = [k for k in keys if all(k in r for r in residuals)]
                 g.update(speed=speeds, speed_log_sd=_sd(np.log(speeds)), sim_stable=stable,
                          residual_log_sd={k: _sd([r[k] for r in residuals]) for k in rk})
