@@ -5,38 +5,80 @@ the table's price for its steps in their serving context, as `validate noise` do
 is taken per metric. Per load (near, past) and prefill policy this prints the mean and the median of that log error
 in percent and how many runs are above 0, for TTFT p50, queue wait p50 and served rate. Speed is taken out, so a
 mean far from 0 over many runs is what the simulator's scheduling and timing get wrong, or what the runs' speed
-within a run does (a run's speed is one number here), not what the step costs get wrong.
+within a run does (a run's speed is one number here), not what the step costs get wrong. (`validate replay` shows
+the scheduling is the engine's: each run at its own recorded step times is reproduced exactly.)
 
-    python scripts/own_speed_bias.py --table T DIR [DIR ...]
+Per load it also prints how the run's speed differs between its steps while a request waits (arrived, not yet
+admitted) and the others, and with --sensitivity how far TTFT p50 moves per 1% of speed (each run simulated again
+at its speed +-1%; the mean over the runs, since near capacity one run's TTFT p50 is not monotone in its speed):
+the bias over that is the speed error it amounts to.
+
+    python scripts/own_speed_bias.py --table T [--sensitivity] DIR [DIR ...]
 """
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
+
+from servecap.costs.model import CostModel
+from servecap.costs.recorded import contextual, priced_steps
 from servecap.sim.inputs import load_table
+from servecap.sim.intervals import scaled, simulated
 from servecap.traces.errors import InputError
 from servecap.traces.records import read_run
 from servecap.validate.noise import runs_by_point, speed_and_residuals
-from servecap.validate.points import load_plan
+from servecap.validate.plan import point_config
+from servecap.validate.points import build_trace, load_plan
 
 METRICS = ("ttft_p50", "queue_wait_p50", "served_rate")
+STEP = 0.01  # the speed change --sensitivity simulates each run at, each way
 
 
-def residuals(validation: Path, table) -> list[tuple[str, str, dict]]:
-    """(load, prefill policy, log(measured / simulated at its own speed) by metric) for every complete run of
-    every arrival point of the validation's plan."""
+def waiting_speeds(rec, cost: CostModel) -> tuple[float, float]:
+    """log of the run's speed over its steps that start while a request waits (arrived, not admitted), and over the
+    others, each against its speed over all its steps."""
+    steps = priced_steps(rec, cost)
+    price = contextual(steps, cost.correction)
+    real = steps.real_s.to_numpy()
+    start = steps.start.to_numpy()
+    req = rec.requests
+    waiting = (np.searchsorted(np.sort(req.arrival.to_numpy(float)), start, side="right")
+               > np.searchsorted(np.sort(req.admitted.to_numpy(float)), start, side="right"))
+    f = real.sum() / price.sum()
+
+    def speed(m) -> float:
+        return math.log(real[m].sum() / price[m].sum() / f) if m.any() else math.nan
+    return speed(waiting), speed(~waiting)
+
+
+def residuals(validation: Path, table, sensitivity: bool = False) -> list[tuple[str, str, dict]]:
+    """(load, prefill policy, log(measured / simulated at its own speed) by metric, with `waiting` and `others`
+    (waiting_speeds) and with `sensitivity` the change in log TTFT p50 per unit log speed) for every complete run
+    of every arrival point of the validation's plan."""
     points = {p.id: p for p in load_plan(validation)[1]}
+    cost = CostModel(table)
     out = []
     for pid, runs in runs_by_point(validation, min_runs=1).items():
         p = points.get(pid)
         if p is None or p.load not in ("near", "past"):
             continue
-        _, res, _ = speed_and_residuals(validation, p, [read_run(r) for r in runs], table)
-        out += [(p.load, str(p.serving.prefill).partition(":")[0], r) for r in res]
+        recs = [read_run(r) for r in runs]
+        speeds, res, _ = speed_and_residuals(validation, p, recs, table)
+        if sensitivity:
+            trace = build_trace(p.trace, validation)
+            run = simulated(point_config(p), trace.meta.get("rate") or trace.offered_rate)
+        for f, r, rec in zip(speeds, res, recs):
+            r["waiting"], r["others"] = waiting_speeds(rec, cost)
+            if sensitivity:
+                slow, fast = (run(trace, scaled(table, f * (1 + d)))["ttft_p50"] for d in (STEP, -STEP))
+                r["sensitivity"] = math.log(slow / fast) / math.log((1 + STEP) / (1 - STEP))
+            out.append((p.load, str(p.serving.prefill).partition(":")[0], r))
     return out
 
 
@@ -44,11 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("validations", nargs="+", type=Path, metavar="DIR")
     ap.add_argument("--table", type=Path, required=True, help="the cost table that prices the runs' steps")
+    ap.add_argument("--sensitivity", action="store_true",
+                    help=f"also simulate each run at its speed +-{100 * STEP:g}%%: how far TTFT p50 moves per 1%% of "
+                         "speed")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     try:
         table = load_table(args.table)
-        rows = [r for v in args.validations for r in residuals(v, table)]
+        rows = [r for v in args.validations for r in residuals(v, table, args.sensitivity)]
     except InputError as e:
         print(f"own_speed_bias: error: {e}", file=sys.stderr)
         return 2
@@ -67,6 +112,20 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(f"{100 * statistics.mean(v):+5.1f}%, {100 * statistics.median(v):+5.1f}%, "
                              f"{sum(x > 0 for x in v):3d} of {len(v)}" if v else "-")
             print(f"{load:5s} {policy:8s} {len(group):5d} | " + " | ".join(cells))
+    for load in ("near", "past"):
+        group = [r for l, _, r in rows if l == load]
+        if not group:
+            continue
+        waiting, others = (statistics.mean(v) for v in ([r[k] for r in group if math.isfinite(r[k])]
+                                                        for k in ("waiting", "others")))
+        line = (f"{load}: steps while a request waits run {100 * waiting:+.2f}% against the run's speed, the others "
+                f"{100 * others:+.2f}%")
+        if args.sensitivity:
+            sens = statistics.mean(r["sensitivity"] for r in group)
+            bias = statistics.mean(r["ttft_p50"] for r in group if "ttft_p50" in r)
+            line += (f"; TTFT p50 moves {sens:.1f}% per 1% of speed (mean of runs), so its mean bias "
+                     f"{100 * bias:+.1f}% is {100 * bias / sens:+.2f}% of speed")
+        print(line)
     return 0
 
 

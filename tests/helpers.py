@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from servecap.costs.model import CostModel
 from servecap.costs.synthetic import constant_table, linear_table
 from servecap.costs.table import save_cost_table
@@ -51,14 +53,21 @@ class CostRunner:
     runs launched steps in order. Synchronous (as on the CPU), a launch returns at its step's end; asynchronous (as
     on a GPU), at once, and the host's clock reaches a step's end when it waits for it."""
 
-    def __init__(self, cost: CostModel, clock: VirtualClock, num_blocks: int, asynchronous: bool = False):
+    def __init__(self, cost: CostModel, clock: VirtualClock, num_blocks: int, asynchronous: bool = False,
+                 jitter: float = 0.0, seed: int = 0):
         self.cost, self.clock, self.asynchronous = cost, clock, asynchronous
+        # Each step's time times a seeded lognormal factor of this sigma: steps that vary as a GPU's do, some
+        # outlasting the one before by far (a decode step launched ahead may then run past an arrival).
+        self._rng = np.random.default_rng(seed) if jitter else None
+        self.jitter = jitter
         self.block_size, self.num_blocks = cost.table.block_size, num_blocks
         self.max_tokens = cost.table.max_tokens
         self.free_at = 0.0  # when the device has run every launched step
         self._ends: list[float] = []
 
     def _launch(self, seconds: float) -> float:
+        if self._rng is not None:
+            seconds *= float(self._rng.lognormal(0.0, self.jitter))
         self.free_at = max(self.clock.t, self.free_at) + seconds
         if not self.asynchronous:
             self.clock.t = self.free_at
@@ -107,13 +116,24 @@ class RetireCostRecorder(Recorder):
 
 
 def serve_virtual(trace: Trace, cost: CostModel, backend: str, max_batch: int, pool_blocks: int,
-                  policy: PrefillPolicy = PADDED, **serving) -> RunRecord:
+                  policy: PrefillPolicy = PADDED, asynchronous: bool = False, jitter: float = 0.0,
+                  **serving) -> RunRecord:
     """engine.serve.serve itself, with step times from `cost` on a virtual clock: what the simulator must match.
-    `serving`: other ServingConfig knobs (admission, prefix_cache)."""
+    `asynchronous`: launches return at once, as on a GPU (decode steps launched ahead); `jitter`: CostRunner's.
+    `serving`: other
+    ServingConfig knobs (admission, prefix_cache). The record's meta has what the engine's says of its
+    configuration."""
     clock = VirtualClock()
-    writer = RunWriter(None, {})
-    serve(trace, CostRunner(cost, clock, pool_blocks), RetireCostRecorder(writer, backend, clock, cost.retire_s),
-          ServingConfig(max_batch=max_batch, prefill=policy, **serving), pool_blocks, clock=clock)
+    config = ServingConfig(max_batch=max_batch, prefill=policy, **serving)
+    runner = CostRunner(cost, clock, pool_blocks, asynchronous, jitter)
+    writer = RunWriter(None, {"kind": "engine", "backend": backend, "prefill": str(config.prefill),
+                              "admission": str(config.admission), "prefix_cache": config.prefix_cache,
+                              "max_batch": max_batch, "pool_blocks": pool_blocks, "block_size": runner.block_size,
+                              "max_tokens": runner.max_tokens,
+                              "max_num_batched_tokens": config.max_num_batched_tokens})
+    _, timer = serve(trace, runner, RetireCostRecorder(writer, backend, clock, cost.retire_s), config, pool_blocks,
+                     clock=clock)
+    writer.close(decode_overruns=timer.overruns)
     return writer.record()
 
 

@@ -8,6 +8,8 @@ V = "results/validation-v26-b04010c1"
 def _rows(out: str) -> dict:
     rows = {}
     for line in out.splitlines()[1:]:
+        if "|" not in line:  # the speed lines that follow the table
+            continue
         head, *cells = line.split("|")
         load, policy, runs = head.split()
         rows[load, policy] = int(runs), [c.split(",") for c in cells]
@@ -22,6 +24,20 @@ def test_every_complete_run_is_graded_at_its_own_speed_by_load_and_policy(script
     assert sum(n for (load, policy), (n, _) in rows.items() if load == "near" and policy != "all") == 18
     served = rows["near", "all"][1][2]
     assert abs(float(served[0].rstrip("%"))) < 1.0  # at its own speed the served rate is the run's, to 1%
+
+
+def test_sensitivity_turns_the_bias_into_the_speed_it_amounts_to(script, capsys):
+    """Near capacity a slower engine waits longer: over v26's 18 runs TTFT p50 moves several percent per 1% of speed,
+    and the line says the bias over that."""
+    import re
+
+    bias = script("own_speed_bias")
+    assert bias.main(["--table", TABLE, "--sensitivity", V]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("near: steps while a request waits run"))
+    sens, mean, speed = (float(x) for x in re.search(
+        r"moves ([\d.]+)% per 1% of speed .* bias ([-+][\d.]+)% is ([-+][\d.]+)% of speed", line).groups())
+    assert sens > 2 and abs(speed - mean / sens) < 0.01 + 0.01 * abs(speed)
 
 
 def test_a_run_is_simulated_at_its_own_speed(script, capsys, tmp_path):

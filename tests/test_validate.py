@@ -246,3 +246,30 @@ def test_a_plans_table_that_is_nowhere_is_left_for_compare_to_name(tmp_path):
     (tmp_path / "t.json").write_text(json.dumps({"table_id": "1" * 16}))
     (tmp_path / "t-other.json").write_text(json.dumps({"table_id": "2" * 16}))
     assert plan_table(tmp_path) == tmp_path / "t.json"
+
+
+def test_replay_reproduces_each_real_run_and_keeps_what_it_wrote(inputs, tmp_path, capsys):
+    """`validate replay`: every complete run of the plan's points through the scheduler at its recorded step times,
+    one line a run; written once (--force to replace); a directory without a plan is one line and exit 2."""
+    from servecap.costs.table import load_cost_table
+    out = tmp_path / "v"
+    assert main(["plan", "--n", str(N), "--azure", str(inputs / "azure.csv"), "--sharegpt", str(inputs / "sharegpt.csv"),
+                 "--table", str(inputs / "table.json"), "--skip", "curve,closed,policies,fleet,public-below",
+                 "--only", "azure-conv-near,sharegpt-past", "--repeats", "2", "--out", str(out)]) == 0
+    fill_real(out, load_cost_table(inputs / "table.json"))  # the simulator's runs with seeded step noise
+    capsys.readouterr()
+    assert main(["replay", "--out", str(out)]) == 0
+    assert "4 of 4 runs identical" in capsys.readouterr().out
+    doc = json.loads((out / "replay.json").read_text())
+    assert doc["identical"] == doc["runs"] == 4 and doc["git_commit"]
+    assert "| azure-conv-near-" in (out / "replay.md").read_text()
+    assert main(["replay", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds replay.md, replay.json" in err and err.count("\n") == 1
+    assert main(["replay", "--out", str(out), "--only", "sharegpt-past", "--force"]) == 0
+    assert "2 of 2 runs identical" in capsys.readouterr().out
+    assert main(["replay", "--out", str(out), "--only", "nowhere", "--force"]) == 2
+    assert "--only names point(s) the plan does not have: nowhere" in capsys.readouterr().err
+    assert main(["replay", "--out", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err
+    assert "no validation plan here" in err and err.count("\n") == 1

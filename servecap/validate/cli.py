@@ -2,7 +2,9 @@
 
 plan (CPU) chooses the points from the simulator's sweeps of a frozen cost table and writes each point's prediction
 into plan.json; real (GPU) runs them on the engine and writes one run record per point and repeat under real/;
-report (CPU) puts the plan's predictions beside the measured runs and writes report.md, points.csv and a figure.
+report (CPU) puts the plan's predictions beside the measured runs and writes report.md, points.csv and a figure;
+replay (CPU) runs each real run's recorded step times through the simulator's scheduler, to show that what a
+prediction misses is the step costs and not the scheduling.
 Nothing already written is replaced unless --force says so; a problem is one line on stderr and exit status 2.
 """
 from __future__ import annotations
@@ -184,6 +186,13 @@ def parser() -> argparse.ArgumentParser:
                       help="also predict every point from this table (calibrate --from-runs of real runs)")
     mech.add_argument("--force", action="store_true", help="replace an existing mechanisms.md")
 
+    rep = sub.add_parser("replay", parents=[common],
+                         help="each real run through the simulator's scheduler at its own recorded step times: "
+                              "whether scheduling is the engine's, run by run (CPU)")
+    rep.add_argument("--only", metavar="ID1,ID2", type=_ids,
+                     help="replay only these points' runs, by id with or without its rate")
+    rep.add_argument("--force", action="store_true", help="replace an existing replay.md and replay.json")
+
     report = sub.add_parser("report", parents=[common], help="predicted beside measured (CPU)")
     report.add_argument("--table", type=Path, help=GRADED_TABLE)
     report.add_argument("--force", action="store_true", help="replace an existing report")
@@ -264,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
                           f"{' cache' * p.serving.prefix_cache} rows {p.serving.max_batch} "
                           f"pool {p.serving.pool.gib or 'engine'} x{p.repeats}" + (f" after {p.warmup} warm-up" if p.warmup else "")
                           + (" (fresh engine)" if p.fresh else ""))
+            elif args.step == "replay":
+                from .replay_report import write as write_replay
+                path, same, n = write_replay(args.out, args.only, args.force,
+                                             progress=lambda m: print(m, file=sys.stderr))
+                print(f"wrote {path} and replay.json: {same} of {n} runs identical")
             elif args.step == "policies":
                 from .policies import write
                 print(f"wrote {write(args.out, args.predictions, args.table, args.allow_nonstationary, args.force)}")
