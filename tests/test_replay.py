@@ -3,6 +3,7 @@ identical to the run wherever the scheduling is the engine's, and not identical,
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 from helpers import linear_table, run_cli, serve_virtual
@@ -13,6 +14,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 from servecap.costs.model import CostModel  # noqa: E402
 from servecap.sim.replay import replay  # noqa: E402
 from servecap.traces.errors import InputError  # noqa: E402
+from servecap.traces.trace_io import write_trace  # noqa: E402
 from servecap.traces.workload import length_trace, poisson_trace  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # derived-cost notices of the synthetic tables
@@ -79,3 +81,30 @@ def test_a_fleets_record_is_refused():
     rec = serve_virtual(trace, COST, "paged", 8, 400)
     with pytest.raises(InputError, match="fleet"):
         replay(dataclasses.replace(rec, meta={**rec.meta, "replicas": 2}), trace)
+
+
+def _on_disk(rec, trace, tmp_path):
+    from servecap.traces.records import RunWriter
+    w = RunWriter(tmp_path / "run", rec.meta)
+    for t in ("requests", "steps", "rejected"):
+        w.add_many(t, getattr(rec, t).itertuples(index=False, name=None))
+    w.close(**{k: rec.meta[k] for k in ("decode_overruns",)})
+    return tmp_path / "run", write_trace(trace, tmp_path / "trace.csv")
+
+
+def test_sim_replay_says_identical_or_names_the_step_and_refuses_another_trace(tmp_path, capsys):
+    from servecap.sim.cli import main
+    trace = poisson_trace(6.0, 60, 2)
+    rec = serve_virtual(trace, COST, "paged", 8, 400, asynchronous=True)
+    run, path = _on_disk(rec, trace, tmp_path)
+    code, out, _ = run_cli(main, capsys, "replay", run, "--trace", path)
+    assert code == 0 and out.startswith(f"identical: {len(rec.steps)} steps as the engine ran them")
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "max_batch": 4}))
+    code, out, _ = run_cli(main, capsys, "replay", run, "--trace", path)
+    assert code == 1 and out.startswith("not identical: step ") and "the scheduler asked for" in out
+    other = write_trace(poisson_trace(6.0, 60, 3), tmp_path / "other.csv")
+    code, _, err = run_cli(main, capsys, "replay", run, "--trace", other)
+    assert code == 2 and "is not the trace this run served" in err and err.count("\n") == 1
+    code, _, err = run_cli(main, capsys, "replay", tmp_path / "nothing", "--trace", path)
+    assert code == 2 and err.count("\n") == 1

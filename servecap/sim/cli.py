@@ -1,4 +1,5 @@
-"""`python -m sim`: simulate one point (run) or a grid of them (sweep); with no arguments, the default sweep.
+"""`python -m sim`: simulate one point (run) or a grid of them (sweep); with no arguments, the default sweep; replay an
+engine's run record at its own step times (replay).
 
 Everything a command is given is checked before anything runs or is written; a problem is one line on
 stderr and exit status 2.
@@ -42,7 +43,7 @@ from .sweep import AUTO_POINTS, AUTO_SPAN, RemoteMap, Workload, run_sweep
 # 400-request point takes to simulate).
 
 DEFAULT_OUT = Path("sim-out")
-SUBCOMMANDS = ("run", "sweep", "capacity")
+SUBCOMMANDS = ("run", "sweep", "capacity", "replay")
 
 
 def _rates(text: str) -> list[float] | None:
@@ -168,6 +169,17 @@ def parser() -> argparse.ArgumentParser:
 
     from .capacity_cli import add_parser as add_capacity
     add_capacity(sub, _common)
+
+    rep = sub.add_parser("replay", help="replay an engine's run record at its own step times: is the scheduling the "
+                                        "engine's?", description=(
+        "Put an engine's run record through the simulator's scheduler and step loop again, each step taking the "
+        "time the engine's took (servecap/sim/replay.py), with the configuration its meta.json names. Identical "
+        "(exit 0): every step as the engine ran it and every request's admission, first token and finish within "
+        "1 us; then what a prediction of the run misses is the step costs alone. Otherwise (exit 1) it names the "
+        "first step that differs. A validation's runs: python -m validate replay."))
+    rep.add_argument("run", type=Path, metavar="RUN_DIR", help="the engine's run-record directory (one engine)")
+    rep.add_argument("--trace", type=Path, required=True, help="the request-trace file the run served")
+    rep.set_defaults(func=cmd_replay)
     return top
 
 
@@ -497,6 +509,30 @@ def _points_on(where: str) -> Iterator[RemoteMap | None]:
         raise InputError("--on modal needs the modal package: pip install -e '.[modal]', then modal setup") from None
     with modal_app.mapper() as remote:
         yield remote
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from servecap.traces.records import read_run, unfinished
+    from servecap.traces.trace_io import read_trace
+
+    from .replay import TIMES, replay
+    rec = read_run(args.run)
+    why = unfinished(rec)
+    if why:
+        raise InputError(why, path=args.run)
+    r = replay(rec, read_trace(args.trace), args.run, args.trace)
+    real, replayed = r.ttft_p50()
+    errors = ", ".join(f"{c} {1e3 * r.error_s(c):.3f}" for c in TIMES)
+    if r.identical:
+        print(f"identical: {r.used} steps as the engine ran them; every request's times within 1 us "
+              f"(largest |replayed - recorded| ms: {errors})")
+        return 0
+    d = r.divergence
+    print("not identical: " + (f"step {d.index} at {d.start:.6f} s: the engine ran {d.recorded}, the scheduler "
+                               f"asked for {d.asked}; " if d else "every step as the engine ran it, but ")
+          + f"largest |replayed - recorded| ms: {errors}; TTFT p50 {1e3 * real:.1f} ms recorded, "
+          f"{1e3 * replayed:.1f} ms replayed")
+    return 1
 
 
 @command("sim")

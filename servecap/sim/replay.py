@@ -145,14 +145,14 @@ def _describe(kind: str, rows: int, tokens: int | None) -> str:
     return f"{kind} of {rows} row(s)" + ("" if tokens is None else f", {tokens} positions")
 
 
-def serving_of(meta: dict) -> tuple[ServingConfig, int, int | None]:
+def serving_of(meta: dict, path: object = None) -> tuple[ServingConfig, int, int | None]:
     """The serving configuration a record's engine ran, its pool's blocks and its most positions a request, from
-    its meta.json."""
+    its meta.json (`path`: the record, for a refusal's message)."""
     if int(meta.get("replicas", 1) or 1) > 1:
-        raise InputError("is a fleet's record; a replay takes one engine's")
+        raise InputError("is a fleet's record; a replay takes one engine's", path=path)
     missing = [k for k in ("backend", "prefill", "max_batch", "pool_blocks") if k not in meta]
     if missing:
-        raise InputError(f"meta.json lacks {', '.join(missing)}: not an engine's run record")
+        raise InputError(f"meta.json lacks {', '.join(missing)}: not an engine's run record", path=path)
     model = meta.get("model") or {}
     names = [k for k, spec in MODELS.items() if config_hash(spec) == model.get("config_hash")]
     serving = ServingConfig(model=names[0] if names else ServingConfig.model, dtype=model.get("dtype", "float16"),
@@ -192,9 +192,22 @@ class Replay:
                 float(np.nanmedian(r.first_token_replay - r.arrival)))
 
 
-def replay(rec: RunRecord, trace: Trace) -> Replay:
-    """Replay `rec` (one engine's complete record) with its trace's requests through the configuration it ran."""
-    serving, pool_blocks, max_tokens = serving_of(rec.meta)
+def _check_same_requests(rec: RunRecord, trace: Trace, path: object) -> None:
+    """The trace is the one the run served: every recorded request is in it, arriving when the record says."""
+    arrivals = {r.request_id: r.arrival for r in trace.requests}
+    for rid, arrival in zip(rec.requests.request_id.tolist(), rec.requests.arrival.tolist()):
+        theirs = arrivals.get(int(rid))
+        if theirs is None or abs(theirs - arrival) > SAME_S:
+            where = "is not in the trace" if theirs is None else f"arrives at {theirs:.6f} s in the trace"
+            raise InputError(f"is not the trace this run served: its request {int(rid)} {where}, at {arrival:.6f} s "
+                             "in the record", path=path)
+
+
+def replay(rec: RunRecord, trace: Trace, run_path: object = None, trace_path: object = None) -> Replay:
+    """Replay `rec` (one engine's complete record) with its trace's requests through the configuration it ran; the
+    paths name the two in a refusal."""
+    serving, pool_blocks, max_tokens = serving_of(rec.meta, run_path)
+    _check_same_requests(rec, trace, trace_path)
     writer = RunWriter(None, {"kind": "replay"}, ("requests", "steps", "rejected"))
     timer = RecordedTimer(rec.steps, rec.requests.finished.to_numpy(float),
                           int(rec.meta.get("decode_overruns", 0) or 0))

@@ -40,7 +40,7 @@ def replay_runs(out: Path, only: list[str] | None = None,
             continue
         trace = build_trace(p.trace, out)
         for run in runs:
-            r = replay(read_run(run), trace)
+            r = replay(read_run(run), trace, run, out / p.trace.get("path", "plan.json"))
             real, replayed = r.ttft_p50()
             d = r.divergence
             rows.append({"point": pid, "run": run.name, "identical": r.identical, "steps_used": r.used,
