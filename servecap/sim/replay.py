@@ -79,11 +79,15 @@ class RecordedTimer:
         self.t = 0.0
         self.overruns = overruns  # past-stop decode steps the record still holds
         self.divergence: Divergence | None = None
-        self.beyond = 0  # steps asked for after the record's last (a replay out of step)
 
     @property
     def in_step(self) -> bool:
         return self.divergence is None
+
+    @property
+    def recorded(self) -> int:
+        """The record's steps."""
+        return len(self._dur)
 
     def now(self) -> float:
         # A pass starting after a wait starts when the engine woke, once the replay is at that step.
@@ -97,9 +101,8 @@ class RecordedTimer:
 
     def _take(self, kind: str, rows: int, tokens: int | None) -> float:
         i = self.i
-        if i >= len(self._dur):
-            self.beyond += 1
-            self._diverge(i, math.inf, "no step", kind, rows, tokens)
+        if i >= len(self._dur):  # out of step, the scheduler asks for more than the engine ran: the last step's
+            self._diverge(i, math.inf, "no step", kind, rows, tokens)  # time again, so that the replay ends
             return self._dur[-1] if self._dur else 0.0
         self.i += 1
         self._retiring = self._retire[i]
@@ -123,8 +126,8 @@ class RecordedTimer:
                stop: float) -> tuple[None, list[float]]:
         n, t, ends = len(rows), start, []
         while True:
-            if self.in_step and self.i < len(self._start):  # records from before steps tiled the busy time
-                t = max(t, self._start[self.i])  # left the host's work between two steps in a gap
+            if self.in_step and self.i < len(self._start):  # a gap before the step: the host's work, in records
+                t = max(t, self._start[self.i])  # made before steps tiled the busy time
             t += self._take("decode", n, None)
             ends.append(t)
             if len(ends) == limit or not self._next_is_decode(n):
@@ -183,7 +186,7 @@ class Replay:
     def identical(self) -> bool:
         """Every step as the engine ran it, and every request's times within SAME_S of the record's."""
         return (self.divergence is None and self.used == self.recorded
-                and all(not self.error_s(c) > SAME_S for c in TIMES))
+                and all(not self.error_s(c) > SAME_S for c in TIMES))  # NaN: no request has both, nothing differs
 
     def ttft_p50(self) -> tuple[float, float]:
         """TTFT p50, recorded and replayed (seconds)."""
@@ -218,4 +221,4 @@ def replay(rec: RunRecord, trace: Trace, run_path: object = None, trace_path: ob
     mine = writer.record().requests[["request_id", *TIMES]]
     theirs = rec.requests[["request_id", "arrival", *TIMES]]
     both = theirs.merge(mine, on="request_id", how="outer", suffixes=("", "_replay"))
-    return Replay(timer.i, len(timer._dur), timer.divergence, both)
+    return Replay(timer.i, timer.recorded, timer.divergence, both)
