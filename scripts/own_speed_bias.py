@@ -11,7 +11,11 @@ the scheduling is the engine's: each run at its own recorded step times is repro
 Per load it also prints how the run's speed differs between its steps while a request waits (arrived, not yet
 admitted) and the others, and with --sensitivity how far TTFT p50 moves per 1% of speed (each run simulated again
 at its speed +-1%; the mean over the runs, since near capacity one run's TTFT p50 is not monotone in its speed):
-the bias over that is the speed error it amounts to.
+the bias over that is the speed error it amounts to. With --before-prefill, what the decode step right before a
+prefill (or fused) step holds over its price (the host's work at the pass's end, the device idle: the engine does not
+launch a step ahead past an admissible arrival), per such step, and the bias when each run is simulated with that
+time put on its prefill steps that follow a decode step, its other steps at the speed that keeps its total: an
+in-sample check of a term the cost model does not have.
 
     python scripts/own_speed_bias.py --table T [--sensitivity] DIR [DIR ...]
 """
@@ -26,11 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
+from servecap.costs.context import IDLE_S, RETIRED
 from servecap.costs.model import CostModel
 from servecap.costs.recorded import contextual, priced_steps
 from servecap.sim.inputs import load_table
-from servecap.sim.intervals import scaled, simulated
+from servecap.sim.intervals import scaled, scaled_table, simulated
 from servecap.traces.errors import InputError
+from servecap.traces.metrics import scored
 from servecap.traces.records import read_run
 from servecap.validate.noise import runs_by_point, speed_and_residuals
 from servecap.validate.plan import point_config
@@ -57,10 +63,37 @@ def waiting_speeds(rec, cost: CostModel) -> tuple[float, float]:
     return speed(waiting), speed(~waiting)
 
 
-def residuals(validation: Path, table, sensitivity: bool = False) -> list[tuple[str, str, dict]]:
+class _PassEnd(CostModel):
+    """A model that prices a prefill step after a decode step `extra_s` more: the pass's end before it."""
+
+    def __init__(self, table, extra_s: float):
+        super().__init__(table)
+        self.extra_s = extra_s
+
+    def prefill_in_context(self, shape, policy, prev_kind, idle_s, clock_mhz=None) -> float:
+        d = super().prefill_in_context(shape, policy, prev_kind, idle_s, clock_mhz)
+        return d + self.extra_s if prev_kind in ("decode", RETIRED) and idle_s < IDLE_S else d
+
+
+def before_prefill(rec, cost: CostModel) -> tuple[float, float]:
+    """(seconds the decode steps right before a prefill or fused step hold over their price at the run's speed, per
+    such step; the speed of the run's steps without that time)."""
+    steps = priced_steps(rec, cost)
+    price = contextual(steps, cost.correction)
+    real = steps.real_s.to_numpy()
+    kind = steps.step_kind.to_numpy()
+    f = real.sum() / price.sum()
+    before = np.r_[(kind[:-1] == "decode") & (kind[1:] != "decode"), False]
+    extra = float((real[before] - f * price[before]).sum())
+    return extra / max(int(before.sum()), 1), (real.sum() - extra) / price.sum()
+
+
+def residuals(validation: Path, table, sensitivity: bool = False,
+              pass_end: bool = False) -> list[tuple[str, str, dict]]:
     """(load, prefill policy, log(measured / simulated at its own speed) by metric, with `waiting` and `others`
-    (waiting_speeds) and with `sensitivity` the change in log TTFT p50 per unit log speed) for every complete run
-    of every arrival point of the validation's plan."""
+    (waiting_speeds), with `sensitivity` the change in log TTFT p50 per unit log speed, and with `pass_end` the
+    pass's end before a prefill step (before_prefill) and TTFT p50's log error with it priced on that step) for
+    every complete run of every arrival point of the validation's plan."""
     points = {p.id: p for p in load_plan(validation)[1]}
     cost = CostModel(table)
     out = []
@@ -70,14 +103,20 @@ def residuals(validation: Path, table, sensitivity: bool = False) -> list[tuple[
             continue
         recs = [read_run(r) for r in runs]
         speeds, res, _ = speed_and_residuals(validation, p, recs, table)
-        if sensitivity:
+        if sensitivity or pass_end:
             trace = build_trace(p.trace, validation)
-            run = simulated(point_config(p), trace.meta.get("rate") or trace.offered_rate)
+            rate = trace.meta.get("rate") or trace.offered_rate
+            run = simulated(point_config(p), rate)
         for f, r, rec in zip(speeds, res, recs):
             r["waiting"], r["others"] = waiting_speeds(rec, cost)
             if sensitivity:
                 slow, fast = (run(trace, scaled(table, f * (1 + d)))["ttft_p50"] for d in (STEP, -STEP))
                 r["sensitivity"] = math.log(slow / fast) / math.log((1 + STEP) / (1 - STEP))
+            if pass_end:
+                extra, rest = before_prefill(rec, cost)
+                r["pass_end_s"] = extra
+                r["ttft_p50_pass_end"] = math.log(scored(rec, rate)["ttft_p50"]
+                                                  / run(trace, _PassEnd(scaled_table(table, rest), extra))["ttft_p50"])
             out.append((p.load, str(p.serving.prefill).partition(":")[0], r))
     return out
 
@@ -86,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("validations", nargs="+", type=Path, metavar="DIR")
     ap.add_argument("--table", type=Path, required=True, help="the cost table that prices the runs' steps")
+    ap.add_argument("--before-prefill", action="store_true",
+                    help="also what the decode step before a prefill step holds over its price, and the bias with it "
+                         "priced on the prefill step instead (in sample)")
     ap.add_argument("--sensitivity", action="store_true",
                     help=f"also simulate each run at its speed +-{100 * STEP:g}%%: how far TTFT p50 moves per 1%% of "
                          "speed")
@@ -93,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")
     try:
         table = load_table(args.table)
-        rows = [r for v in args.validations for r in residuals(v, table, args.sensitivity)]
+        rows = [r for v in args.validations for r in residuals(v, table, args.sensitivity, args.before_prefill)]
     except InputError as e:
         print(f"own_speed_bias: error: {e}", file=sys.stderr)
         return 2
@@ -126,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
             line += (f"; TTFT p50 moves {sens:.1f}% per 1% of speed (mean of runs), so its mean bias "
                      f"{100 * bias:+.1f}% is {100 * bias / sens:+.2f}% of speed")
         print(line)
+        if args.before_prefill:
+            print(f"{load}: the decode step before a prefill step holds " + ", ".join(
+                f"{policy} {1e3 * statistics.mean(r['pass_end_s'] for l, q, r in rows if l == load and q == policy):.3f}"
+                for policy in sorted({q for l, q, _ in rows if l == load})) + " ms over its price; priced on the "
+                f"prefill step instead, TTFT p50's mean bias is "
+                f"{100 * statistics.mean(r['ttft_p50_pass_end'] for r in group):+.1f}% (at the run's speed alone "
+                f"{100 * statistics.mean(r['ttft_p50'] for r in group if 'ttft_p50' in r):+.1f}%)")
     return 0
 
 

@@ -68,3 +68,34 @@ def test_bad_input_is_one_line(script, capsys, tmp_path):
     assert bias.main(["--table", TABLE, str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(e.startswith("own_speed_bias: error:") for e in err)
+
+
+def test_the_pass_end_before_a_prefill_is_measured_and_priced_on_the_prefill_step(script, capsys):
+    """v26's runs: the decode step before a prefill step holds tenths of a ms over its price (the host's work at the
+    pass's end, the device idle); priced on the prefill step instead, each run simulated again."""
+    import re
+
+    bias = script("own_speed_bias")
+    assert bias.main(["--table", TABLE, "--before-prefill", V]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("near: the decode step before a prefill step holds"))
+    held = dict((p, float(ms)) for p, ms in re.findall(r"(chunked|mixed|packed|padded) ([\d.]+)", line))
+    assert set(held) == {"chunked", "mixed", "packed", "padded"} and all(0 < ms < 1 for ms in held.values())
+    moved, alone = (float(x) for x in re.search(r"bias is ([-+][\d.]+)% \(at the run's speed alone ([-+][\d.]+)%",
+                                                 line).groups())
+    assert moved != alone
+
+
+def test_a_model_with_the_pass_end_prices_a_prefill_after_a_decode_step_more_and_no_other(script):
+    from servecap.costs.model import CostModel
+    from servecap.costs.shapes import PrefillShape
+    from servecap.sim.inputs import load_table
+
+    bias = script("own_speed_bias")
+    table = load_table(TABLE)
+    base, more = CostModel(table), bias._PassEnd(table.raw, 0.001)
+    shape = PrefillShape.of([512])
+    for prev, idle, extra in (("decode", 0.0, 0.001), ("retired", 0.0, 0.001), ("prefill", 0.0, 0.0),
+                              ("decode", 1.0, 0.0), (None, 0.0, 0.0)):
+        got = more.prefill_in_context(shape, "padded", prev, idle) - base.prefill_in_context(shape, "padded", prev, idle)
+        assert abs(got - extra) < 1e-12, (prev, idle)
