@@ -51,7 +51,8 @@ def replay_runs(out: Path, only: list[str] | None = None,
                          "engine_ran": None if d is None else d.recorded,
                          "scheduler_asked": None if d is None else d.asked})
             progress(f"{pid} {run.name}: " + ("identical" if r.identical else
-                                              f"not identical (first divergence: {d})" if d else "times differ"))
+                                              f"not identical: step {d.index}, the engine ran {d.recorded}, the "
+                                              f"scheduler asked for {d.asked}" if d else "not identical: times differ"))
     if not rows:
         raise InputError("has no complete real run of a single-engine point to replay", path=out / "real")
     return pd.DataFrame(rows)
