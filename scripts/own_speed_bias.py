@@ -46,14 +46,12 @@ METRICS = ("ttft_p50", "queue_wait_p50", "served_rate")
 STEP = 0.01  # the speed change --sensitivity simulates each run at, each way
 
 
-def waiting_speeds(rec, cost: CostModel) -> tuple[float, float]:
+def waiting_speeds(steps, price: np.ndarray, req) -> tuple[float, float]:
     """log of the run's speed over its steps that start while a request waits (arrived, not admitted), and over the
-    others, each against its speed over all its steps."""
-    steps = priced_steps(rec, cost)
-    price = contextual(steps, cost.correction)
+    others, each against its speed over all its steps (`steps` priced_steps' rows, `price` their contextual price,
+    `req` the run's requests)."""
     real = steps.real_s.to_numpy()
     start = steps.start.to_numpy()
-    req = rec.requests
     waiting = (np.searchsorted(np.sort(req.arrival.to_numpy(float)), start, side="right")
                > np.searchsorted(np.sort(req.admitted.to_numpy(float)), start, side="right"))
     f = real.sum() / price.sum()
@@ -75,11 +73,9 @@ class _PassEnd(CostModel):
         return d + self.extra_s if prev_kind in ("decode", RETIRED) and idle_s < IDLE_S else d
 
 
-def before_prefill(rec, cost: CostModel) -> tuple[float, float]:
+def before_prefill(steps, price: np.ndarray) -> tuple[float, float]:
     """(seconds the decode steps right before a prefill or fused step hold over their price at the run's speed, per
-    such step; the speed of the run's steps without that time)."""
-    steps = priced_steps(rec, cost)
-    price = contextual(steps, cost.correction)
+    such step; the speed of the run's steps without that time), `steps` and `price` as for waiting_speeds."""
     real = steps.real_s.to_numpy()
     kind = steps.step_kind.to_numpy()
     f = real.sum() / price.sum()
@@ -108,12 +104,14 @@ def residuals(validation: Path, table, sensitivity: bool = False,
             rate = trace.meta.get("rate") or trace.offered_rate
             run = simulated(point_config(p), rate)
         for f, r, rec in zip(speeds, res, recs):
-            r["waiting"], r["others"] = waiting_speeds(rec, cost)
+            steps = priced_steps(rec, cost)  # once a run, for both
+            price = contextual(steps, cost.correction)
+            r["waiting"], r["others"] = waiting_speeds(steps, price, rec.requests)
             if sensitivity:
                 slow, fast = (run(trace, scaled(table, f * (1 + d)))["ttft_p50"] for d in (STEP, -STEP))
                 r["sensitivity"] = math.log(slow / fast) / math.log((1 + STEP) / (1 - STEP))
             if pass_end:
-                extra, rest = before_prefill(rec, cost)
+                extra, rest = before_prefill(steps, price)
                 r["pass_end_s"] = extra
                 r["ttft_p50_pass_end"] = math.log(scored(rec, rate)["ttft_p50"]
                                                   / run(trace, _PassEnd(scaled_table(table, rest), extra))["ttft_p50"])

@@ -70,7 +70,7 @@ def markdown(df: pd.DataFrame, out: Path) -> str:
     for r in df.itertuples():
         err = " / ".join("-" if math.isnan(getattr(r, f"max_error_ms_{c}")) else
                          f"{getattr(r, f'max_error_ms_{c}'):.3f}" for c in TIMES)
-        div = "" if r.engine_ran is None or r.engine_ran != r.engine_ran else (
+        div = "" if pd.isna(r.engine_ran) else (
             f"step {r.diverged_at_step} at {r.diverged_at_s:.3f} s: engine ran {r.engine_ran}, "
             f"scheduler asked {r.scheduler_asked}")
         lines.append(f"| {r.point} | {r.run} | {'yes' if r.identical else 'no'} | {r.steps_used} of "
