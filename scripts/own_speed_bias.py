@@ -34,13 +34,13 @@ from servecap.costs.context import IDLE_S, RETIRED
 from servecap.costs.model import CostModel
 from servecap.costs.recorded import contextual, priced_steps
 from servecap.sim.inputs import load_table
-from servecap.sim.intervals import scaled, scaled_table, simulated
+from servecap.sim.intervals import scaled, scaled_table
 from servecap.traces.errors import InputError
 from servecap.traces.metrics import scored
 from servecap.traces.records import read_run
 from servecap.validate.noise import runs_by_point, speed_and_residuals
-from servecap.validate.plan import point_config
-from servecap.validate.points import build_trace, load_plan
+from servecap.validate.plan import point_simulation
+from servecap.validate.points import load_plan
 
 METRICS = ("ttft_p50", "queue_wait_p50", "served_rate")
 STEP = 0.01  # the speed change --sensitivity simulates each run at, each way
@@ -100,9 +100,7 @@ def residuals(validation: Path, table, sensitivity: bool = False,
         recs = [read_run(r) for r in runs]
         speeds, res, _ = speed_and_residuals(validation, p, recs, table)
         if sensitivity or pass_end:
-            trace = build_trace(p.trace, validation)
-            rate = trace.meta.get("rate") or trace.offered_rate
-            run = simulated(point_config(p), rate)
+            trace, rate, run = point_simulation(p, validation)
         for f, r, rec in zip(speeds, res, recs):
             steps = priced_steps(rec, cost)  # once a run, for both
             price = contextual(steps, cost.correction)

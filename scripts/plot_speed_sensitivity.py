@@ -20,13 +20,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from servecap.sim.inputs import load_table  # noqa: E402
-from servecap.sim.intervals import scaled, simulated  # noqa: E402
+from servecap.sim.intervals import scaled  # noqa: E402
 from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.metrics import scored  # noqa: E402
 from servecap.traces.records import read_run  # noqa: E402
 from servecap.validate.noise import runs_by_point, speed_and_residuals  # noqa: E402
-from servecap.validate.plan import point_config  # noqa: E402
-from servecap.validate.points import build_trace, load_plan  # noqa: E402
+from servecap.validate.plan import point_simulation  # noqa: E402
+from servecap.validate.points import load_plan  # noqa: E402
 
 SPEEDS = np.linspace(0.97, 1.03, 25)
 
@@ -41,9 +41,7 @@ def curves(validations: list[Path], table) -> list[dict]:
             p = points.get(pid)
             if p is None or p.load != "near" or p.serving.replicas > 1:
                 continue
-            trace = build_trace(p.trace, v)
-            rate = trace.meta.get("rate") or trace.offered_rate
-            run = simulated(point_config(p), rate)
+            trace, rate, run = point_simulation(p, v)
             recs = [read_run(r) for r in runs]
             speeds, _, _ = speed_and_residuals(v, p, recs, table)
             out.append({"label": f"{v.name.removeprefix('validation-')} {pid}",

@@ -25,7 +25,7 @@ from pathlib import Path
 from scipy import integrate, optimize, stats
 
 from servecap.sim.inputs import load_table
-from servecap.sim.intervals import cost_sigma, load_noise, z_level
+from servecap.sim.intervals import NOISE, cost_sigma, load_noise, z_level
 from servecap.traces.errors import InputError
 
 
@@ -51,7 +51,7 @@ def median_ratio(ratio: float, n: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--table", type=Path, required=True, help="the cost table whose bands are weighed")
-    ap.add_argument("--noise", type=Path, help="a run-to-run noise file (default: the shipped one)")
+    ap.add_argument("--noise", type=Path, default=NOISE, help="a run-to-run noise file (default: the shipped one)")
     ap.add_argument("--level", type=float, default=90.0, help="the band's level, percent (default 90)")
     ap.add_argument("--repeats", default="3,5,10", help="numbers of repeats a point has (default 3,5,10)")
     args = ap.parse_args(argv)
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(got {args.level:g}, {args.repeats!r})", file=sys.stderr)
         return 2
     try:
-        noise = load_noise(args.noise) if args.noise else load_noise()
+        noise = load_noise(args.noise)
         table = load_table(args.table)
     except InputError as e:
         print(f"width_floor: error: {e}", file=sys.stderr)

@@ -53,15 +53,12 @@ def speed_and_residuals(validation: Path, p, recs: list, table) -> tuple[list[fl
     speed) per metric, and whether that simulated run was stable, for point p of the validation's plan."""
     from servecap.costs.model import CostModel
     from servecap.costs.recorded import contextual, priced_steps
-    from servecap.sim.intervals import scaled, simulated
+    from servecap.sim.intervals import scaled
 
-    from .plan import point_config
-    from .points import build_trace
+    from .plan import point_simulation
 
     cost = CostModel(table)
-    trace = build_trace(p.trace, validation)
-    rate = trace.meta.get("rate") or trace.offered_rate
-    run = simulated(point_config(p), rate)
+    trace, rate, run = point_simulation(p, validation)
     speeds, residuals, stable = [], [], []
     for rec in recs:
         steps = priced_steps(rec, cost)

@@ -64,13 +64,20 @@ def point_config(p: Point) -> SimConfig:
     return SimConfig(p.serving, detail="tokens" if p.tokens else "steps")
 
 
-def point_band(iv, table, p: Point, root: Path) -> dict:
-    """Point p's prediction interval (servecap/sim/intervals.py) on the one trace its real runs replay: what the band is
-    graded against is that trace's outcome, so other seeds' traces are not among its samples."""
+def point_simulation(p: Point, root: Path):
+    """Point p's trace, its rate and run(trace, cost): one simulated run of the point's configuration, scored as its
+    prediction is (servecap/sim/intervals.py simulated)."""
     from servecap.sim.intervals import simulated
     trace = build_trace(p.trace, root)
     rate = trace.meta.get("rate") or trace.offered_rate
-    return iv.band([trace], simulated(point_config(p), rate))
+    return trace, rate, simulated(point_config(p), rate)
+
+
+def point_band(iv, table, p: Point, root: Path) -> dict:
+    """Point p's prediction interval (servecap/sim/intervals.py) on the one trace its real runs replay: what the band is
+    graded against is that trace's outcome, so other seeds' traces are not among its samples."""
+    trace, _, run = point_simulation(p, root)
+    return iv.band([trace], run)
 
 
 def predict(table, p: Point, root: Path) -> dict:
