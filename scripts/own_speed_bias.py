@@ -14,8 +14,9 @@ at its speed +-1%; the mean over the runs, since near capacity one run's TTFT p5
 the bias over that is the speed error it amounts to. With --before-prefill, what the decode step right before a
 prefill (or fused) step holds over its price (the host's work at the pass's end, the device idle: the engine does not
 launch a step ahead past an admissible arrival), per such step, and the bias when each run is simulated with that
-time put on its prefill steps that follow a decode step, its other steps at the speed that keeps its total: an
-in-sample check of a term the cost model does not have.
+time put on its prefill steps that follow a decode step, its other steps at the speed that keeps its total: the
+in-sample check that led to the cost model's stretch-end term (a table fitted with it prices that time on the
+step that holds it, so there the step holds about nothing over its price).
 
     python scripts/own_speed_bias.py --table T [--sensitivity] DIR [DIR ...]
 """

@@ -54,8 +54,9 @@ class CostRunner:
     on a GPU), at once, and the host's clock reaches a step's end when it waits for it."""
 
     def __init__(self, cost: CostModel, clock: VirtualClock, num_blocks: int, asynchronous: bool = False,
-                 jitter: float = 0.0, seed: int = 0):
+                 jitter: float = 0.0, seed: int = 0, stretch_end=lambda steps: 0.0):
         self.cost, self.clock, self.asynchronous = cost, clock, asynchronous
+        self.stretch_end = stretch_end  # the host's time at a stretch's end, after its tokens are read, by its steps
         # Each step's time times a seeded lognormal factor of this sigma: steps that vary as a GPU's do, some
         # outlasting the one before by far (a decode step launched ahead may then run past an arrival).
         self._rng = np.random.default_rng(seed) if jitter else None
@@ -99,7 +100,7 @@ class CostRunner:
         self.clock.t = max(self.clock.t, self._ends[j])
 
     def stretch_result(self, steps: int) -> list[list[int]]:
-        self.clock.t = max(self.clock.t, self._ends[steps - 1])
+        self.clock.t = max(self.clock.t, self._ends[steps - 1]) + self.stretch_end(steps)
         return [[-1] * steps for _ in range(self._stretch[0].rows)]
 
 
@@ -125,7 +126,9 @@ def serve_virtual(trace: Trace, cost: CostModel, backend: str, max_batch: int, p
     configuration."""
     clock = VirtualClock()
     config = ServingConfig(max_batch=max_batch, prefill=policy, **serving)
-    runner = CostRunner(cost, clock, pool_blocks, asynchronous, jitter)
+    # the host's work at a stretch's end costs what the cost model says it does
+    runner = CostRunner(cost, clock, pool_blocks, asynchronous, jitter,
+                        stretch_end=lambda steps: cost.stretch_end_s(backend, str(config.prefill), steps))
     writer = RunWriter(None, {"kind": "engine", "backend": backend, "prefill": str(config.prefill),
                               "admission": str(config.admission), "prefix_cache": config.prefix_cache,
                               "max_batch": max_batch, "pool_blocks": pool_blocks, "block_size": runner.block_size,

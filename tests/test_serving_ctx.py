@@ -164,7 +164,7 @@ def test_a_class_keeps_its_median_beside_its_sum_and_a_typical_steps_price_is_th
     real = np.r_[np.full(150, 1.0), np.full(48, 1.3)]  # skewed: most steps at their price, a quarter slower
     steps = pd.DataFrame({"kind": "decode paged padded", "prev_kind": "decode", "idle_s": 0.0, "rows": 8,
                           "kv_max": 500, "kv_tokens": 4000, "tokens": 0, "real_s": real, "model_s": 1.0,
-                          "retire_s": 0.0,
+                          "retire_s": 0.0, "stretch_end": 0,
                           "clock_mhz": np.nan})
     c = fit(steps)
     f = c["factors"]["decode paged padded|decode"]
@@ -336,7 +336,7 @@ def test_a_points_repeats_are_held_out_together():
         return pd.DataFrame({"kind": ["decode paged padded"] * 40, "prev_kind": ["decode"] * 40, "idle_s": 0.0,
                              "rows": 8, "kv_max": 100, "kv_tokens": 800, "tokens": 0, "model_s": 0.01,
                              "real_s": 0.01 * factor,
-                             "retire_s": 0.0, "clock_mhz": float("nan")})
+                             "retire_s": 0.0, "stretch_end": 0, "clock_mhz": float("nan")})
     meta = {"trace_id": "a", "backend": "paged", "prefill": "padded"}
     runs = {Path("a1"): {"meta": meta, "steps": steps(2.0)}, Path("a2"): {"meta": meta, "steps": steps(2.0)},
             Path("b1"): {"meta": {**meta, "trace_id": "b"}, "steps": steps(1.0)}}
@@ -364,7 +364,7 @@ def test_each_points_correction_is_the_fit_of_the_other_points_runs():
                              "idle_s": rng.choice([0.0, 0.5], n), "rows": rng.integers(1, 33, n),
                              "kv_max": rng.integers(16, 4096, n), "kv_tokens": rng.integers(16, 60000, n),
                              "tokens": rng.integers(0, 2048, n), "model_s": model,
-                             "real_s": model * rng.lognormal(0.01, 0.05, n), "retire_s": 0.0,
+                             "real_s": model * rng.lognormal(0.01, 0.05, n), "retire_s": 0.0, "stretch_end": 0,
                              "clock_mhz": rng.choice([1980.0, 1700.0, np.nan], n)})
     decode, prefill = "decode paged padded", "prefill padded"
     runs = {Path(f"{t}{k}"): {"meta": {"trace_id": t, "backend": "paged", "prefill": "padded"},
@@ -725,7 +725,7 @@ def test_the_clock_term_is_fitted_where_the_runs_recorded_telemetry():
     model = rng.uniform(0.002, 0.003, 400)
     ref = float(np.median(clock))
     steps = pd.DataFrame({"kind": "decode paged padded", "prev_kind": "decode", "idle_s": 0.0, "rows": 32, "tokens": 0,
-                          "model_s": model, "retire_s": 0.0, "kv_max": 1000, "kv_tokens": 32000,
+                          "model_s": model, "retire_s": 0.0, "stretch_end": 0, "kv_max": 1000, "kv_tokens": 32000,
                           "real_s": 1.05 * model * (ref / clock) ** 0.8,
                           "clock_mhz": clock})
     c = fit(steps)

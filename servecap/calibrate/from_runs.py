@@ -5,7 +5,11 @@ Every recorded step whose shape the record determines is priced by T at its shap
 put in its serving-context class (servecap/costs/context.py: previous step, idle gap, rows, a decode step's longest
 row; the SM clock where the run recorded telemetry). The correction is each class's summed real over summed model
 (class_factor: the 1% at either end of its real / model left out), and beside it the class's median real / model,
-a typical step's price.
+a typical step's price. The stretch-end term (seconds a decode step that ends its stretch holds over its price,
+by the stretch's length) and the factors are fitted in turn, STRETCH_ROUNDS times: the factors on the steps' time
+less their stretch end, the ends as the mean of what the ending steps of stretches of two steps or more hold over their
+price inside a stretch (after a decode step; the 1% at either end left out), so that a stretch's end is not spread
+over its other steps.
 Held out by run (`holdout="run"`): the runs of each prefill policy, in path order, every HOLDOUT_EVERY-th is left out
 of the fit, and the report (printed, and stored in the table) gives, on the held-out runs only, the median real /
 model per step kind before and after the correction, each run's summed step time error before and after, and the
@@ -30,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from servecap.costs.context import IDLE_S, MIN_STEPS, Correction, keys, previous
+from servecap.costs.context import IDLE_S, MIN_STEPS, Correction, keys, previous, stretch_end_keys
 from servecap.costs.model import CostModel
-from servecap.costs.recorded import contextual, priced_steps
+from servecap.costs.recorded import contextual, priced_steps, stretch_end_prices
 from servecap.costs.table import CORRECTED_VERSION, check_compatible, load_cost_table, save_cost_table
 from servecap.traces.errors import InputError
 from servecap.traces.provenance import git_commit, now_iso
@@ -40,6 +44,7 @@ from servecap.traces.provenance import git_commit, now_iso
 HOLDOUT_EVERY = 3
 TRIM_PCT = 1.0  # a class's steps outside this percentile of real / model at either end are left out of its factor
 CLOCK_MIN_STEPS = 100  # steps with a recorded clock before its exponent is fitted
+STRETCH_ROUNDS = 3  # factors and stretch ends fitted in turn (the third moves an end by well under 1%)
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -115,17 +120,49 @@ def classes(steps) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in sorted(got.items())}
 
 
+def trimmed_mean(x: np.ndarray) -> float:
+    """The mean of x with the values outside its 1st-99th percentile left out (a small set keeps every value)."""
+    lo, hi = np.percentile(x, TRIM_PCT, method="lower"), np.percentile(x, 100 - TRIM_PCT, method="higher")
+    return float(x[(x >= lo) & (x <= hi)].mean())
+
+
+def end_classes(steps) -> dict[str, np.ndarray]:
+    """The steps that end a decode stretch of two steps or more (a one-step stretch's only step is also its first,
+    whose context factor its end cannot be told apart from), by stretch-end key (every level of
+    costs.context.stretch_end_keys)."""
+    got: dict[str, list[int]] = {}
+    for i, (kind, n) in enumerate(zip(steps.kind.tolist(), steps.stretch_end.tolist())):
+        if n >= 2:
+            for key in stretch_end_keys(kind, n):
+                got.setdefault(key, []).append(i)
+    return {k: np.asarray(v) for k, v in sorted(got.items())}
+
+
 def fit(steps, by_class: dict[str, np.ndarray] | None = None) -> dict:
-    """The correction's factors (every key level of costs.context.keys, with its step count) and clock term;
-    `by_class`: classes(steps), where the caller has it already."""
+    """The correction's factors (every key level of costs.context.keys, with its step count), stretch ends and
+    clock term; `by_class`: classes(steps), where the caller has it already."""
     real = (steps.real_s - steps.retire_s).to_numpy()  # the factors scale steps, not retirement
     model = steps.model_s.to_numpy()
     by_class = classes(steps) if by_class is None else by_class
-    factors = {k: {"factor": class_factor(real[v], model[v]), "median": float(np.median(real[v] / model[v])),
-                   "n": len(v)} for k, v in by_class.items()}
+    by_end = end_classes(steps)
     correction = {"method": f"summed real / summed model per (step kind, context class), steps outside the "
                             f"class's {TRIM_PCT:g}th-{100 - TRIM_PCT:g}th percentile of real / model left out",
-                  "idle_s": IDLE_S, "min_steps": MIN_STEPS, "factors": factors, "clock": None}
+                  "idle_s": IDLE_S, "min_steps": MIN_STEPS, "clock": None}
+    held = np.zeros(len(steps))  # each step's stretch end, as the last round fitted it
+    for _ in range(STRETCH_ROUNDS if by_end else 1):
+        own = real - held
+        correction["factors"] = {k: {"factor": class_factor(own[v], model[v]),
+                                     "median": float(np.median(own[v] / model[v])), "n": len(v)}
+                                 for k, v in by_class.items()}
+        if not by_end:
+            break
+        # An ending step over the price it would have inside a stretch (after a decode step): a one-step stretch's
+        # steps all end one, so their own class cannot tell its factor from its end.
+        over = real - _priced(steps.assign(prev_kind="decode", idle_s=0.0, retire_s=0.0, stretch_end=0), correction)
+        ends = {k: {"s": max(0.0, trimmed_mean(over[v])), "n": len(v)} for k, v in by_end.items()}
+        correction["stretch_end"] = {"method": "mean seconds a decode step that ends its stretch holds over its "
+                                               "factor's price, by the stretch's steps", "ends": ends}
+        held = stretch_end_prices(steps, Correction(correction))
     clocked = steps[np.isfinite(steps.clock_mhz.astype(float))]
     if len(clocked) >= CLOCK_MIN_STEPS:
         ref = float(np.median(clocked.clock_mhz))

@@ -56,6 +56,9 @@ class _ReplayTimer:
     def retired(self, n: int) -> None:
         pass
 
+    def stretch_ended(self, steps: int) -> float:
+        return 0.0
+
 
 class _NoLog:
     """A run log that keeps nothing: the replay wants the shapes only."""

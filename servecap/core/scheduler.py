@@ -275,12 +275,13 @@ class Scheduler:
                 return math.inf
         return when
 
-    def can_admit(self) -> bool:
+    def can_admit(self, free: int | None = None) -> bool:
+        """Whether the queue head is admitted now (with `free` blocks free: the pool's, unless given)."""
         if not self.queue or len(self.running) >= self.max_batch:
             return False
         head = self.queue[0]
         need = self._need(head)[0] if head.keys else head.blocks_needed  # most passes: no cache, no call
-        return need + self._watermark <= self.pool.free
+        return need + self._watermark <= (self.pool.free if free is None else free)
 
     def _need(self, seq: Seq) -> tuple[int, list[int]]:
         """The free blocks the sequence takes at admission, and the cached blocks it shares (prefix caching): its
@@ -354,6 +355,21 @@ class Scheduler:
         if self._settled and not self.prefilling:  # most passes: every running row
             return list(self.running)
         return [s for s in self.running if not s.prefilling and s.generated < s.budget]
+
+    def stretch_goes_on(self) -> bool:
+        """Whether the pass schedule() would plan now, with nothing retired since the last, only decodes the rows
+        that are running, as the last pass did: no prompt left to compute, no one to admit, no one to preempt for a
+        block. Where it does not, the engine's decode stretch ended with the last pass (whose end the step loop
+        charges: StepTimer.stretch_ended). Answers as schedule() decides, without changing anything."""
+        if self.prefilling:
+            return False
+        free = self.pool.free
+        if self._grows:  # _grow gives each row that needs one a block first, preempting only when none is free
+            bs = self.pool.block_size
+            free -= sum(1 for s in self.running if s.generated < s.budget and s.kv_len >= len(s.block_table) * bs)
+            if free < 0:
+                return False
+        return not self.can_admit(free)
 
     def max_decode_steps(self, rows: list[Seq]) -> int:
         """Decode steps that can run back to back before the scheduler has anything to decide: until the first

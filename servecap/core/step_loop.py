@@ -21,6 +21,15 @@ launch) is inside the next step's time, not in a gap between steps that no step'
 a pass's records while the next pass's first step runs on the device (servecap/core/recorder.py WriteBehind), so
 that work is not in between; the simulator's clock does not move while it writes, so it is the same loop.
 
+A stretch of decode steps ends where the pass after it plans other work than decoding the same rows on (a prompt to
+compute, an admission, a preemption) or its rows retired (Scheduler.stretch_goes_on): there the engine's host does
+the stretch's end (reading its tokens, retiring, planning) while the device waits, and the loop charges it
+(StepTimer.stretch_ended: the simulator's cost model prices it; the engine's clock has already shown it) before
+the next pass takes its arrivals, on the stretch's last decode step, where the engine's records hold it. A pass
+that only goes on decoding the same rows is the same stretch: so stepping one decode step a pass and
+fast-forwarding charge the same ends. (The engine also ends a pass where its stretch was cut at an arrival that
+no longer fits, under on-demand admission, and every STRETCH_STEPS steps: those ends are not charged.)
+
 Step numbers: a pass's first step has the pass's number; its prefill step (if any) and its first decode step
 both carry it, and its k decode steps take k consecutive numbers, so the next pass is numbered max(k, 1) on.
 """
@@ -99,6 +108,10 @@ class StepTimer(Protocol):
     def retired(self, n: int) -> None:
         """n rows were retired and their records written (the simulator's clock moves past the cost)."""
 
+    def stretch_ended(self, steps: int) -> float:
+        """The decode stretch of `steps` steps that the last pass ran ended: the seconds its end took that the clock
+        has not shown yet (the simulator's, moved past them; 0 for a clock that ran them)."""
+
 
 class TraceArrivals:
     """A trace's requests as the loop sees them: due ones at each step boundary, and what is coming next."""
@@ -162,18 +175,33 @@ class StepLoop:
         keep_times, keep_decode = rec.tokens, rec.keep_decode
         lookahead = arrivals if timer.fast_forward else None
         step = 0  # the next pass's number
-        resume = None  # where the pass that follows straight on starts: the last one's end, after its retirement
+        t = timer.now()  # the next pass's start
+        stretch = 0  # the decode steps of the stretch the last pass ran (0: it ran none)
+        retired = False  # the last pass retired rows
+        written = None  # the last pass's decode steps, written once the next pass's start is known
         while True:
-            # Arrivals: what is due by the pass's start; idle, wait for the next.
-            t = timer.now() if resume is None else resume
-            resume = None
             due = arrivals.due(t)
             if due:
                 self._submit(due)
+            # The last pass's stretch ends unless this pass only decodes the same rows on: its end is the engine's,
+            # before this pass, which then takes what arrived meanwhile too.
+            if stretch and (retired or not sched.stretch_goes_on()):
+                extra = timer.stretch_ended(stretch)
+                stretch = 0
+                if extra:
+                    t += extra
+                    yield t
+                    due = arrivals.due(t)
+                    if due:
+                        self._submit(due)
+            if written is not None:  # the last of them ends where this pass starts (its retirement, its end)
+                rec.decode_steps(*written[:5], t, written[5])
+                written = None
             if sched.idle:
                 if arrivals.exhausted:
                     return
                 yield arrivals.next_time()
+                t = timer.now()
                 continue
             # The plan (a StepPlan, its fields read once; its step is `step`): the admission group, the prefill step,
             # the decode stretch's rows, first shape and bound.
@@ -199,24 +227,26 @@ class StepLoop:
             if rows:
                 tokens, ends = timer.decode(rows, shape, t, limit, stop)
                 sched.advance(rows, ends[-1], len(ends))
+                stretch += len(ends)
                 if tokens is not None:
                     for s, toks in zip(rows, tokens):
                         s.token_ids.extend(toks)
                 if keep_times:
                     for s in rows:
                         s.token_times.extend(ends)
-            # Let the steps' time pass, then retire the rows that finished (retirement costs the timer's time)
-            # and write the decode steps, the last ending where the next pass starts.
+            # Let the steps' time pass, then retire the rows that finished (retirement costs the timer's time);
+            # the next pass starts then.
             yield ends[-1] if ends else t
             done = sched.retire()
+            retired = bool(done)
             if done:
                 rec.finish(done)
                 timer.retired(len(done))
                 if self.on_finish:
                     self.on_finish(done)
-            resume = timer.now()
             if ends and keep_decode:
-                rec.decode_steps(step, shape, t, ends, len(done), resume, 0 if work is not None else len(preempted))
+                written = (step, shape, t, ends, len(done), 0 if work is not None else len(preempted))
+            t = timer.now()
             step += len(ends) if ends else 1
 
 

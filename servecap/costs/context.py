@@ -27,12 +27,21 @@ median in corrections fitted before), not a fitted curve:
 - the SM clock, where the runs recorded telemetry: factor (reference / clock) ** exponent, the exponent fitted on
   the residuals, the reference the median clock of the fitting runs; the simulator, which has no clock, prices at
   the reference (the sustained clock the runs saw), and pricing a recorded step with its clock uses its clock.
+- the stretch's end, where the correction was fitted with it: a decode step that ends its stretch (the pass after it
+  computes a prompt, admits, preempts, or its rows retired) holds the engine's host work at that end (reading the
+  stretch's tokens, retirement, the next plan) while the device waits: an additive term in seconds, not a factor,
+  since it does not scale with the step, by the stretch's length in STRETCH_BUCKETS (in v26's runs it grew from
+  about 0.25 ms after two steps to 0.4 ms after 32). A one-step stretch shares the two-step class and is fitted
+  from none: its only step is also its first, whose cost after a prefill or a retirement the previous-step factor
+  holds, and the two cannot be told apart on it. The step loop charges it where the stretch ends
+  (servecap/core/step_loop.py), so fast-forward and stepping charge it alike; a class with fewer than `min_steps`
+  fitted ends falls back to the kind, the backend across policies, and to 0.
 Chunk steps are priced at their real prefix by the shape itself (servecap/costs/shapes.py); their factor is the chunked
 policy's prefill kind. A class with fewer than `min_steps` fitted steps falls back to the next coarser key
 (kind|previous|rows|longest row|K/V in all, kind|previous|rows|longest row for decode or |size for prefill,
 kind|previous|rows, kind|previous, kind, and for decode the backend across policies), and to 1.
 
-`scale` multiplies every step: the prediction intervals' sampled cost factor (servecap/sim/intervals.py).
+`scale` multiplies every step and stretch end: the prediction intervals' sampled cost factor (servecap/sim/intervals.py).
 
 A table with no correction prices every step exactly as before: the factor is 1 and is never multiplied in.
 """
@@ -49,6 +58,7 @@ ROW_BUCKETS = (1, 8, 16, 32)  # rows up to each bound share a class; more than t
 KV_BUCKETS = (1024, 2048, 3072)  # a decode step's longest row (K/V tokens) up to each bound shares a class
 TOTAL_KV_BUCKETS = (49152,)  # a decode step's K/V tokens in all (every row's) up to each bound share a class
 TOKEN_BUCKETS = (256, 512, 1024, 2048, 3072)  # a prefill step's positions computed up to each bound share a class
+STRETCH_BUCKETS = (2, 4, 8, 16, 32)  # a stretch's decode steps up to each bound share a stretch-end class
 MIN_STEPS = 30
 
 
@@ -134,6 +144,15 @@ def keys(kind: str, prev: str, rows: int, kv_max: int | None = None, tokens: int
     return out
 
 
+def stretch_class(steps: int) -> str:
+    return _bucket(STRETCH_BUCKETS, bisect_left(STRETCH_BUCKETS, steps), "s")
+
+
+def stretch_end_keys(kind: str, steps: int) -> list[str]:
+    """The stretch-end keys of a decode kind's stretch of `steps` steps, most specific first."""
+    return [f"{kind}|{stretch_class(steps)}", kind, " ".join(kind.split(" ")[:2])]
+
+
 def current_kind(key: str) -> str:
     """A factor key under its decode backend's current name: corrections fitted before the rename say `padded`."""
     return re.sub(r"^decode ([\w-]+)", lambda m: f"decode {backend_named(m.group(1))}", key)
@@ -157,6 +176,9 @@ class Correction:
         clock = raw.get("clock") or {}
         self.clock_ref, self.clock_exp = clock.get("reference_mhz"), clock.get("exponent")
         self._cache: dict[tuple, float] = {}
+        ends = (raw.get("stretch_end") or {}).get("ends", {})
+        self.ends = {current_kind(k): float(v["s"]) for k, v in ends.items() if v["n"] >= self.min_steps}
+        self._end_cache: dict[tuple[str, int], float] = {}
 
     def factor(self, kind: str, prev_kind: str | None, idle_s: float, rows: int,
                clock_mhz: float | None = None, kv_max: int | None = None, tokens: int | None = None,
@@ -182,6 +204,18 @@ class Correction:
             f *= (self.clock_ref / clock_mhz) ** self.clock_exp
         return f
 
+    def stretch_end(self, kind: str, steps: int) -> float:
+        """Seconds the engine's host work holds a decode stretch of `steps` steps of this kind at its end (0 where
+        the correction was fitted without the term)."""
+        if not self.ends:
+            return 0.0
+        key = (kind, steps)
+        s = self._end_cache.get(key)
+        if s is None:
+            s = self._end_cache[key] = self.scale * next(
+                (self.ends[k] for k in stretch_end_keys(kind, steps) if k in self.ends), 0.0)
+        return s
+
     def sigma(self, kind: str) -> float | None:
         """The held-out log residual sd of this kind's steps after the correction (None where not measured)."""
         s = {current_kind(k): v for k, v in self.raw.get("residual_sigma", {}).items()}
@@ -202,6 +236,14 @@ def check_correction(c, path, error) -> None:
     scale = c.get("scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         error(f"correction.scale must be a positive number, got {scale!r}")
+    ends = c.get("stretch_end")
+    if ends is not None:
+        if not isinstance(ends, dict) or not isinstance(ends.get("ends"), dict):
+            error("correction.stretch_end must be an object with ends")
+        for k, v in ends["ends"].items():
+            if not (isinstance(v, dict) and isinstance(v.get("s"), (int, float)) and not isinstance(v["s"], bool)
+                    and math.isfinite(v["s"]) and v["s"] >= 0 and isinstance(v.get("n"), int) and v["n"] >= 0):
+                error(f"correction.stretch_end.ends[{k!r}] needs seconds s of 0 or more and a count n, got {v!r}")
     clock = c.get("clock")
     if clock is not None and not (isinstance(clock, dict) and clock.get("reference_mhz", 0) > 0
                                   and isinstance(clock.get("exponent"), (int, float))):

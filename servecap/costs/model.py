@@ -53,6 +53,10 @@
   correction has it (the prefill surface, one smooth form over every shape, errs one way on small single prompts
   and the other on large ones, so a factor learnt on one traffic's mix of sizes would not carry to another's);
   chunk steps: the chunked policy's own prefill kind, each step priced at its real prefix by its shape;
+  stretch end (an additive term, where the correction has it): a decode step that ends its stretch costs s(k, n)
+  seconds more, n its stretch's steps in buckets to 2, 4, 8, 16, 32 and beyond (the host's work when a stretch
+  ends, which the device waits for; fitted on stretches of two steps or more, a one-step stretch's end not being
+  told apart from its first step's context);
   SM clock: (clock_ref / clock) ** e where the fitting runs recorded telemetry, e fitted on the residuals; where
   the clock is not known (the simulator) the factor is 1, i.e. the runs' median clock.
   The step loop's previous step and idle gap reach the simulator through its timer (servecap/sim/simulator.py), which sees
@@ -325,6 +329,13 @@ class CostModel:
             return d
         return d * self.correction.factor(prefill_kind(policy), prev_kind, idle_s, shape.rows, clock_mhz,
                                           tokens=shape.tokens)
+
+    def stretch_end_s(self, backend: str, policy: str, steps: int) -> float:
+        """What the end of a stretch of `steps` decode steps adds to its last step under `policy` (module docstring);
+        0 with no correction."""
+        if self.correction is None:
+            return 0.0
+        return self.correction.stretch_end(decode_kind(backend, policy), steps)
 
     def _prefill_cost(self, shape: PrefillShape) -> float:
         rows, tokens, span = shape.rows, shape.tokens, shape.span

@@ -4,7 +4,8 @@ One row per recorded step whose shape the record determines: its kind (servecap/
 step's kind (`retired` for a decode step that retired rows) and the idle gap before it (per replica, in the record's
 order), its rows, longest row and positions computed, the time it held the engine (held_s), the table's price at
 the shape, retirement's overhead for the rows that retire after it (apart: the simulator adds it unscaled by any
-context factor) and, where the run recorded GPU telemetry, the SM clock at its start.
+context factor), the steps of the decode stretch it ends (stretch_ends; 0 where it ends none) and, where the run
+recorded GPU telemetry, the SM clock at its start.
 servecap/calibrate/from_runs.py fits the correction on these and grades it (contextual: the price with a
 correction's factors). Torch-free (pandas).
 """
@@ -19,7 +20,7 @@ from .model import CostModel
 from .shapes import PrefillShape
 
 COLUMNS = ("replica", "start", "step_kind", "kind", "rows", "kv_max", "kv_tokens", "tokens", "prev_kind", "idle_s",
-           "real_s", "model_s", "retire_s", "clock_mhz")
+           "real_s", "model_s", "retire_s", "stretch_end", "clock_mhz")
 
 
 def prefill_shape(row, groups: dict[int, list[int]] | None = None) -> PrefillShape | None:
@@ -89,6 +90,26 @@ def held_s(steps, requests) -> np.ndarray:
     return out
 
 
+def stretch_ends(steps) -> np.ndarray:
+    """Per step (sorted by replica and start): the decode steps of the stretch it ends, where it is a decode step
+    the next step of its replica does not go on from (the same rows, each a token longer, nothing retired or
+    preempted in between: the step loop's stretch, servecap/core/step_loop.py); else 0."""
+    n = len(steps)
+    if not n:
+        return np.zeros(0, int)
+    dec = (steps.kind == "decode").to_numpy()
+    rep, rows = steps.replica.to_numpy(), steps.rows.to_numpy()
+    kv_max, kv_tokens = steps.kv_max.to_numpy(), steps.kv_tokens.to_numpy()
+    pre = steps.preempted.to_numpy() if "preempted" in steps else np.zeros(n, int)
+    goes_on = np.zeros(n, bool)
+    goes_on[:-1] = (dec[:-1] & dec[1:] & (rep[1:] == rep[:-1]) & (steps.retired.to_numpy()[:-1] == 0)
+                    & (rows[1:] == rows[:-1]) & (kv_max[1:] == kv_max[:-1] + 1)
+                    & (kv_tokens[1:] == kv_tokens[:-1] + rows[:-1]) & (pre[1:] == 0))
+    first = dec & ~np.r_[False, goes_on[:-1]]  # a decode step no step goes on into starts a stretch
+    at = np.cumsum(dec) - np.maximum.accumulate(np.where(first, np.cumsum(dec) - 1, -1))  # its place in its stretch
+    return np.where(dec & ~goes_on, at, 0)
+
+
 def _retired_after(steps, requests) -> np.ndarray:
     """Per step (sorted by replica and start): the rows that retire right after it where it is a prefill or fused
     step ending its pass. Their retirement then follows the step, with no decode step of the pass to hold it (a
@@ -140,18 +161,26 @@ def priced_steps(rec, cost: CostModel, telemetry=None):
                         "tokens": steps.tokens.astype(int),
                         "prev_kind": prev_kind.where(prev_kind.notna(), None),
                         "idle_s": idle, "real_s": held_s(steps, rec.requests), "model_s": model,
-                        "retire_s": cost.retire_s * retired, "clock_mhz": steps.sm_clock_mhz})
+                        "retire_s": cost.retire_s * retired, "stretch_end": stretch_ends(steps),
+                        "clock_mhz": steps.sm_clock_mhz})
     return out[np.isfinite(out.model_s)].reset_index(drop=True)
 
 
 def contextual(steps, correction, typical: bool = False) -> np.ndarray:
     """The price of each priced step (priced_steps) in its serving context: model_s x the factor of `correction`
-    (a costs.context.Correction, e.g. CostModel.correction; None: model_s as it is), plus its retirement.
+    (a costs.context.Correction, e.g. CostModel.correction; None: model_s as it is), plus its retirement and the
+    end of the stretch it ends.
     `typical`: a typical step's price, the class's median factor (what a median of real / price is graded
     against); else the summed one, whose sum over a run is the run's price."""
     if correction is None or not len(steps):
         return steps.model_s.to_numpy() + steps.retire_s.to_numpy()
-    f = [correction.factor(k, p, i, r, c if c == c else None, m, t, typical, v) for k, p, i, r, c, m, t, v in
-         zip(steps.kind, steps.prev_kind, steps.idle_s, steps.rows, steps.clock_mhz.astype(float), steps.kv_max,
-             steps.tokens, steps.kv_tokens)]
-    return steps.model_s.to_numpy() * np.asarray(f) + steps.retire_s.to_numpy()
+    columns = (steps[c].tolist() for c in ("kind", "prev_kind", "idle_s", "rows", "kv_max", "tokens", "kv_tokens"))
+    f = [correction.factor(k, p, i, r, c if c == c else None, m, t, typical, v) for k, p, i, r, m, t, v, c in
+         zip(*columns, steps.clock_mhz.astype(float).tolist())]
+    return steps.model_s.to_numpy() * np.asarray(f) + steps.retire_s.to_numpy() + stretch_end_prices(steps, correction)
+
+
+def stretch_end_prices(steps, correction) -> np.ndarray:
+    """Each priced step's stretch end under `correction` (a costs.context.Correction): 0 where it ends none."""
+    return np.asarray([correction.stretch_end(k, n) if n else 0.0
+                       for k, n in zip(steps.kind.tolist(), steps.stretch_end.tolist())], float)

@@ -157,6 +157,11 @@ class SimTimer:
         if self.last_kind == "decode":  # the next step starts a new pass after a stretch that retired rows
             self.last_kind = RETIRED
 
+    def stretch_ended(self, steps: int) -> float:
+        extra = self.cost.stretch_end_s(self.backend, self.policy, steps)
+        self.t += extra
+        return extra
+
 
 def check_policy(cost: CostModel, policy: PrefillPolicy, strict: bool) -> None:
     """A table that never measured the policy's step shapes prices them with the derived model (servecap/costs/model.py):
