@@ -49,7 +49,7 @@ class Recorder:
                               n_preempted, work.recomputed, d))
 
     def decode_steps(self, step: int, shape: DecodeShape, start: float, ends: list[float], retired: int,
-                     next_start: float, n_preempted: int) -> None:
+                     n_preempted: int, next_start: float) -> None:
         """Consecutive decode steps of the same rows from `step` (the first has `shape`), the first starting at
         `start`, each ending where the next starts; the timer's `ends`, but the last step ends where the next pass
         starts (`next_start`: it holds the rows' retirement). Rows retire only in the last. The simulator writes a

@@ -36,6 +36,7 @@ both carry it, and its k decode steps take k consecutive numbers, so the next pa
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Callable, Iterator, Protocol, Sequence
 
 from servecap.costs.shapes import DecodeShape
@@ -57,7 +58,7 @@ class RunLog(Protocol):
                 end: float) -> None: ...
 
     def decode_steps(self, step: int, shape: DecodeShape, start: float, ends: list[float], retired: int,
-                     next_start: float, n_preempted: int) -> None: ...
+                     n_preempted: int, next_start: float) -> None: ...
 
     def finish(self, seqs: list[Seq]) -> None: ...
 
@@ -178,7 +179,7 @@ class StepLoop:
         t = timer.now()  # the next pass's start
         stretch = 0  # the decode steps of the stretch the last pass ran (0: it ran none)
         retired = False  # the last pass retired rows
-        written = None  # the last pass's decode steps, written once the next pass's start is known
+        written = None  # writes the last pass's decode steps once the next pass's start is known
         while True:
             due = arrivals.due(t)
             if due:
@@ -195,7 +196,7 @@ class StepLoop:
                     if due:
                         self._submit(due)
             if written is not None:  # the last of them ends where this pass starts (its retirement, its end)
-                rec.decode_steps(*written[:5], t, written[5])
+                written(t)
                 written = None
             if sched.idle:
                 if arrivals.exhausted:
@@ -245,7 +246,8 @@ class StepLoop:
                 if self.on_finish:
                     self.on_finish(done)
             if ends and keep_decode:
-                written = (step, shape, t, ends, len(done), 0 if work is not None else len(preempted))
+                written = partial(rec.decode_steps, step, shape, t, ends, len(done),
+                                  0 if work is not None else len(preempted))
             t = timer.now()
             step += len(ends) if ends else 1
 
