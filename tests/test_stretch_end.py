@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from helpers import linear_table, serve_virtual, sim_config
 
-from servecap.calibrate.from_runs import fit
+from servecap.calibrate.from_runs import describe, fit
 from servecap.core.step_loop import StepLoop, TraceArrivals, drive
 from servecap.costs.model import CostModel
 from servecap.costs.recorded import contextual, priced_steps, stretch_ends
@@ -171,3 +171,5 @@ def test_from_runs_recovers_the_stretch_ends_a_run_was_simulated_with():
     for k, s in got.items():  # each length's own: the truth's bucket, or its kind's
         assert s == pytest.approx(ends.get(k, ends["decode paged padded"]), rel=0.02), k
     assert c["factors"]["decode paged padded"]["factor"] == pytest.approx(1.0, abs=0.005)
+    said = describe({"stretch_end": c["stretch_end"]["ends"]})  # the report prints them, in ms
+    assert "stretch ends" in said and "s1-2 1.000" in said and "s3-4 1.500" in said

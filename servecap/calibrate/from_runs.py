@@ -299,6 +299,7 @@ def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], f
                   "fitted": evaluate({p: runs[p]["steps"] for p in fitted}, correction), "holdout": holdout}
         sigma_from = "held-out runs" if held else "the fitted runs (nothing held out)"
     report["held_out_gpus"] = held_out_gpus(report["held_out"]["runs"], runs)
+    report["stretch_end"] = (correction.get("stretch_end") or {}).get("ends", {})
     correction.update(residual_sigma=report["held_out"].get("residual_sigma") or report["fitted"]["residual_sigma"],
                       residual_sigma_from=sigma_from, holdout=holdout,
                       fitted_runs=[str(p) for p in fitted], held_out_runs=[str(p) for p in held],
@@ -333,4 +334,19 @@ def describe(report: dict) -> str:
         if gpus and gpus["n"]:
             spread = f", whose mean log errors spread by sd {gpus['sd_of_means']:.3f}" if gpus["sd_of_means"] else ""
             lines.append(f"  the held-out runs ran on {gpus['n']} GPU(s){spread}")
+    lines += stretch_end_lines(report.get("stretch_end") or {})
     return "\n".join(lines)
+
+
+def stretch_end_lines(ends: dict) -> list[str]:
+    """The stored correction's stretch ends (its `stretch_end.ends`), a line a decode kind: ms by stretch length."""
+    if not ends:
+        return []
+    out = [f"stretch ends of the stored correction, ms by the stretch's steps (ending steps fitted on; * under "
+           f"{MIN_STEPS}: the kind's is used):"]
+    for kind in sorted(k for k in ends if "|" not in k):
+        mine = [(k.split("|")[1], v) for k, v in ends.items() if k.startswith(kind + "|")]
+        mine.sort(key=lambda kv: int(kv[0][1:].split("-")[0].rstrip("+")))
+        out.append(f"  {kind:22s} all {1e3 * ends[kind]['s']:.3f} ({ends[kind]['n']})" + "".join(
+            f", {b} {1e3 * v['s']:.3f} ({v['n']}{'*' if v['n'] < MIN_STEPS else ''})" for b, v in mine))
+    return out

@@ -17,7 +17,11 @@ therefore writes exactly the records simulate() writes.
 
 Fast-forward. A replica cannot know which of the coming arrivals the router will give it, so a stretch of decode
 steps stops at the first step that ends at or after the router's next arrival, whichever replica gets it. The
-stretch arithmetic is exact (servecap/sim/simulator.py), so a stretch cut there and continued gives the same steps.
+stretch arithmetic is exact (servecap/sim/simulator.py), so a stretch cut there and continued gives the same steps,
+and is the same stretch, whose end is charged once (servecap/core/step_loop.py). The engine's replica behind a router
+(servecap/engine/fleet.py) cannot see its inbox while a stretch runs, so it ends one after every step and pays a
+stretch's end each time: with a table fitted with the stretch-end term, the simulated fleet prices a replica as one
+engine on its own pays, not as that replica does.
 """
 from __future__ import annotations
 
