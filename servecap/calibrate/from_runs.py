@@ -160,8 +160,9 @@ def fit(steps, by_class: dict[str, np.ndarray] | None = None) -> dict:
         # steps all end one, so their own class cannot tell its factor from its end.
         over = real - _priced(steps.assign(prev_kind="decode", idle_s=0.0, retire_s=0.0, stretch_end=0), correction)
         ends = {k: {"s": max(0.0, trimmed_mean(over[v])), "n": len(v)} for k, v in by_end.items()}
-        correction["stretch_end"] = {"method": "mean seconds a decode step that ends its stretch holds over its "
-                                               "factor's price, by the stretch's steps", "ends": ends}
+        correction["stretch_end"] = {"method": "mean seconds a decode step that ends a stretch of two steps or more "
+                                               "holds over its price inside a stretch, by the stretch's steps",
+                                     "ends": ends}
         held = stretch_end_prices(steps, Correction(correction))
     clocked = steps[np.isfinite(steps.clock_mhz.astype(float))]
     if len(clocked) >= CLOCK_MIN_STEPS:
