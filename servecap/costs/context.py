@@ -30,8 +30,8 @@ median in corrections fitted before), not a fitted curve:
 - the stretch's end, where the correction was fitted with it: a decode step that ends its stretch (the pass after it
   computes a prompt, admits, preempts, or its rows retired) holds the engine's host work at that end (reading the
   stretch's tokens, retirement, the next plan) while the device waits: an additive term in seconds, not a factor,
-  since it does not scale with the step, by the stretch's length in STRETCH_BUCKETS (in v26's runs it grew from
-  about 0.25 ms after two steps to 0.4 ms after 32). A one-step stretch shares the two-step class and is fitted
+  since it does not scale with the step, by the stretch's length in STRETCH_BUCKETS (it grows with the length:
+  results/calibration/t10/from-runs-v26.txt). A one-step stretch shares the two-step class and is fitted
   from none: its only step is also its first, whose cost after a prefill or a retirement the previous-step factor
   holds, and the two cannot be told apart on it. The step loop charges it where the stretch ends
   (servecap/core/step_loop.py), so fast-forward and stepping charge it alike; a class with fewer than `min_steps`
