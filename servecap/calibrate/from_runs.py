@@ -149,6 +149,9 @@ def fit(steps, by_class: dict[str, np.ndarray] | None = None) -> dict:
                             f"class's {TRIM_PCT:g}th-{100 - TRIM_PCT:g}th percentile of real / model left out",
                   "idle_s": IDLE_S, "min_steps": MIN_STEPS, "clock": None}
     held = np.zeros(len(steps))  # each step's stretch end, as the last round fitted it
+    ending = np.flatnonzero(steps.stretch_end.to_numpy() > 0)  # the steps that hold one (a few in ten)
+    inside = steps.iloc[ending].assign(prev_kind="decode", idle_s=0.0, retire_s=0.0, stretch_end=0)
+    over = np.zeros(len(steps))
     for _ in range(STRETCH_ROUNDS if by_end else 1):
         own = real - held
         correction["factors"] = {k: {"factor": class_factor(own[v], model[v]),
@@ -158,12 +161,12 @@ def fit(steps, by_class: dict[str, np.ndarray] | None = None) -> dict:
             break
         # An ending step over the price it would have inside a stretch (after a decode step): a one-step stretch's
         # steps all end one, so their own class cannot tell its factor from its end.
-        over = real - _priced(steps.assign(prev_kind="decode", idle_s=0.0, retire_s=0.0, stretch_end=0), correction)
+        over[ending] = real[ending] - _priced(inside, correction)
         ends = {k: {"s": max(0.0, trimmed_mean(over[v])), "n": len(v)} for k, v in by_end.items()}
         correction["stretch_end"] = {"method": "mean seconds a decode step that ends a stretch of two steps or more "
                                                "holds over its price inside a stretch, by the stretch's steps",
                                      "ends": ends}
-        held = stretch_end_prices(steps, Correction(correction))
+        held[ending] = stretch_end_prices(steps.iloc[ending], Correction(correction))
     clocked = steps[np.isfinite(steps.clock_mhz.astype(float))]
     if len(clocked) >= CLOCK_MIN_STEPS:
         ref = float(np.median(clocked.clock_mhz))
