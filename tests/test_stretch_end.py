@@ -3,6 +3,8 @@
 fitted by `calibrate --from-runs` and priced back on records."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -16,7 +18,7 @@ from servecap.core.recorder import Recorder
 from servecap.sim.simulator import SimTimer, simulate
 from servecap.traces.errors import InputError
 from servecap.traces.records import RunWriter
-from servecap.traces.workload import length_trace, poisson_trace
+from servecap.traces.workload import Trace, length_trace, poisson_trace
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings, strategies as st  # noqa: E402
@@ -37,7 +39,7 @@ def ended_table(ends: dict[str, float] = ENDS) -> dict:
 
 
 COST = CostModel(ended_table())
-triples_st = st.lists(st.tuples(st.floats(0, 2), st.integers(1, 500), st.integers(1, 120)), min_size=1, max_size=40)
+triples_st = st.lists(st.tuples(st.floats(0, 2), st.integers(1, 1500), st.integers(1, 120)), min_size=1, max_size=40)
 configs_st = st.tuples(st.integers(1, 8), st.sampled_from([8, 14, 40, 400]),
                        st.sampled_from(("padded", "packed", "chunked:64", "mixed:64")),
                        st.sampled_from(("reserve", "on-demand")), st.booleans())
@@ -46,6 +48,16 @@ configs_st = st.tuples(st.integers(1, 8), st.sampled_from([8, 14, 40, 400]),
 def _serving(max_batch, pool_blocks, policy, admission, cache) -> dict:
     return dict(max_batch=max_batch, pool_blocks=pool_blocks, prefill=policy, admission=admission,
                 prefix_cache=cache)
+
+
+def _trace(triples, cache: bool) -> Trace:
+    """The triples as a trace; with the cache on, requests in four groups sharing their prompts' first blocks (hash
+    ids of 512-token blocks, whole pool blocks), so that prefixes are shared and a head can wait on the cache."""
+    trace = length_trace(triples)
+    if not cache:
+        return trace
+    return Trace([dataclasses.replace(r, hash_ids=tuple(1000 * (i % 4) + j for j in range(-(-r.prompt_tokens // 512))),
+                                      hash_block=512) for i, r in enumerate(trace.requests)], trace.meta)
 
 
 def test_a_stretch_end_is_priced_by_its_length_with_fallbacks_and_scaled_as_every_step():
@@ -76,7 +88,7 @@ def test_a_malformed_stretch_end_is_refused_in_one_line(bad):
 def test_the_scheduler_says_a_stretch_goes_on_exactly_when_the_next_pass_only_decodes_its_rows(triples, config):
     """stretch_goes_on() (asked after a pass that ran decode steps and retired nothing) answers what schedule()
     then plans: no admission, no prefill step, no preemption, the same rows."""
-    trace = length_trace(triples)
+    trace = _trace(triples, config[-1])
     serving = sim_config(**_serving(*config)).serving
     pool = serving.pool_blocks(max(r.prompt_tokens + r.budget for r in trace.requests))
     sched = serving.scheduler(pool, serving.max_positions)
@@ -106,7 +118,7 @@ def test_the_scheduler_says_a_stretch_goes_on_exactly_when_the_next_pass_only_de
 @SETTINGS
 @given(triples=triples_st, config=configs_st)
 def test_fast_forward_charges_the_stretch_ends_stepping_one_step_a_pass_charges(triples, config):
-    trace = length_trace(triples)
+    trace = _trace(triples, config[-1])
     runs = [simulate(trace, COST, sim_config(detail="tokens", fast_forward=ff, **_serving(*config))).record
             for ff in (True, False)]
     for table in ("requests", "steps", "tokens", "rejected"):
