@@ -103,11 +103,15 @@ def class_factor(real: np.ndarray, model: np.ndarray) -> float:
     class's ratios are skewed (a step the device waited for the host on, near an arrival, is slower; none is much
     faster), so the median prices a run cheap; the trim keeps a rare stall (a collector pause) out of a small
     class."""
-    ratio = real / model
-    # Percentiles at steps of the class, the outer ones kept: a small class keeps every step.
-    lo, hi = np.percentile(ratio, TRIM_PCT, method="lower"), np.percentile(ratio, 100 - TRIM_PCT, method="higher")
-    body = (ratio >= lo) & (ratio <= hi)
+    body = _body(real / model)
     return float(real[body].sum() / model[body].sum())
+
+
+def _body(x: np.ndarray) -> np.ndarray:
+    """Where x lies within its TRIM_PCT-th to (100 - TRIM_PCT)-th percentile, taken at values of x (the outer ones
+    kept: a small set keeps every value)."""
+    lo, hi = np.percentile(x, TRIM_PCT, method="lower"), np.percentile(x, 100 - TRIM_PCT, method="higher")
+    return (x >= lo) & (x <= hi)
 
 
 def classes(steps) -> dict[str, np.ndarray]:
@@ -122,8 +126,7 @@ def classes(steps) -> dict[str, np.ndarray]:
 
 def trimmed_mean(x: np.ndarray) -> float:
     """The mean of x with the values outside its 1st-99th percentile left out (a small set keeps every value)."""
-    lo, hi = np.percentile(x, TRIM_PCT, method="lower"), np.percentile(x, 100 - TRIM_PCT, method="higher")
-    return float(x[(x >= lo) & (x <= hi)].mean())
+    return float(x[_body(x)].mean())
 
 
 def end_classes(steps) -> dict[str, np.ndarray]:

@@ -185,16 +185,14 @@ class StepLoop:
             if due:
                 self._submit(due)
             # The last pass's stretch ends unless this pass only decodes the same rows on: its end is the engine's,
-            # before this pass, which then takes what arrived meanwhile too.
+            # before this pass, which then starts again and takes what arrived meanwhile too.
             if stretch and (retired or not sched.stretch_goes_on()):
                 extra = timer.stretch_ended(stretch)
                 stretch = 0
                 if extra:
                     t += extra
                     yield t
-                    due = arrivals.due(t)
-                    if due:
-                        self._submit(due)
+                    continue
             if written is not None:  # the last of them ends where this pass starts (its retirement, its end)
                 written(t)
                 written = None

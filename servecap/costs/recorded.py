@@ -100,7 +100,7 @@ def stretch_ends(steps) -> np.ndarray:
     dec = (steps.kind == "decode").to_numpy()
     rep, rows = steps.replica.to_numpy(), steps.rows.to_numpy()
     kv_max, kv_tokens = steps.kv_max.to_numpy(), steps.kv_tokens.to_numpy()
-    pre = steps.preempted.to_numpy() if "preempted" in steps else np.zeros(n, int)
+    pre = steps.preempted.to_numpy()
     goes_on = np.zeros(n, bool)
     goes_on[:-1] = (dec[:-1] & dec[1:] & (rep[1:] == rep[:-1]) & (steps.retired.to_numpy()[:-1] == 0)
                     & (rows[1:] == rows[:-1]) & (kv_max[1:] == kv_max[:-1] + 1)

@@ -36,13 +36,14 @@ METRICS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_
 
 def runs_by_point(validation: Path, min_runs: int = 2) -> dict[str, list[Path]]:
     """The complete run records of each point of a validation's real/ that has `min_runs` or more of them."""
+    from servecap.traces.records import is_complete
+
     real = Path(validation) / "real"
     if not real.is_dir():
         raise InputError("has no real/ directory of run records", path=validation)
     out = {}
     for point in sorted(p for p in real.iterdir() if p.is_dir()):
-        runs = [r for r in sorted(point.glob("run-*")) if (r / "meta.json").exists()
-                and json.loads((r / "meta.json").read_text()).get("status") == "complete"]
+        runs = [r for r in sorted(point.glob("run-*")) if is_complete(r)]
         if len(runs) >= min_runs:
             out[point.name] = runs
     return out
