@@ -44,7 +44,7 @@ from servecap.traces.provenance import git_commit, now_iso
 HOLDOUT_EVERY = 3
 TRIM_PCT = 1.0  # a class's steps outside this percentile of real / model at either end are left out of its factor
 CLOCK_MIN_STEPS = 100  # steps with a recorded clock before its exponent is fitted
-STRETCH_ROUNDS = 3  # factors and stretch ends fitted in turn (the third moves an end by well under 1%)
+STRETCH_ROUNDS = 3  # factors and stretch ends fitted in turn (each round moves the ends less: README)
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
