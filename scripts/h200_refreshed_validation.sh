@@ -7,8 +7,9 @@
 # ran its version of commits e6f08bc and 45cb560, which also refreshed TABLE from serving runs (since withdrawn);
 # v16-v20 ran it too. Two calls on one warm GPU write the same two names: the later call's are kept beside the
 # first's with the call's letter appended (v20's 673ad031c), where servecap.validate.comparison.plan_table finds them.
-# Where V-GPU/plan.json is already there (a call's directory carried back in, the same GPU still warm), the call
-# refreshes and plans nothing and resumes that plan's runs (v22's call a2 did so by hand).
+# Where V-GPU/plan.json is already there (a call's directory carried back in, or kept in .device/ by an earlier call
+# on the same GPU, still warm), the call refreshes and plans nothing and resumes that plan's runs (v22's call a2 did
+# so by hand).
 # Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
 #          bash scripts/h200_refreshed_validation.sh
 set -u
@@ -17,6 +18,8 @@ L=logs/call-$CALL; mkdir -p $L; GPU="NVIDIA H200"; END=${END_S:-585}
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,power.limit --format=csv | tee $L/nvidia-smi.txt
 gpu=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | cut -c5-12)
 R=${TABLE%.json}-$gpu.json; VR=$V-$gpu
+# A warm machine keeps git-ignored paths between calls: an earlier call's directory on this GPU comes back from there.
+[ ! -f $VR/plan.json ] && [ -f .device/$VR/plan.json ] && mkdir -p $VR && cp -r .device/$VR/. $VR/ && cp -n .device/$R $R
 if [ -f $VR/plan.json ]; then  # this GPU's frozen plan, carried in: its interrupted or missing runs resume under it
   echo "== resuming under $VR/plan.json"; (sha256sum $VR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-resumed.txt
 else
@@ -34,5 +37,6 @@ for run in chunked512-azure-conv-past:chunked:512 sharegpt-past:padded; do
   timeout $((END - 20 - SECONDS)) python3 scripts/prefill_probe.py --trace $V/traces/${run%%:*}.csv \
     --policy ${run#*:} --out $L/probe-${run%%:*} > $L/probe-${run%%:*}.txt 2>&1; tail -9 $L/probe-${run%%:*}.txt
 done
+mkdir -p .device/$(dirname $VR) .device/$(dirname $R) && rm -rf .device/$VR && cp -r $VR .device/$VR && cp $R .device/$R
 tar czf $OUT/out.tgz $R $VR logs
 ls -la $OUT; echo "elapsed $SECONDS s"
