@@ -11,7 +11,10 @@ compared with its plan under the protocol checks of servecap/validate/comparison
   real / price per step kind, the price a typical step's (a correction's class medians, where it has them);
 - the plan's 90% bands: the share of every run's measurements inside (servecap/validate/coverage.py), by the
   points' role (public, mixed, prefix-cache);
-- given several validations, every run's error pooled and the sd of the validations' mean log speeds.
+- given several validations, every run's error pooled and the sd of the validations' mean log speeds, each
+  prefill policy's decode steps' summed real / price over its runs (a policy whose decode runs off its price on
+  one GPU alone is that GPU, not the cost model), and the bands' coverage near and past capacity, with how many
+  bands are within twice their repeats' spread.
 With --by, the summed real / price of every run's decode and prefill steps binned by one context a correction has
 no class for: the requests waiting at the step's start (`queue`, servecap/traces/metrics.queue_depth), the share of
 the BUSY_S seconds before it the engine spent in steps (`busy`: a GPU's power and clock follow its duty cycle), the
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import warnings
 from dataclasses import replace
@@ -98,9 +102,10 @@ def _binned(steps, by: str) -> list[str]:
 
 
 def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] | None = None,
-          segments: bool = False) -> tuple[list[float], dict]:
-    """Print the validation's grading (module docstring); return each run's summed real / price in context, and the
-    plan's bands' coverage over every point (servecap/validate/coverage.py).
+          segments: bool = False) -> tuple["pd.DataFrame", dict]:
+    """Print the validation's grading (module docstring); return each run's summed real / price in context (`total`;
+    `decode`: its decode steps', beside its point's `policy` and `load`), and the plan's bands' coverage
+    (servecap/validate/coverage.py) over every point (`all`) and over the near and the past capacity points.
     `replanned` (a plan directory of the same points and the table it was made from): grade the runs against that
     plan instead, one made after them (a retrospective: the protocol checks are the validation's own plan's)."""
     import pandas as pd
@@ -119,14 +124,17 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
             rec, telemetry = read_run(d), read_telemetry(d)
             steps = priced_steps(rec, cost)  # at the reference clock, as the simulator priced the prediction
             price = contextual(steps, cost.correction)
-            runs.append(float(steps.real_s.sum() / price.sum()))
             steps = steps.assign(price=price)
+            decode = steps[steps.step_kind == "decode"]
+            runs.append({"policy": c.point.serving.prefill.name, "load": c.point.load,
+                         "total": float(steps.real_s.sum() / price.sum()),
+                         "decode": float(decode.real_s.sum() / decode.price.sum()) if len(decode) else np.nan})
             by_kind = ", ".join(f"{kind} {g.real_s.sum() / g.price.sum():.3f}"
                                 for kind, g in steps.groupby("step_kind"))
             gpu = ("" if telemetry is None or not len(telemetry) else
                    f"; SM clock {telemetry.sm_clock_mhz.median():.0f} MHz, {telemetry.temperature_c.median():.0f} C, "
                    f"{telemetry.power_w.median():.0f} W (medians)")
-            per_run.append(f"  {c.point.id}/run-{k}: {runs[-1]:.3f} ({by_kind}){gpu}" + (
+            per_run.append(f"  {c.point.id}/run-{k}: {runs[-1]['total']:.3f} ({by_kind}){gpu}" + (
                 "; by time " + "/".join(f"{x:.3f}" for x in by_segment(steps)) if segments else ""))
             if by:  # the contexts a step is binned by, for --by alone
                 every.append(steps.assign(queue=queue_depth(rec, steps.start),
@@ -149,7 +157,8 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
           f"TTFT p50 within max(10%, spread): {sum(t[4] for t in targets)}")
     for pid, e_s, e_t, spread, ok in targets:
         print(f"  {pid:34s} served {e_s:+.1%}  TTFT p50 {e_t:+.1%} (spread {spread:.0%}) {'ok' if ok else 'MISS'}")
-    r = np.array(runs)
+    runs = pd.DataFrame(runs)
+    r = runs.total.to_numpy()
     print(f"  each run's summed step time real / price in context: {r.min():.3f}-{r.max():.3f}, within 2%: "
           f"{int((abs(r - 1) <= 0.02).sum())} of {len(r)}")
     print("\n".join(per_run))
@@ -163,18 +172,35 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
     if by:
         print(f"  summed real / price in context by {by}, every run:")
         print("\n".join(_binned(pd.concat(every, ignore_index=True), by)))
-    return runs, coverage(results, bands)
+    return runs, {"all": coverage(results, bands),
+                  **{load: coverage([c for c in results if c.point.load == load], bands) for load in ("near", "past")}}
 
 
-def pooled(runs: dict[Path, list[float]]) -> str:
+def pooled(runs: dict[Path, "pd.DataFrame"], bands: dict[Path, dict] | None = None) -> str:
     """Every run's error over several validations, and how their mean speeds spread (a refreshed validation's
-    directory is one GPU's session): what a band's cost sigma has to cover."""
-    logs = {v: np.log(r) for v, r in runs.items() if r}
+    directory is one GPU's session): what a band's cost sigma has to cover; each policy's decode steps by load;
+    given each validation's coverage by load (grade's), the bands pooled by load."""
+    import pandas as pd
+
+    logs = {v: np.log(r.total.to_numpy()) for v, r in runs.items() if len(r)}
     every = np.concatenate(list(logs.values()))
     means = [float(x.mean()) for x in logs.values()]
     spread = f"sd {np.std(means, ddof=1):.2%}" if len(means) > 1 else "one validation"
-    return (f"over {len(logs)} validations: every run's summed step time real / price in context, RMS of the log "
-            f"{np.sqrt(np.mean(every ** 2)):.2%} ({len(every)} runs); the validations' mean log speeds: {spread}")
+    lines = [f"over {len(logs)} validations: every run's summed step time real / price in context, RMS of the log "
+             f"{np.sqrt(np.mean(every ** 2)):.2%} ({len(every)} runs); the validations' mean log speeds: {spread}"]
+    decode = pd.concat(runs.values(), ignore_index=True).dropna(subset=["decode"])
+    for (policy, load), d in decode.groupby(["policy", decode.load.fillna("-")]):
+        lines.append(f"  decode steps' real / price, {policy:8s} {load:5s} {len(d):4d} runs: mean {d.decode.mean():.4f}"
+                     f", median {d.decode.median():.4f}, {d.decode.min():.3f}-{d.decode.max():.3f}")
+    for load in ("all", "near", "past") if bands else ():
+        covs = [b[load] for b in bands.values()]
+        inside, graded = sum(c["inside"] for c in covs), sum(c["graded"] for c in covs)
+        ratios = [w["width"] / w["real_spread"] for c in covs for w in c["width_vs_real_spread"]]
+        if graded:
+            lines.append(f"  90% bands, {load} points: {inside} of {graded} inside ({inside / graded:.1%})" + (
+                f"; width within 2x the repeats' spread {sum(r <= 2 for r in ratios)} of {len(ratios)} (median "
+                f"{statistics.median(ratios):.1f}x)" if ratios else ""))
+    return "\n".join(lines)
 
 
 def _sampled(steps, telemetry) -> dict:
@@ -192,13 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")  # extrapolation notes about a few long steps; the grading reads every step
     try:
-        runs = {}
+        runs, bands = {}, {}
         for v in args.validations:
             if not (v / "plan.json").is_file():
                 raise InputError("holds no plan.json", path=v)
-            runs[v], _ = grade(v, args.by, segments=args.segments)
+            runs[v], bands[v] = grade(v, args.by, segments=args.segments)
         if len(runs) > 1:
-            print(pooled(runs))
+            print(pooled(runs, bands))
     except InputError as e:
         print(f"grade_validation: {e}", file=sys.stderr)
         return 2

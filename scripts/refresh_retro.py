@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             out = args.work / args.apply / v.name
             make_plan(table, out, points_from=v, interval=90.0, force=True)
             runs[v], cov = grade(v, replanned=(out, table))
-            inside, graded = inside + cov["inside"], graded + cov["graded"]
+            inside, graded = inside + cov["all"]["inside"], graded + cov["all"]["graded"]
     except InputError as e:
         print(f"refresh_retro: error: {e}", file=sys.stderr)
         return 2

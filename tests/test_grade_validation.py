@@ -50,15 +50,29 @@ def test_the_busy_share_counts_the_steps_time_in_the_window_before_each_time(scr
     assert busy_share(steps, at, replica, window=0.5) == pytest.approx([0.6, 1.0, 0.4, 0.0, 1.0, 0.6])
 
 
-def test_several_validations_pool_their_runs_error_and_the_spread_of_their_mean_speeds(script):
+def test_several_validations_pool_runs_error_speeds_spread_decode_by_policy_and_bands_by_load(script):
     import math
+    import pandas as pd
     pooled = script("grade_validation").pooled
-    runs = {"a": [1.01, 0.99], "b": [1.02]}
+    runs = {"a": pd.DataFrame({"policy": ["padded", "mixed"], "load": ["near", "near"], "total": [1.01, 0.99],
+                               "decode": [1.00, 0.98]}),
+            "b": pd.DataFrame({"policy": ["padded"], "load": ["near"], "total": [1.02], "decode": [1.03]})}
     logs = [math.log(x) for x in (1.01, 0.99, 1.02)]
     rms = math.sqrt(sum(x * x for x in logs) / 3)
     sd = abs(math.log(1.02) - (math.log(1.01) + math.log(0.99)) / 2) / math.sqrt(2)
-    assert pooled(runs) == (f"over 2 validations: every run's summed step time real / price in context, RMS of the log "
-                            f"{rms:.2%} (3 runs); the validations' mean log speeds: sd {sd:.2%}")
+    assert pooled(runs).splitlines() == [
+        f"over 2 validations: every run's summed step time real / price in context, RMS of the log {rms:.2%} (3 runs); "
+        f"the validations' mean log speeds: sd {sd:.2%}",
+        "  decode steps' real / price, mixed    near     1 runs: mean 0.9800, median 0.9800, 0.980-0.980",
+        "  decode steps' real / price, padded   near     2 runs: mean 1.0150, median 1.0150, 1.000-1.030"]
+    near = {"inside": 5, "graded": 6, "width_vs_real_spread": [{"width": 3.0, "real_spread": 1.0}]}
+    past = {"inside": 2, "graded": 2, "width_vs_real_spread": [{"width": 1.0, "real_spread": 1.0}]}
+    bands = {"a": {"all": {"inside": 7, "graded": 8, "width_vs_real_spread": []}, "near": near, "past": past},
+             "b": {"all": near, "near": near, "past": {"inside": 0, "graded": 0, "width_vs_real_spread": []}}}
+    assert pooled(runs, bands).splitlines()[3:] == [
+        "  90% bands, all points: 12 of 14 inside (85.7%); width within 2x the repeats' spread 0 of 1 (median 3.0x)",
+        "  90% bands, near points: 10 of 12 inside (83.3%); width within 2x the repeats' spread 0 of 2 (median 3.0x)",
+        "  90% bands, past points: 2 of 2 inside (100.0%); width within 2x the repeats' spread 1 of 1 (median 1.0x)"]
 
 
 def test_rebanding_with_the_gpu_spread_held_in_the_held_out_term_narrows_the_bands(capsys, tmp_path, script):
