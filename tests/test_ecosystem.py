@@ -19,6 +19,7 @@ from servecap.sim.inputs import load_table
 from servecap.sim.simulator import SimConfig, simulate
 from servecap.sim.sweep import Workload, run_sweep
 from servecap.traces import cli as traces_cli
+from servecap.traces.errors import InputError
 from servecap.traces.latency import itl_gaps, latency_ms, parse_percentiles
 from servecap.traces.metrics import summary
 from servecap.traces.slo import parse_slo, parse_slos
@@ -91,6 +92,19 @@ def test_slo_takes_vllms_milliseconds_and_keeps_seconds():
     assert [s.limit_s for s in parse_slos("ttft:500,tpot:50")] == [0.5, 0.05]
     with pytest.raises(Exception, match="milliseconds"):
         parse_slo("ttft:-1")
+
+
+@pytest.mark.parametrize("text, limit_s", [("ttft_p95=500ms", 0.5), ("ttft:0.5s", 0.5), ("tpot = 50 MS", 0.05),
+                                           ("e2e:20 s", 20.0), ("ttft=2s", 2.0)])
+def test_slo_value_that_names_its_unit_is_taken_in_it_under_either_sign(text, limit_s):
+    assert parse_slo(text).limit_s == pytest.approx(limit_s)
+
+
+@pytest.mark.parametrize("text, unit", [("ttft=-5ms", "milliseconds"), ("ttft:0s", "seconds"), ("ttft=ms", "millis"),
+                                        ("ttft=5min", "seconds"), ("ttft=5ms0", "seconds")])
+def test_slo_with_a_bad_value_or_unit_is_refused_naming_the_unit(text, unit):
+    with pytest.raises(InputError, match=unit):
+        parse_slo(text)
 
 
 def test_run_states_slo_limits_in_ms(capsys):

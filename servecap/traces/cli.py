@@ -54,7 +54,8 @@ def slo_arg(text: str) -> tuple[SLO, ...]:
 
 SLO_HELP = ("service-level objectives, NAME[_pNN]=SECONDS,... or vLLM's NAME[_pNN]:MILLISECONDS,...: NAME ttft, tpot "
             "or e2el (e2e), each a per-request limit that goodput counts; a _pNN suffix also holds that percentile to "
-            "the limit (e.g. ttft_p99=2,tpot_p99=0.05 or ttft:500,tpot:50); reports print limits in ms")
+            "the limit (e.g. ttft_p99=2,tpot_p99=0.05 or ttft:500,tpot:50); a value may name its unit under either "
+            "sign (ttft_p99=500ms); reports print limits in ms")
 rate_arg = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of requests per second")
 count_arg = checked(int, lambda v: v >= 1, "a whole number >= 1")
 seed_arg = checked(int, lambda v: v >= 0, "a whole number >= 0")

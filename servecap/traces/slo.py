@@ -7,8 +7,9 @@ NAME is ttft (arrival to first token), tpot (time per output token after the fir
 arrival to last token; e2e is accepted for it). The value is a limit in seconds that every request is held to:
 a request that meets every limit counts toward goodput. A _pNN suffix (0 < NN <= 100) also asks that the NNth
 percentile of the metric be within the limit before a point counts toward SLO capacity (servecap/traces/metrics.py).
-`=` takes seconds and `:` milliseconds, so a vLLM user's `--goodput ttft:500` means here what it means there; every
-report states the unit (describe(), in ms).
+`=` takes seconds and `:` milliseconds, so a vLLM user's `--goodput ttft:500` means here what it means there; a
+value that names its unit (`ttft_p95=500ms`, `ttft:0.5s`) is taken in that unit under either sign. Every report
+states the unit (describe(), in ms).
 """
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from .errors import InputError
 COLUMNS = {"ttft": "ttft", "tpot": "tpot", "e2el": "sojourn"}
 ALIASES = {"e2e": "e2el"}
 _NAME = re.compile(r"(?P<metric>[a-z0-9]+?)(?:_p(?P<q>\d+(?:\.\d+)?))?")
+_VALUE = re.compile(r"(?P<number>.*?)\s*(?P<unit>ms|s)?")
 _FORM = ("write NAME[_pNN]=SECONDS or NAME[_pNN]:MILLISECONDS with NAME one of ttft, tpot, e2el (or e2e), e.g. "
-         "ttft_p99=2,tpot_p99=0.05 or ttft:500,tpot:50")
+         "ttft_p99=2,tpot_p99=0.05 or ttft:500,tpot:50 (or with the unit named: ttft_p99=500ms)")
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class SLO:
 
 
 def parse_slo(item: str) -> SLO:
-    """One NAME[_pNN]=SECONDS or NAME[_pNN]:MILLISECONDS."""
+    """One NAME[_pNN]=SECONDS or NAME[_pNN]:MILLISECONDS, the value optionally with its unit (ms or s)."""
     text = item.strip()
     sep = "=" if "=" in text else ":"
     name, eq, value = text.partition(sep)
@@ -58,14 +60,16 @@ def parse_slo(item: str) -> SLO:
     q = float(m["q"]) if m["q"] is not None else None
     if q is not None and not 0 < q <= 100:
         raise InputError(f"{item!r}: the percentile must be above 0 and at most 100")
+    v = _VALUE.fullmatch(value.strip().lower())
+    unit = v["unit"] or ("s" if sep == "=" else "ms")
     try:
-        limit = float(value)
+        limit = float(v["number"])
     except ValueError:
         limit = math.nan
-    unit = "seconds" if sep == "=" else "milliseconds"
     if not (math.isfinite(limit) and limit > 0):
-        raise InputError(f"{item!r}: the limit must be a positive number of {unit}")
-    return SLO(metric, limit if sep == "=" else limit / 1000.0, q)
+        raise InputError(f"{item!r}: the limit must be a positive number of "
+                         f"{'seconds' if unit == 's' else 'milliseconds'}")
+    return SLO(metric, limit if unit == "s" else limit / 1000.0, q)
 
 
 def parse_slos(text: str) -> tuple[SLO, ...]:
