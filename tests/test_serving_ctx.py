@@ -715,6 +715,22 @@ def test_sim_sweep_interval_writes_a_band_per_point(tmp_path):
     assert (df.ttft_p50_lo <= df.ttft_p50_hi).all() and (df.served_rate_lo > 0).all()
 
 
+def test_sim_sweep_interval_bands_are_the_same_on_workers_and_kept_for_a_resume(tmp_path):
+    import servecap.sim.cli
+    from servecap import sim
+    argv = ["sweep", "--backend", "paged", "--max-batch", "8", "--pool-gib", "1", "--rates", "5,10", "--n", "40",
+            "--interval", "80"]
+    assert sim.cli.main([*argv, "--jobs", "1", "--out", str(tmp_path / "one")]) == 0
+    assert sim.cli.main([*argv, "--jobs", "2", "--out", str(tmp_path / "two")]) == 0
+    csv = "sweep.intervals.csv"
+    assert (tmp_path / "one" / csv).read_bytes() == (tmp_path / "two" / csv).read_bytes()
+    points = (tmp_path / "two" / "sweep.points.jsonl").read_text()
+    assert points.count('[\\"band\\"') == 2  # each rate's bands, kept as they came back
+    assert sim.cli.main([*argv, "--jobs", "2", "--out", str(tmp_path / "two"), "--resume"]) == 0
+    assert (tmp_path / "two" / "sweep.points.jsonl").read_text() == points  # nothing ran again
+    assert (tmp_path / "one" / csv).read_bytes() == (tmp_path / "two" / csv).read_bytes()  # columns in order
+
+
 def test_the_clock_term_is_fitted_where_the_runs_recorded_telemetry():
     import numpy as np
     import pandas as pd

@@ -240,7 +240,7 @@ def run_interval(args: argparse.Namespace, table, cfg, trace, rate) -> list[str]
                                                                  closed_mixed_n=args.closed_mixed), args.seed)
     else:
         traces = [trace]
-    bands = iv.band(traces, intervals.simulated(cfg, rate))
+    bands = iv.band(traces, intervals.simulated(cfg, rate), progress=True)
     return intervals.lines(bands, iv, len(traces))
 
 
@@ -448,7 +448,7 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
         try:
             results, warned = run_sweep(table, configs, rates, workload, seeds=seeds, strict=args.strict,
                                         noise_seed=args.noise_seed, jobs=args.jobs, slos=args.slo, remote=remote,
-                                        store=store, percentiles=args.percentiles)
+                                        store=store, percentiles=args.percentiles, interval=args.interval)
         except KeyboardInterrupt:
             again = [a for a in args.argv if a not in ("--force", "--resume")] + ["--resume"]
             print(f"\nsim: interrupted: {len(store.done)} finished results are kept in {store.path}; complete the "
@@ -456,8 +456,8 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
             return 130
         finally:
             store.close()
-    for w in warned:
-        _warn(w)
+    for w in warned:  # said in the workers
+        warnings.warn(w, stacklevel=1)
     print(report(results, args.slo, args.percentiles))
     fewest = fewest_replicas(results, args.slo) if len(set(args.replicas)) > 1 else None
     if fewest is not None:
@@ -472,7 +472,7 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
            "wall_s": round(time.perf_counter() - t0, 3)}
     files = write_files(args.out, results, meta, run, args.slo, args.percentiles)
     if args.interval:
-        files.append(write_sweep_intervals(args.out, table, results, workload, seeds, args.interval))
+        files.append(write_sweep_intervals(args.out, results, args.interval))
     for stale in set(SWEEP_FILES) - {f.name for f in files} - {FILE}:  # a replaced sweep's, this one did not write
         (args.out / stale).unlink(missing_ok=True)
     events = sum(r["sim_events"] for res in results for r in res.rows)
@@ -481,13 +481,16 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
     return 0
 
 
-def write_sweep_intervals(out: Path, table, results, workload, seeds: list[int], level: float) -> Path:
-    """sweep.intervals.csv: every point's bands (servecap/sim/intervals.py; seeds x cost factors per point, in this process)."""
+def write_sweep_intervals(out: Path, results, level: float) -> Path:
+    """sweep.intervals.csv: the bands run_sweep gave each point of the first seed (servecap/sim/intervals.py)."""
     import pandas as pd
 
-    from .intervals import INTERVALS_FILE, sweep_bands
+    from .intervals import INTERVALS_FILE, METRICS
     path = out / INTERVALS_FILE
-    pd.DataFrame(sweep_bands(table, results, workload, seeds, level)).to_csv(path, index=False)
+    rows = [{"config": res.config.label, "rate": rate, "level": level,  # in METRICS' order, also when resumed
+             **{f"{k}_{side}": bands[k][side] for k in METRICS if k in bands for side in ("lo", "hi")}}
+            for res in results for rate, bands in zip(res.rates, res.bands)]
+    pd.DataFrame(rows).to_csv(path, index=False)
     return path
 
 
@@ -546,17 +549,11 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["sweep", *argv]  # no command: the default sweep, with any options given
     args = parser().parse_args(argv)
     args.argv = argv
-    with warnings.catch_warnings():
-        warnings.showwarning = lambda message, *_, **__: _warn(message)
-        try:
-            return args.func(args)
-        except KeyboardInterrupt:  # before anything was written (a sweep says itself what it kept)
-            print("\nsim: interrupted", file=sys.stderr)
-            return 130
-
-
-def _warn(message) -> None:
-    print(f"sim: warning: {message}", file=sys.stderr)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:  # before anything was written (a sweep says itself what it kept)
+        print("\nsim: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -166,10 +166,13 @@ class Intervals:
         self.factors = [math.exp(self.cost["sigma"] * z) for z in zs]
         self.models = [scaled(table, f) for f in self.factors]
 
-    def band(self, traces: list, run) -> dict:
+    def band(self, traces: list, run, progress: bool = False) -> dict:
         """Every metric's band for a point: `run(trace, cost_model)` simulates and scores one run (a summary dict);
-        `traces` are its trace samples (seeds)."""
-        samples = [run(t, m) for t in traces for m in self.models]
+        `traces` are its trace samples (seeds). `progress`: a bar on stderr over the runs."""
+        from tqdm import tqdm
+
+        samples = [run(t, m) for t, m in tqdm([(t, m) for t in traces for m in self.models], desc="interval",
+                                              unit="run", disable=not progress, leave=False, delay=2)]
         closed = (traces[0].meta.get("rate") or traces[0].offered_rate) is None
         verdicts = [s.get("stable") for s in samples]
         stable = None if None in verdicts else float(np.mean(verdicts))
@@ -243,26 +246,3 @@ def _pct(v: float | None) -> str:
 
 
 INTERVALS_FILE = "sweep.intervals.csv"
-
-
-def sweep_bands(table: CostTable, results: list, workload, seeds: list[int], level: float) -> list[dict]:
-    """`sim sweep --interval`: one row per configuration and rate (of the first seed's points), each metric's band;
-    the trace samples are the sweep's seeds (a single seed: SEEDS seeds from it; a trace file: one sample)."""
-    from dataclasses import replace
-
-    from .simulator import SimConfig
-    iv = Intervals(table, level)
-    samples = seeds if len(seeds) > 1 else list(range(seeds[0], seeds[0] + SEEDS))
-    rows = []
-    for res in results:
-        if res.seed not in (None, seeds[0]):
-            continue
-        c = res.config
-        cfg = SimConfig(c)
-        for rate in res.rates:
-            traces = [workload.at(rate)] if workload.base is not None else \
-                [replace(workload, seed=s).at(rate) for s in samples]
-            bands = iv.band(traces, simulated(cfg, rate))
-            rows.append({"config": c.label, "rate": rate, "level": level,
-                         **{f"{k}_{side}": b[side] for k, b in bands.items() for side in ("lo", "hi")}})
-    return rows

@@ -1,12 +1,12 @@
-"""A sweep's calls run elsewhere (Modal containers, servecap/sim/modal_app.py): what is sent, what runs there, and how the
-results come back: each as it finishes, with the index of its call, so that the sweep keeps it in its points store
-at once (servecap/sim/sweep.py), as it keeps a local worker's.
+"""A sweep's calls run elsewhere (Modal containers, servecap/sim/modal_app.py): what is sent, what runs there, and how
+the results come back: each as it finishes, with the index of its call, so that the sweep keeps it in its points
+store at once (servecap/sim/sweep.py), as it keeps a local worker's.
 
 Every input carries the sweep's worker setup (sim.sweep._init's arguments: the cost table, the workload, the noise
 seed, the SLOs), pickled and compressed once (a few tens of kB for the shipped table and a generated workload; a
-trace file adds its requests), with one call: a capacity estimate or a point. A worker sets the setup up once per
-distinct setup and then makes the call with sim.sweep's own functions, so a remote point is the row a local
-one is.
+trace file adds its requests), with one call: a capacity estimate, a point or a point's bands. A worker sets the
+setup up once per distinct setup and then makes the call with sim.sweep's own functions, so a remote point is the row
+a local one is.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Protocol
 
 from . import sweep
 
-CALLS: dict[str, Callable] = {"estimate": sweep._estimate, "point": sweep._point}
+CALLS: dict[str, Callable] = {"estimate": sweep._estimate, "point": sweep._point, "band": sweep._band}
 _ready: bytes | None = None  # the digest of the setup this worker has
 
 

@@ -71,6 +71,7 @@ class ConfigResult:
     estimate: float | None  # req/s from the saturated run, when the rates were chosen automatically
     rows: list[dict] = field(default_factory=list)
     seed: int | None = None  # the workload seed of these points (None: the workload's own)
+    bands: list[dict] = field(default_factory=list)  # each rate's metrics' bands, with --interval (the first seed's)
 
     @property
     def bracket(self) -> tuple[float | None, float | None]:
@@ -90,6 +91,7 @@ _workload: Workload | None = None
 _noise_seed: int | None = None
 _slos: tuple[SLO, ...] = ()
 _percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+_intervals: dict[float, object] = {}  # servecap.sim.intervals.Intervals by level, made at a worker's first band
 
 
 def _init(table: CostTable | dict, strict: bool, workload: Workload, noise_seed: int | None, slos: tuple[SLO, ...] = (),
@@ -99,6 +101,7 @@ def _init(table: CostTable | dict, strict: bool, workload: Workload, noise_seed:
         _tie_to_parent(parent)
     _cost, _workload, _noise_seed, _slos = CostModel(table, strict), workload, noise_seed, slos
     _percentiles = percentiles
+    _intervals.clear()
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -144,6 +147,20 @@ def _point(config: ServingConfig, rate: float, seed: int) -> tuple[dict, list[st
            "trace_id": result.record.meta["trace_id"], **summary(result.record, rate, _slos),
            **latency_ms(result.record, _percentiles), "sim_events": result.events, "sim_wall_s": result.wall_s}
     return row, caught
+
+
+def _band(config: ServingConfig, rate: float, seeds: list[int], level: float) -> tuple[dict, list[str]]:
+    """A point's LEVEL% bands (servecap/sim/intervals.py): its trace samples (the workload at these seeds, or a trace
+    file's one) x the cost draws."""
+    from .intervals import Intervals, simulated
+    from .simulator import SimConfig
+    if level not in _intervals:
+        _intervals[level] = Intervals(_cost.table, level)
+    traces = [_workload.at(rate)] if _workload.base is not None else [_workload_for(s).at(rate) for s in seeds]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bands = _intervals[level].band(traces, simulated(SimConfig(config), rate))
+    return bands, [str(w.message) for w in caught]
 
 
 def auto_rates(estimate: float) -> list[float]:
@@ -195,7 +212,8 @@ def run_sweep(table: CostTable, configs: list[ServingConfig], rates: list[float]
               seeds: list[int] | None = None, strict: bool = False, noise_seed: int | None = None,
               jobs: int | None = None, progress: bool = True, slos: tuple[SLO, ...] = (),
               remote: RemoteMap | None = None, store: PointStore | None = None,
-              percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> tuple[list[ConfigResult], list[str]]:
+              percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
+              interval: float | None = None) -> tuple[list[ConfigResult], list[str]]:
     """Every configuration at every rate (rates=None: automatic per configuration) for every workload seed (default:
     the workload's own), scored against `slos` if any, on local processes or through `remote`; the results per
     configuration and seed, configuration-major, and the distinct cost-model warnings raised on the way. With
@@ -204,6 +222,9 @@ def run_sweep(table: CostTable, configs: list[ServingConfig], rates: list[float]
 
     A store keeps each result as it comes back, wherever it ran (and has those of an interrupted sweep): only
     missing points run.
+
+    With `interval` (a level, %), each configuration's first seed's points also get their bands (ConfigResult.bands),
+    on the same workers: their trace samples are the sweep's seeds, or with a single seed intervals.SEEDS seeds from it.
     """
     seeds = list(seeds) if seeds else [workload.seed]
     configs = list(dict.fromkeys(configs))  # a single engine named under several routers is one configuration
@@ -234,6 +255,17 @@ def run_sweep(table: CostTable, configs: list[ServingConfig], rates: list[float]
         owners = [res for res in results for _ in res.rates]
         points = _run_all(pool, remote, init, _point, args, [("point", c.axes(), s, r) for c, r, s in args], store,
                           "sweep", progress)
+        banded = [res for res in results if res.seed == seeds[0]] if interval is not None else []
+        if banded:
+            from .intervals import SEEDS
+            samples = seeds if len(seeds) > 1 else list(range(seeds[0], seeds[0] + SEEDS))
+            bargs = [(res.config, rate, samples, interval) for res in banded for rate in res.rates]
+            bands = _run_all(pool, remote, init, _band, bargs,
+                             [("band", c.axes(), r, level, tuple(ss)) for c, r, ss, level in bargs], store,
+                             f"{interval:g}% intervals", progress)
+            for (res, (band, caught)) in zip([res for res in banded for _ in res.rates], bands):
+                res.bands.append(band)
+                seen.update((w, None) for w in caught)
     except BaseException:
         if pool is not None:
             _stop(pool)

@@ -1,12 +1,14 @@
 """What every command line of the project shares: a refusal is one line on stderr and exit status 2, whether
-argparse or the command's own checks refuse, and output to a reader that has gone (`| head`) is dropped
-quietly while the command finishes its work."""
+argparse or the command's own checks refuse; a warning is said once; and output to a reader that has gone (`| head`)
+is dropped quietly while the command finishes its work."""
 from __future__ import annotations
 
 import argparse
 import functools
 import os
+import re
 import sys
+import warnings
 from typing import Callable
 
 from .errors import InputError
@@ -20,6 +22,21 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class Warnings:
+    """A command's warnings on stderr, `PROG: warning: ...`, each kind once: the same warning about other numbers
+    (a cost table extrapolated at 6093 tokens, then at 6096) is one kind, which every point of a sweep and every cost
+    draw of a band would otherwise say again. Callable as warnings.showwarning."""
+
+    def __init__(self, prog: str):
+        self.prog, self.said = prog, set()
+
+    def __call__(self, message, *_, **__) -> None:
+        kind = re.sub(r"\d[\d,.]*", "#", str(message))
+        if kind not in self.said:
+            self.said.add(kind)
+            print(f"{self.prog}: warning: {message}", file=sys.stderr)
 
 
 class _DropWhenClosed:
@@ -63,14 +80,18 @@ class _DropWhenClosed:
 
 def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """Wrap a command line's `main`: an InputError it raises is `PROG: error: ...` on stderr and exit status 2, as
-    is running out of memory (a size no up-front check foresaw); stdout and stderr survive a reader that left."""
+    is running out of memory (a size no up-front check foresaw); a warning is `PROG: warning: ...`, each kind once
+    (Warnings); stdout and stderr survive a reader that left."""
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
         @functools.wraps(main)
         def guarded(*args, **kwargs) -> int:
             streams = sys.stdout, sys.stderr
             sys.stdout, sys.stderr = _DropWhenClosed(sys.stdout), _DropWhenClosed(sys.stderr)
             try:
-                return main(*args, **kwargs)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("always")  # Warnings says each kind once, whichever line raised it
+                    warnings.showwarning = Warnings(prog)
+                    return main(*args, **kwargs)
             except InputError as e:
                 print(f"{prog}: error: {e}", file=sys.stderr)
                 return 2

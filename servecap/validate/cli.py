@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from pathlib import Path
 
 from servecap.core.options import step_cap_arg
@@ -212,86 +211,74 @@ def main(argv: list[str] | None = None) -> int:
         args.table = own_table(args.out)
     if args.step == "policies":
         check_out_dir(args.predictions)
-    said: set[str] = set()
-
-    def warn(message, *_, **__) -> None:
-        if str(message) not in said:  # every simulated point would say the same thing again
-            said.add(str(message))
-            print(f"validate: warning: {message}", file=sys.stderr)
-    with warnings.catch_warnings():
-        warnings.showwarning = warn
-        try:
-            if args.step == "predict":
-                from .predict import make_predictions
-                doc = make_predictions(args.table, args.out, azure=args.azure, n=args.n, seed=args.seed,
-                                       force=args.force)
-                print(f"wrote {args.out / 'predictions.json'} and predictions.md: {len(doc['points'])} points")
-            elif args.step == "coverage":
-                from .coverage import write as write_coverage
-                print(f"wrote {write_coverage(args.out, args.table, args.interval, args.allow_nonstationary, args.force)}")
-            elif args.step == "noise":
-                from .noise import write
-                from servecap.sim import inputs
-                table = args.table and inputs.load_table(args.table, allow_nonstationary=args.allow_nonstationary)
-                doc = write(args.validations, args.out, args.force, table, args.sessions_from)
-                print(f"wrote {args.out}: {len(doc['groups'])} repeated points; " + "; ".join(
-                    f"{regime}: " + ", ".join(f"{k} " + " ".join(
-                        ([f"{v['sigma']:.1%}"] if "sigma" in v else [])
-                        + ([f"({v['residual_sigma']:.1%} beyond speed)"] if "residual_sigma" in v else []))
-                        for k, v in m.items())
-                    for regime, m in doc["pooled"].items()))
-            elif args.step == "sag" and args.compare:
-                from .sag import compare_real
-                print(f"wrote {compare_real(args.compare, args.out, args.table, args.allow_nonstationary, args.force)}")
-            elif args.step == "sag":
-                from .sag import search, write_report
-                doc = search(args.table, args.out, jobs=args.jobs, force=args.force,
-                             progress=lambda m: print(m, file=sys.stderr))
-                print(f"wrote {write_report(doc, args.out)}, search.json, candidates.json and sag.png")
-            elif args.step == "mechanisms":
-                from .mechanisms_report import grade
-                print(f"wrote {grade(args.out, args.table, args.recalibrated, args.force)}")
-            elif args.step == "plan":
-                from .plan import make_plan
-                chooses = [f"--{k.replace('_', '-')}" for k in ("azure", "sharegpt", "sag", "predictions", "repeats",
-                                                                  "cache_trace", "max_num_batched_tokens", "azure_from")
-                           if getattr(args, k)] + [f"--{k}" for k in ("skip", "mechanisms", "only") if getattr(args, k)]
-                if args.points_from is not None and chooses:
-                    raise InputError(f"--points-from takes the earlier plan's points as they are; "
-                                     f"{', '.join(chooses)} would choose others")
-                points = make_plan(args.table, args.out, n=args.n, seed=args.seed, azure=args.azure,
-                                   sharegpt=args.sharegpt, skip=args.skip, sag=args.sag,
-                                   predictions=args.predictions, force=args.force,
-                                   allow_nonstationary=args.allow_nonstationary, interval=args.interval,
-                                   public_policies=args.public_policies, repeats=args.repeats,
-                                   mechanisms=args.mechanisms, cache_traces=dict(args.cache_trace or []) or None,
-                                   max_num_batched_tokens=args.max_num_batched_tokens,
-                                   points_from=args.points_from, only=args.only, azure_from_s=args.azure_from)
-                print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
-                for p in points:
-                    print(f"  {p.id:40s} {p.role:12s} {p.serving.backend} {p.serving.prefill} {p.serving.admission}"
-                          f"{' cache' * p.serving.prefix_cache} rows {p.serving.max_batch} "
-                          f"pool {p.serving.pool.gib or 'engine'} x{p.repeats}" + (f" after {p.warmup} warm-up" if p.warmup else "")
-                          + (" (fresh engine)" if p.fresh else ""))
-            elif args.step == "replay":
-                from .replay_report import write as write_replay
-                path, same, n = write_replay(args.out, args.only, args.force,
-                                             progress=lambda m: print(m, file=sys.stderr))
-                print(f"wrote {path} and replay.json: {same} of {n} runs identical")
-            elif args.step == "policies":
-                from .policies import write
-                print(f"wrote {write(args.out, args.predictions, args.table, args.allow_nonstationary, args.force)}")
-            elif args.step == "real":
-                from .real import run_real
-                if args.fleet:
-                    from .real import run_fleet
-                    run_fleet(args.out, args.fleet, args.expect_gpu, args.only)
-                else:
-                    run_real(args.out, args.expect_gpu, args.only, args.shard)
-            else:
-                from .report import write_report
-                print(f"wrote {write_report(args.out, args.table, force=args.force, allow_nonstationary=args.allow_nonstationary)}")
-        except InputError as e:
-            print(f"validate: error: {e}", file=sys.stderr)
-            return 2
+    if args.step == "predict":
+        from .predict import make_predictions
+        doc = make_predictions(args.table, args.out, azure=args.azure, n=args.n, seed=args.seed,
+                               force=args.force)
+        print(f"wrote {args.out / 'predictions.json'} and predictions.md: {len(doc['points'])} points")
+    elif args.step == "coverage":
+        from .coverage import write as write_coverage
+        print(f"wrote {write_coverage(args.out, args.table, args.interval, args.allow_nonstationary, args.force)}")
+    elif args.step == "noise":
+        from .noise import write
+        from servecap.sim import inputs
+        table = args.table and inputs.load_table(args.table, allow_nonstationary=args.allow_nonstationary)
+        doc = write(args.validations, args.out, args.force, table, args.sessions_from)
+        print(f"wrote {args.out}: {len(doc['groups'])} repeated points; " + "; ".join(
+            f"{regime}: " + ", ".join(f"{k} " + " ".join(
+                ([f"{v['sigma']:.1%}"] if "sigma" in v else [])
+                + ([f"({v['residual_sigma']:.1%} beyond speed)"] if "residual_sigma" in v else []))
+                for k, v in m.items())
+            for regime, m in doc["pooled"].items()))
+    elif args.step == "sag" and args.compare:
+        from .sag import compare_real
+        print(f"wrote {compare_real(args.compare, args.out, args.table, args.allow_nonstationary, args.force)}")
+    elif args.step == "sag":
+        from .sag import search, write_report
+        doc = search(args.table, args.out, jobs=args.jobs, force=args.force,
+                     progress=lambda m: print(m, file=sys.stderr))
+        print(f"wrote {write_report(doc, args.out)}, search.json, candidates.json and sag.png")
+    elif args.step == "mechanisms":
+        from .mechanisms_report import grade
+        print(f"wrote {grade(args.out, args.table, args.recalibrated, args.force)}")
+    elif args.step == "plan":
+        from .plan import make_plan
+        chooses = [f"--{k.replace('_', '-')}" for k in ("azure", "sharegpt", "sag", "predictions", "repeats",
+                                                          "cache_trace", "max_num_batched_tokens", "azure_from")
+                   if getattr(args, k)] + [f"--{k}" for k in ("skip", "mechanisms", "only") if getattr(args, k)]
+        if args.points_from is not None and chooses:
+            raise InputError(f"--points-from takes the earlier plan's points as they are; "
+                             f"{', '.join(chooses)} would choose others")
+        points = make_plan(args.table, args.out, n=args.n, seed=args.seed, azure=args.azure,
+                           sharegpt=args.sharegpt, skip=args.skip, sag=args.sag,
+                           predictions=args.predictions, force=args.force,
+                           allow_nonstationary=args.allow_nonstationary, interval=args.interval,
+                           public_policies=args.public_policies, repeats=args.repeats,
+                           mechanisms=args.mechanisms, cache_traces=dict(args.cache_trace or []) or None,
+                           max_num_batched_tokens=args.max_num_batched_tokens,
+                           points_from=args.points_from, only=args.only, azure_from_s=args.azure_from)
+        print(f"wrote {args.out / 'plan.json'}: {len(points)} points")
+        for p in points:
+            print(f"  {p.id:40s} {p.role:12s} {p.serving.backend} {p.serving.prefill} {p.serving.admission}"
+                  f"{' cache' * p.serving.prefix_cache} rows {p.serving.max_batch} "
+                  f"pool {p.serving.pool.gib or 'engine'} x{p.repeats}" + (f" after {p.warmup} warm-up" if p.warmup else "")
+                  + (" (fresh engine)" if p.fresh else ""))
+    elif args.step == "replay":
+        from .replay_report import write as write_replay
+        path, same, n = write_replay(args.out, args.only, args.force,
+                                     progress=lambda m: print(m, file=sys.stderr))
+        print(f"wrote {path} and replay.json: {same} of {n} runs identical")
+    elif args.step == "policies":
+        from .policies import write
+        print(f"wrote {write(args.out, args.predictions, args.table, args.allow_nonstationary, args.force)}")
+    elif args.step == "real":
+        from .real import run_real
+        if args.fleet:
+            from .real import run_fleet
+            run_fleet(args.out, args.fleet, args.expect_gpu, args.only)
+        else:
+            run_real(args.out, args.expect_gpu, args.only, args.shard)
+    else:
+        from .report import write_report
+        print(f"wrote {write_report(args.out, args.table, force=args.force, allow_nonstationary=args.allow_nonstationary)}")
     return 0
