@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from servecap.costs.model import CostModel
 from servecap.costs.recorded import contextual, priced_steps
@@ -89,8 +90,6 @@ def by_segment(steps) -> list[float]:
 
 
 def _binned(steps, by: str) -> list[str]:
-    import pandas as pd
-
     edges, column, only = BINS[by]
     if only:
         steps = steps[steps.step_kind == only]
@@ -102,14 +101,12 @@ def _binned(steps, by: str) -> list[str]:
 
 
 def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] | None = None,
-          segments: bool = False) -> tuple["pd.DataFrame", dict]:
+          segments: bool = False) -> tuple[pd.DataFrame, dict]:
     """Print the validation's grading (module docstring); return each run's summed real / price in context (`total`;
     `decode`: its decode steps', beside its point's `policy` and `load`), and the plan's bands' coverage
     (servecap/validate/coverage.py) over every point (`all`) and over the near and the past capacity points.
     `replanned` (a plan directory of the same points and the table it was made from): grade the runs against that
     plan instead, one made after them (a retrospective: the protocol checks are the validation's own plan's)."""
-    import pandas as pd
-
     table_path = plan_table(validation)
     plan, results = compare(validation, table_path)
     if replanned is not None:
@@ -176,12 +173,10 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
                   **{load: coverage([c for c in results if c.point.load == load], bands) for load in ("near", "past")}}
 
 
-def pooled(runs: dict[Path, "pd.DataFrame"], bands: dict[Path, dict] | None = None) -> str:
+def pooled(runs: dict[Path, pd.DataFrame], bands: dict[Path, dict] | None = None) -> str:
     """Every run's error over several validations, and how their mean speeds spread (a refreshed validation's
     directory is one GPU's session): what a band's cost sigma has to cover; each policy's decode steps by load;
     given each validation's coverage by load (grade's), the bands pooled by load."""
-    import pandas as pd
-
     logs = {v: np.log(r.total.to_numpy()) for v, r in runs.items() if len(r)}
     every = np.concatenate(list(logs.values()))
     means = [float(x.mean()) for x in logs.values()]
