@@ -142,8 +142,10 @@ def _interval(args: argparse.Namespace, table, init: tuple, fn, calls: list[tupl
     """The searches again at the band's edge cost factors: the cheaper edge's answer and the dearer edge's bound
     the answer's band (a capacity rises, a replica count falls, as steps cost less)."""
     cheap, dear, cost = intervals.edge_factors(table, args.interval)
+    resolution = f"; each edge, like the answer, found to within --tolerance {args.tolerance:.1%}" \
+        if args.rate is None else ""
     print(f"interval {args.interval:g}%: each search again with every step cost x{cheap:.3f} and x{dear:.3f} "
-          f"({intervals.describe_sigma(cost)}); the engine's run-to-run noise beyond speed is not in it")
+          f"({intervals.describe_sigma(cost)}); the engine's run-to-run noise beyond speed is not in it{resolution}")
     edges = {f: _per_seed((intervals.scaled_table(table, f), *init[1:]), fn, calls, args.jobs) for f in (cheap, dear)}
     low, high = (dear, cheap) if args.rate is None else (cheap, dear)
     show = (lambda v: "none" if v is None else f"{v:.4g}") if args.rate is None else \
