@@ -703,6 +703,29 @@ def test_sim_run_interval_prints_a_band_per_metric_and_refuses_a_bad_level(capsy
     assert "argument --interval: '100' is not a percentage between 0 and 100" in capsys.readouterr().err
 
 
+def test_sim_run_interval_on_forked_workers_gives_the_same_bands_and_says_each_warning_once(capsys, tmp_path):
+    import servecap.sim.cli
+    from servecap import sim
+    # prompts past the shipped table's measured prefill and decode: every run of the band extrapolates, at its own
+    # token counts
+    trace = tmp_path / "long.csv"
+    trace.write_text('# {"meta": {}, "schema": "request-trace", "version": 1}\n'
+                     "request_id,arrival_s,prompt_tokens,budget,prompt\n"
+                     + "".join(f"{i},{i * 0.05:.3f},{9000 + 500 * i},40,\n" for i in range(12)))
+    argv = ["run", "--trace", str(trace), "--interval", "90"]
+    bands = {}
+    for jobs in ("1", "2"):
+        assert sim.cli.main([*argv, "--jobs", jobs]) == 0
+        out, err = capsys.readouterr()
+        bands[jobs] = out.split("interval 90%")[1].split("\nsim ")[0]
+        said = [line for line in err.splitlines() if line.startswith("sim: warning:")]
+        assert len(said) == 2 and {line.split(" of ")[0] for line in said} == {"sim: warning: prefill",
+                                                                                "sim: warning: decode K/V"}, err
+    assert bands["1"] == bands["2"]
+    assert sim.cli.main(["run", "--rate", "10", "--jobs", "2"]) == 2
+    assert "--jobs does nothing without --interval" in capsys.readouterr().err
+
+
 def test_sim_sweep_interval_writes_a_band_per_point(tmp_path):
     import pandas as pd
     import servecap.sim.cli

@@ -97,6 +97,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--interval", type=level_arg, metavar="LEVEL",
                      help="also a LEVEL%% band for every metric: trace seeds x the cost model's uncertainty, widened "
                           "by the engine's measured run-to-run noise (servecap/sim/intervals.py)")
+    run.add_argument("--jobs", type=count_arg, help="with --interval: processes for its runs (default: every core)")
     run.add_argument("--out", type=Path, help="write the run record here (per-step rows; per-token rows with --tokens)")
     run.add_argument("--tokens", action="store_true", default=None, help="with --out, also write every token's time")
     run.add_argument("--percentiles", type=percentiles_arg, default=DEFAULT_PERCENTILES, metavar="P1,P2,...",
@@ -240,7 +241,7 @@ def run_interval(args: argparse.Namespace, table, cfg, trace, rate) -> list[str]
                                                                  closed_mixed_n=args.closed_mixed), args.seed)
     else:
         traces = [trace]
-    bands = iv.band(traces, intervals.simulated(cfg, rate), progress=True)
+    bands = iv.band(traces, intervals.simulated(cfg, rate), progress=True, jobs=args.jobs or os.cpu_count() or 1)
     return intervals.lines(bands, iv, len(traces))
 
 
@@ -254,6 +255,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _refuse_unused(args, {"--seed": "with --closed-uniform: every request is the same prompt"})
     if args.out is None:
         _refuse_unused(args, {"--tokens": "without --out: the token rows are written into the run record"})
+    if args.interval is None:
+        _refuse_unused(args, {"--jobs": "without --interval: a run is one process"})
     if args.replicas == 1:
         _refuse_unused(args, {"--router": "with one replica: there is nothing to route between (--replicas N)"})
     args.router = args.router or "round-robin"

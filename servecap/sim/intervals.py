@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
+import warnings
 from pathlib import Path
 from statistics import NormalDist
 
@@ -166,13 +168,11 @@ class Intervals:
         self.factors = [math.exp(self.cost["sigma"] * z) for z in zs]
         self.models = [scaled(table, f) for f in self.factors]
 
-    def band(self, traces: list, run, progress: bool = False) -> dict:
+    def band(self, traces: list, run, progress: bool = False, jobs: int = 1) -> dict:
         """Every metric's band for a point: `run(trace, cost_model)` simulates and scores one run (a summary dict);
-        `traces` are its trace samples (seeds). `progress`: a bar on stderr over the runs."""
-        from tqdm import tqdm
-
-        samples = [run(t, m) for t, m in tqdm([(t, m) for t in traces for m in self.models], desc="interval",
-                                              unit="run", disable=not progress, leave=False, delay=2)]
+        `traces` are its trace samples (seeds). `progress`: a bar on stderr over the runs; `jobs`: processes to run
+        them in (forked, so that `run` need not be pickled; one where fork is not there)."""
+        samples = _runs([(t, m) for t in traces for m in self.models], run, progress, jobs)
         closed = (traces[0].meta.get("rate") or traces[0].offered_rate) is None
         verdicts = [s.get("stable") for s in samples]
         stable = None if None in verdicts else float(np.mean(verdicts))
@@ -197,6 +197,45 @@ class Intervals:
                 "method": "Monte-Carlo over trace seeds x quantile-spaced cost factors (hazen percentiles), widened in "
                           "quadrature in log space by the measured run-to-run spread beyond speed, below and past "
                           "capacity mixed by the share of samples stable (servecap/sim/intervals.py)"}
+
+
+_forked: tuple | None = None  # (pairs, run) of the band being run, which forked workers inherit
+
+
+def _run_pair(i: int) -> tuple[dict, list[str]]:
+    pairs, run = _forked
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = run(*pairs[i])
+    return summary, [str(w.message) for w in caught]
+
+
+def _runs(pairs: list[tuple], run, progress: bool, jobs: int) -> list[dict]:
+    """run(trace, model) for every pair, in order: here, or in `jobs` forked processes, their warnings said here."""
+    global _forked
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(pairs), desc="interval", unit="run", disable=not progress, leave=False, delay=2)
+    jobs = min(jobs, len(pairs)) if "fork" in multiprocessing.get_all_start_methods() else 1
+    with bar:
+        if jobs <= 1:
+            out = []
+            for p in pairs:
+                out.append(run(*p))
+                bar.update()
+            return out
+        _forked = (pairs, run)
+        try:
+            with multiprocessing.get_context("fork").Pool(jobs) as pool:
+                out = []
+                for summary, caught in pool.imap(_run_pair, range(len(pairs))):
+                    out.append(summary)
+                    for message in caught:
+                        warnings.warn(message, stacklevel=2)
+                    bar.update()
+                return out
+        finally:
+            _forked = None
 
 
 def seeded(trace_of, seed: int, n: int = SEEDS) -> list:
