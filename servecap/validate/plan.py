@@ -15,6 +15,7 @@ when given.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from dataclasses import replace
@@ -75,9 +76,10 @@ def point_simulation(p: Point, root: Path):
 
 def point_band(iv, table, p: Point, root: Path) -> dict:
     """Point p's prediction interval (servecap/sim/intervals.py) on the one trace its real runs replay: what the band is
-    graded against is that trace's outcome, so other seeds' traces are not among its samples."""
+    graded against is that trace's outcome, so other seeds' traces are not among its samples. Its runs on every core
+    (a plan is made on the GPU's host, in its session's time)."""
     trace, _, run = point_simulation(p, root)
-    return iv.band([trace], run)
+    return iv.band([trace], run, jobs=os.cpu_count() or 1)
 
 
 def predict(table, p: Point, root: Path) -> dict:
