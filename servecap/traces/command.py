@@ -89,7 +89,6 @@ def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
             sys.stdout, sys.stderr = _DropWhenClosed(sys.stdout), _DropWhenClosed(sys.stderr)
             try:
                 with warnings.catch_warnings():
-                    warnings.simplefilter("always")  # Warnings says each kind once, whichever line raised it
                     warnings.showwarning = Warnings(prog)
                     return main(*args, **kwargs)
             except InputError as e:
