@@ -215,27 +215,29 @@ def _runs(pairs: list[tuple], run, progress: bool, jobs: int) -> list[dict]:
     global _forked
     from tqdm import tqdm
 
-    bar = tqdm(total=len(pairs), desc="interval", unit="run", disable=not progress, leave=False, delay=2)
+    def bar():
+        return tqdm(total=len(pairs), desc="interval", unit="run", disable=not progress, leave=False, delay=2)
     jobs = min(jobs, len(pairs)) if "fork" in multiprocessing.get_all_start_methods() else 1
-    with bar:
-        if jobs <= 1:
-            out = []
+    if jobs <= 1:
+        out = []
+        with bar() as b:
             for p in pairs:
                 out.append(run(*p))
-                bar.update()
+                b.update()
+        return out
+    _forked = (pairs, run)
+    try:
+        # forked before the bar can start tqdm's monitor thread: a thread running at a fork can leave a lock held
+        with multiprocessing.get_context("fork").Pool(jobs) as pool, bar() as b:
+            out = []
+            for summary, caught in pool.imap(_run_pair, range(len(pairs))):
+                out.append(summary)
+                for message in caught:
+                    warnings.warn(message, stacklevel=2)
+                b.update()
             return out
-        _forked = (pairs, run)
-        try:
-            with multiprocessing.get_context("fork").Pool(jobs) as pool:
-                out = []
-                for summary, caught in pool.imap(_run_pair, range(len(pairs))):
-                    out.append(summary)
-                    for message in caught:
-                        warnings.warn(message, stacklevel=2)
-                    bar.update()
-                return out
-        finally:
-            _forked = None
+    finally:
+        _forked = None
 
 
 def seeded(trace_of, seed: int, n: int = SEEDS) -> list:
