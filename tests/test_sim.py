@@ -237,6 +237,26 @@ def test_cli_sweep_writes_tables_and_plot(capsys, tables, tmp_path):
     assert (out / "sweep.png").stat().st_size > 10_000
 
 
+def test_sweep_plot_draws_queue_wait_in_ms_and_each_interval_as_a_bar(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    from servecap.sim.sweep_plot import plot
+    res = ConfigResult(ServingConfig(backend="paged"), 100, [5.0, 10.0], None, seed=0,
+                       bands=[{"served_rate": {"lo": 4.5, "hi": 5.2, "median": 4.9},
+                               "queue_wait_p50": {"lo": 0.001, "hi": 0.003, "median": 0.002}},
+                              {"served_rate": {"lo": 8.0, "hi": 9.5, "median": 9.0},
+                               "queue_wait_p50": {"lo": 0.02, "hi": 0.05, "median": 0.03}}])
+    rows = [{"rate": r, "served_rate_mean": m, "queue_wait_p50_mean": w} for r, m, w in ((5.0, 4.9, 0.002),
+                                                                                         (10.0, 9.0, 0.03))]
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    plot([([res], rows)], tmp_path / "sweep.png", "subtitle", 90)
+    served, wait = figures[0].axes
+    assert wait.get_ylabel() == "queue wait p50 (ms)" and list(wait.lines[0].get_ydata()) == [2.0, 30.0]
+    bars = [c for c in wait.collections if len(c.get_segments())][0].get_segments()
+    assert [(seg[0][1], seg[1][1]) for seg in bars] == [(1.0, 3.0), (20.0, 50.0)]  # ms, each rate's band
+    assert any("90% interval" in t.get_text() for t in figures[0].legends[0].get_texts())
+
+
 @pytest.mark.parametrize("args, message", [
     (["run", "--rate", "-1"], "is not a positive number of requests per second"),
     (["run", "--rate", "1", "--pool-blocks", "10"], "the pool is smaller than the largest request: request"),

@@ -470,7 +470,8 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
             "workload": wl, **inputs.import_meta(samples[0]), "rates": setup["rates"], "block_size": table.block_size,
             "noise_seed": args.noise_seed, "strict": args.strict, "warnings": warned,
             "slos": setup["slos"], "capacity_by": "slos" if args.slo else "stability",
-            **({"fewest_replicas": fewest} if fewest is not None else {})}
+            **({"fewest_replicas": fewest} if fewest is not None else {}),
+            **({"interval": args.interval} if args.interval else {})}
     run = {"on": args.on, "command": shlex.join(["python", "-m", "sim", *args.argv]), **provenance(),
            "wall_s": round(time.perf_counter() - t0, 3)}
     files = write_files(args.out, results, meta, run, args.slo, args.percentiles)

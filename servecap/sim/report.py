@@ -330,5 +330,5 @@ def write_files(out_dir: Path, results: list[ConfigResult], meta: dict, run: dic
     atomic_write_text(out_dir / "sweep.json", json.dumps(json_safe(doc), indent=1) + "\n")
     run_doc = {"schema": "sim-sweep-run", "version": 1, **run, "points": [{k: r[k] for k in RUN_POINT_KEYS} for r in rows]}
     atomic_write_text(out_dir / "sweep.run.json", json.dumps(json_safe(run_doc), indent=1) + "\n")
-    plot([(g, band_rows(g)) for g in groups], out_dir / "sweep.png", title(meta))
+    plot([(g, band_rows(g)) for g in groups], out_dir / "sweep.png", title(meta), meta.get("interval"))
     return files + [out_dir / "sweep.run.json"]

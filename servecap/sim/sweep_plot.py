@@ -1,4 +1,5 @@
-"""sweep.png: served rate and queue wait p50 against arrival rate, one line per configuration.
+"""sweep.png: served rate and queue wait p50 (ms) against arrival rate, one line per configuration, with --interval
+each point's band as a bar.
 
 Every axis the sweep varied (pool, batch rows, backend, prefill policy, fleet: replicas and router) gets a visual
 channel of its own, so no two configurations look alike: the axis with the most values gets colour, the next
@@ -72,9 +73,11 @@ def title(meta: dict) -> str:
     return f"{trace}{n}{seed}; cost table {meta.get('table', {}).get('id')}"
 
 
-def plot(lines: list[tuple[list[ConfigResult], list[dict]]], path: Path, subtitle: str) -> None:
+def plot(lines: list[tuple[list[ConfigResult], list[dict]]], path: Path, subtitle: str,
+         level: float | None = None) -> None:
     """One line per configuration: (its results, one per seed; its bands rate by rate, servecap/sim/report.py: band_rows),
-    the seeds' mean, shaded min to max with several seeds."""
+    the seeds' mean, shaded min to max with several seeds; the first seed's LEVEL% intervals (ConfigResult.bands)
+    as bars where the sweep made them."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -82,22 +85,31 @@ def plot(lines: list[tuple[list[ConfigResult], list[dict]]], path: Path, subtitl
     fig, (served, wait) = plt.subplots(1, 2, figsize=(13, 6))
     styles, chosen = _styles([group[0].config for group, _ in lines])
     top = 0.0
+    scale = {"served_rate": 1.0, "queue_wait_p50": 1e3}  # queue wait in ms, as vLLM and the tables print it
     for (group, rows), style in zip(lines, styles):
         rate = [b["rate"] for b in rows]
         top = max(top, *rate)
         label = group[0].config.label if len(group) == 1 else \
             f"{group[0].config.label}: mean of {len(group)} seeds, shaded min-max"
         for ax, k in ((served, "served_rate"), (wait, "queue_wait_p50")):
-            ax.plot(rate, [b[f"{k}_mean"] for b in rows], markersize=5, label=label, **style)
+            x = scale[k]
+            ax.plot(rate, [b[f"{k}_mean"] * x for b in rows], markersize=5, label=label, **style)
             if len(group) > 1:
-                ax.fill_between(rate, [b[f"{k}_min"] for b in rows], [b[f"{k}_max"] for b in rows],
+                ax.fill_between(rate, [b[f"{k}_min"] * x for b in rows], [b[f"{k}_max"] * x for b in rows],
                                 color=style["color"], alpha=0.2, linewidth=0)
+            banded = [(r, b[k]) for r, b in zip(group[0].rates, group[0].bands) if k in b]
+            if banded:
+                ax.vlines([r for r, _ in banded], [b["lo"] * x for _, b in banded], [b["hi"] * x for _, b in banded],
+                          color=style["color"], alpha=0.45, linewidth=3)
     served.plot([0, top], [0, top], color="grey", linewidth=0.8, linestyle=":", label="served = arrival rate")
+    if level is not None and any(group[0].bands for group, _ in lines):
+        served.vlines([], [], [], color="grey", alpha=0.45, linewidth=3,
+                      label=f"bar: the {level:g}% interval (trace seeds x cost model, run-to-run noise)")
     served.set(xlabel="arrival rate (requests/s)", ylabel="served rate (requests/s)",
                title="served rate: leaves the diagonal at capacity")
-    wait.set(xlabel="arrival rate (requests/s)", ylabel="queue wait p50 (s)",
+    wait.set(xlabel="arrival rate (requests/s)", ylabel="queue wait p50 (ms)",
              title="median queue wait: jumps past capacity")
-    wait.set_yscale("symlog", linthresh=0.01)
+    wait.set_yscale("symlog", linthresh=10)
     for ax in (served, wait):
         ax.grid(alpha=0.3)
     handles, labels = served.get_legend_handles_labels()
