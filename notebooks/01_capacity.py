@@ -141,13 +141,13 @@ S.save(fig, "01_served_rate",
 # %%
 fig, axes = panels(f"Queue wait against arrival rate ({WORKLOAD.n} mixed requests, {table.device_name})")
 for ax, res, d, c in configurations(axes):
-    ax.plot(d.rate, d.queue_wait_p50, color=c, marker=".", ms=4, **S.SIM, label=f"max batch {res.config.max_batch}")
-    ax.plot(d.rate, d.queue_wait_p95, color=c, ls="--", lw=1.2)
+    ax.plot(d.rate, d.queue_wait_p50 * 1e3, color=c, marker=".", ms=4, **S.SIM, label=f"max batch {res.config.max_batch}")
+    ax.plot(d.rate, d.queue_wait_p95 * 1e3, color=c, ls="--", lw=1.2)
     bracket_band(ax, res, c)
 for ax in axes.flat:
-    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_yscale("symlog", linthresh=1)
     ax.set_ylim(bottom=0)
-    ax.set_ylabel("queue wait (s): p50 solid, p95 dashed")
+    ax.set_ylabel("queue wait (ms): p50 solid, p95 dashed")
     ax.legend(loc="upper left")
 at = rows[(rows.backend == best.backend) & (rows.max_batch == best.max_batch) & (rows.pool_gib == best.pool_gib)]
 at_lo = at[at.rate == best.capacity_lo].iloc[0] if (at.rate == best.capacity_lo).any() else None
@@ -225,10 +225,10 @@ fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 5.6), gridspec_kw={"width_ra
 for i, (policy, group) in enumerate(seeds_of.items()):
     c = S.policy_color(policy)
     b = pd.DataFrame(band_rows(group))
-    for ax, k in ((a1, "served_rate"), (a2, "queue_wait_p50")):
-        ax.plot(b.rate, b[f"{k}_mean"], color=c, marker=".", ms=4, **S.SIM,
+    for ax, k, x in ((a1, "served_rate", 1), (a2, "queue_wait_p50", 1e3)):  # queue wait in ms
+        ax.plot(b.rate, b[f"{k}_mean"] * x, color=c, marker=".", ms=4, **S.SIM,
                 label=policy + (" (priced from padded steps)" if policy in derived else ""))
-        ax.fill_between(b.rate, b[f"{k}_min"], b[f"{k}_max"], color=c, alpha=0.2, lw=0)
+        ax.fill_between(b.rate, b[f"{k}_min"] * x, b[f"{k}_max"] * x, color=c, alpha=0.2, lw=0)
     for j, res in enumerate(group):
         lo, hi = res.bracket
         y = i + (j - (len(group) - 1) / 2) * 0.6 / len(group)
@@ -240,9 +240,9 @@ a1.set_xlim(POLICY_RATES[0] * 0.95, top)
 a1.set_ylim(POLICY_RATES[0] * 0.8, None)
 a1.set_ylabel("served rate (req/s)")
 a1.set_title("Served rate: mean of the seeds, min-max shaded")
-a2.set_yscale("symlog", linthresh=1e-3)
+a2.set_yscale("symlog", linthresh=1)
 a2.set_ylim(bottom=0)
-a2.set_ylabel("queue wait p50 (s)")
+a2.set_ylabel("queue wait p50 (ms)")
 a2.set_title("Queue wait p50: mean of the seeds, min-max shaded")
 for ax in (a1, a2):
     ax.set_xlabel("arrival rate (req/s)")

@@ -37,7 +37,7 @@ from servecap.core.config import ServingConfig
 from servecap.core.routing import ROUTERS
 from servecap.sim.fleet_report import fewest_replicas
 from servecap.sim.sweep import Workload, run_sweep
-from servecap.traces.slo import parse_slos
+from servecap.traces.slo import limit_ms, parse_slos
 
 table, table_file = S.load_table()
 BACKEND = "paged" if "paged" in table.backends else table.backends[0]
@@ -105,14 +105,14 @@ fig, axes = plt.subplots(1, len(REPLICAS) - 1, figsize=(12, 4), sharey=True)
 for ax, n in zip(axes, REPLICAS[1:]):
     for router in ROUTERS:
         d = points[(points.replicas == n) & (points.router == router)].sort_values("rate")
-        ax.plot(d.rate, d.ttft_p99, marker="o", color=S.ROUTER_COLORS[router], label=router)
-    ax.axhline(SLOS[0].limit_s, color="0.5", ls=":", label=f"{SLOS[0]}")
+        ax.plot(d.rate, d.ttft_p99 * 1e3, marker="o", color=S.ROUTER_COLORS[router], label=router)
+    ax.axhline(SLOS[0].limit_s * 1e3, color="0.5", ls=":", label=f"{SLOS[0].name} <= {limit_ms(SLOS[0])}")
     ax.set_yscale("log")
     S.plain_ticks(ax, "y")
     ax.set_title(f"{n} replicas")
     ax.set_xlabel("offered rate (requests/s)")
     ax.grid(alpha=0.3, which="both")
-axes[0].set_ylabel("TTFT p99 (s)")
+axes[0].set_ylabel("TTFT p99 (ms)")
 S.legend_once(fig, axes, ncol=4)
 fig.suptitle("Simulated TTFT p99 by router and offered rate, 2-4 replicas", fontsize=11)
 S.save(fig, "06_tail_ttft",
@@ -121,5 +121,5 @@ S.save(fig, "06_tail_ttft",
 # %%
 below = points[points.rate <= RATES[1]].pivot_table(index=["replicas", "rate"], columns="router",
                                                     values="ttft_p99")
-print("TTFT p99 (s) at the two lowest rates, by router:")
-print(below.round(4).to_string())
+print("TTFT p99 (ms) at the two lowest rates, by router:")
+print((below * 1e3).round(1).to_string())

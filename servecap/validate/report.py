@@ -276,10 +276,10 @@ def _plot(results: list[Compared], path: Path) -> None:
               title="Served rate against arrival rate, measured and simulated")
     ax[0].legend(fontsize=7)
     arrivals = [c for c in results if c.rate]
-    ax[1].loglog([max(c.measured["queue_wait_p50"], 1e-4) for c in arrivals],
-                 [max(_num(c.sim["queue_wait_p50"]), 1e-4) for c in arrivals], "o")
-    ax[1].plot([1e-4, 100], [1e-4, 100], ":", color="grey")
-    ax[1].set(xlabel=f"measured queue wait p50 (s, {device})", ylabel="simulated (s)",
+    ax[1].loglog([max(c.measured["queue_wait_p50"] * 1e3, 0.1) for c in arrivals],  # ms, floored at 0.1 ms
+                 [max(_num(c.sim["queue_wait_p50"]) * 1e3, 0.1) for c in arrivals], "o")
+    ax[1].plot([0.1, 1e5], [0.1, 1e5], ":", color="grey")
+    ax[1].set(xlabel=f"measured queue wait p50 (ms, {device})", ylabel="simulated (ms)",
               title="Queue wait p50 at every arrival point")
     names = [c.point.id for c in results]
     errs = [100 * c.err("served_rate") for c in results]
