@@ -250,6 +250,23 @@ def test_the_workers_end_with_a_sweep_killed_by_sigkill(table, tmp_path):
     assert not left, "workers outlived the sweep"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_during_sim_run_interval_says_interrupted_in_one_line(table, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "run", "--rate", "5", "--n", "3000", "--max-batch", "8",
+                             "--pool-gib", "0.5", "--backend", "paged", "--interval", "90", "--jobs", "2",
+                             "--table", str(table)], cwd=REPO, start_new_session=True, text=True,
+                            preexec_fn=_ctrl_c_reaches_it, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 120
+    while len(_children(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert len(_children(proc.pid)) == 2, "the band's two workers never started"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip() and "interval:" not in line]
+    assert proc.returncode == 130 and lines == ["sim: interrupted"], err
+
+
 # --- seed bands -------------------------------------------------------------------------------------------
 
 def test_seeds_run_every_point_per_seed_and_report_bands(capsys, table, tmp_path):

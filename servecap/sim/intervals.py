@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import os
 import warnings
 from pathlib import Path
 from statistics import NormalDist
@@ -49,6 +50,8 @@ import numpy as np
 from servecap.costs.model import CostModel
 from servecap.costs.table import CORRECTED_VERSION, CostTable
 from servecap.traces.errors import InputError
+
+from .sweep import tie_to_parent
 
 MIN_GPUS = 3  # held-out runs on this many GPUs or more: their residual holds the GPU-to-GPU spread
 METRICS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s")
@@ -228,7 +231,8 @@ def _runs(pairs: list[tuple], run, progress: bool, jobs: int) -> list[dict]:
     _forked = (pairs, run)
     try:
         # forked before the bar can start tqdm's monitor thread: a thread running at a fork can leave a lock held
-        with multiprocessing.get_context("fork").Pool(jobs) as pool, bar() as b:
+        with multiprocessing.get_context("fork").Pool(jobs, initializer=tie_to_parent, initargs=(os.getpid(),)) \
+                as pool, bar() as b:
             out = []
             for summary, caught in pool.imap(_run_pair, range(len(pairs))):
                 out.append(summary)

@@ -98,7 +98,7 @@ def _init(table: CostTable | dict, strict: bool, workload: Workload, noise_seed:
           percentiles: tuple[float, ...] = DEFAULT_PERCENTILES, parent: int | None = None) -> None:
     global _cost, _workload, _noise_seed, _slos, _percentiles
     if parent is not None:
-        _tie_to_parent(parent)
+        tie_to_parent(parent)
     _cost, _workload, _noise_seed, _slos = CostModel(table, strict), workload, noise_seed, slos
     _percentiles = percentiles
     _intervals.clear()
@@ -107,7 +107,7 @@ def _init(table: CostTable | dict, strict: bool, workload: Workload, noise_seed:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _tie_to_parent(parent: int) -> None:
+def tie_to_parent(parent: int) -> None:
     """Make this worker end with the sweep's process: a worker outliving it (killed by SIGKILL, or an OOM kill)
     would wait forever for work on a queue nobody closes, holding a core."""
     # Ctrl-C reaches the whole process group; it is the parent's to handle (keep what finished, stop the workers),
