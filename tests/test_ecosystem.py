@@ -244,8 +244,14 @@ def test_capacity_cli_band_and_windows(tmp_path, capsys):
 def test_capacity_cli_bands_its_answer_by_the_searches_at_the_intervals_edge_cost_factors(capsys):
     from servecap.sim.intervals import edge_factors
     assert main(["capacity", "--n", str(N), "--max-batch", "16", "--interval", "90", "--jobs", "1"]) == 0
-    out = capsys.readouterr().out.splitlines()
+    out, err = capsys.readouterr()
+    out = out.splitlines()
     cheap, dear, _ = edge_factors(load_table(None), 90)
+    # each probe said on stderr as it is decided, the edges' searches named: as many as the answer line counts
+    probes = int(next(line for line in out if line.startswith("seed 0: highest")).split("(")[1].split()[0])
+    said = [line for line in err.splitlines() if line.startswith("  seed 0: ")]
+    assert len(said) == probes and said[0].endswith((" req/s holds", " req/s fails"))
+    assert sum(line.startswith(f"  every step x{dear:.3f}, seed 0: ") for line in err.splitlines()) >= 2
     assert next(line for line in out if line.startswith("interval 90%:")).startswith(
         f"interval 90%: each search again with every step cost x{cheap:.3f} and x{dear:.3f}")
     line = next(line for line in out if "90% interval" in line)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import numpy as np
 
@@ -55,8 +56,11 @@ class Search:
     rows: list[dict] = field(default_factory=list)  # the probes' sweep rows
 
 
+OnProbe = Callable[[int, float, bool], None]  # (seed, rate or replicas, held): each probe as it is decided
+
+
 def max_rate(config: ServingConfig, seed: int, slos: tuple[SLO, ...], rel_tol: float = REL_TOL,
-             max_probes: int = MAX_PROBES) -> Search:
+             max_probes: int = MAX_PROBES, on_probe: OnProbe | None = None) -> Search:
     """The highest rate `config` holds on the seed's trace (the sweep's worker setup must be in place: sweep._init)."""
     estimate, _ = sweep._estimate(config, seed)
     out = Search(seed, None, None, estimate=estimate)
@@ -65,6 +69,8 @@ def max_rate(config: ServingConfig, seed: int, slos: tuple[SLO, ...], rel_tol: f
         row, _ = sweep._point(config, rate, seed)
         out.rows.append(row)
         out.probes.append((rate, holds(row, slos)))
+        if on_probe is not None:
+            on_probe(seed, *out.probes[-1])
         return out.probes[-1][1]
 
     lo = hi = None
@@ -87,7 +93,8 @@ def max_rate(config: ServingConfig, seed: int, slos: tuple[SLO, ...], rel_tol: f
 
 
 def fewest_replicas(config: ServingConfig, rate: float, seed: int, slos: tuple[SLO, ...],
-                    max_replicas: int = MAX_REPLICAS, router: str | None = None) -> Search:
+                    max_replicas: int = MAX_REPLICAS, router: str | None = None,
+                    on_probe: OnProbe | None = None) -> Search:
     """The fewest replicas of `config` that hold `rate` on the seed's trace, up to max_replicas (None: none of them),
     behind `router` (default config's: a single engine's configuration names none of its own)."""
     router = router or config.router
@@ -100,6 +107,8 @@ def fewest_replicas(config: ServingConfig, rate: float, seed: int, slos: tuple[S
             out.rows.append(row)
             verdicts[k] = holds(row, slos)
             out.probes.append((k, verdicts[k]))
+            if on_probe is not None:
+                on_probe(seed, k, verdicts[k])
         return verdicts[k]
 
     failed, k = 0, 1

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from concurrent.futures import ProcessPoolExecutor
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable
 
@@ -146,7 +147,8 @@ def _interval(args: argparse.Namespace, table, init: tuple, fn, calls: list[tupl
         if args.rate is None else ""
     print(f"interval {args.interval:g}%: each search again with every step cost x{cheap:.3f} and x{dear:.3f} "
           f"({intervals.describe_sigma(cost)}); the engine's run-to-run noise beyond speed is not in it{resolution}")
-    edges = {f: _per_seed((intervals.scaled_table(table, f), *init[1:]), fn, calls, args.jobs) for f in (cheap, dear)}
+    edges = {f: _per_seed((intervals.scaled_table(table, f), *init[1:]), fn, calls, args.jobs, f"every step x{f:.3f}, ")
+             for f in (cheap, dear)}
     low, high = (dear, cheap) if args.rate is None else (cheap, dear)
     show = (lambda v: "none" if v is None else f"{v:.4g}") if args.rate is None else \
         (lambda v: f"more than {args.max_replicas}" if v is None else f"{v}")
@@ -171,22 +173,34 @@ def _band(name: str, values: list, unit: str) -> None:
         print(f"{name}: none on any of {b['seeds']} seeds")
 
 
-def _per_seed(init: tuple, fn, calls: list[tuple], jobs: int | None) -> list[capacity.Search]:
-    """fn(*call) for every call on the sweep's worker setup: here for one call, else one worker process each."""
+def _per_seed(init: tuple, fn, calls: list[tuple], jobs: int | None, what: str = "") -> list[capacity.Search]:
+    """fn(*call) for every call on the sweep's worker setup: here for one call, each probe said on stderr as it is
+    decided, else one worker process each, each search said as it ends (`what` names the searches)."""
+    unit = "req/s" if fn is capacity.max_rate else "replicas"
     from servecap.traces import metrics  # noqa: F401  (imported before the workers fork, as the sweep does)
     from . import fleet, simulator  # noqa: F401
     jobs = min(jobs or os.cpu_count() or 1, len(calls))
     if jobs == 1:
         sweep._init(*init)
-        return [fn(*c) for c in calls]
+        return [fn(*c, on_probe=_said(what, unit)) for c in calls]
     pool = ProcessPoolExecutor(jobs, initializer=sweep._init, initargs=(*init, sweep.DEFAULT_PERCENTILES, os.getpid()))
     try:
-        out = [f.result() for f in [pool.submit(fn, *c) for c in calls]]
+        futures = [pool.submit(fn, *c) for c in calls]
+        for f in as_completed(futures):
+            print(f"  {what}seed {f.result().seed}: search done", file=sys.stderr, flush=True)
+        out = [f.result() for f in futures]
     except BaseException:
         sweep._stop(pool)
         raise
     pool.shutdown()
     return out
+
+
+def _said(what: str, unit: str) -> capacity.OnProbe:
+    def said(seed: int, value: float, held: bool) -> None:
+        name = "replica" if unit == "replicas" and value == 1 else unit
+        print(f"  {what}seed {seed}: {value:.4g} {name} {'holds' if held else 'fails'}", file=sys.stderr, flush=True)
+    return said
 
 
 def _windows(args: argparse.Namespace, table, config: ServingConfig, trace) -> int:
