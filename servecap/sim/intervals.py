@@ -51,7 +51,7 @@ from servecap.costs.model import CostModel
 from servecap.costs.table import CORRECTED_VERSION, CostTable
 from servecap.traces.errors import InputError
 
-from .sweep import tie_to_parent
+from .sweep import recording_warnings, tie_to_parent
 
 MIN_GPUS = 3  # held-out runs on this many GPUs or more: their residual holds the GPU-to-GPU spread
 METRICS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s")
@@ -207,10 +207,7 @@ _forked: tuple | None = None  # (pairs, run) of the band being run, which forked
 
 def _run_pair(i: int) -> tuple[dict, list[str]]:
     pairs, run = _forked
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        summary = run(*pairs[i])
-    return summary, [str(w.message) for w in caught]
+    return recording_warnings(run, *pairs[i])
 
 
 def _runs(pairs: list[tuple], run, progress: bool, jobs: int) -> list[dict]:

@@ -119,14 +119,19 @@ def tie_to_parent(parent: int) -> None:
         os._exit(1)
 
 
+def recording_warnings(fn, *args) -> tuple[object, list[str]]:
+    """fn(*args) and the messages of every warning it raised: a worker's are said by the process that reports."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args)
+    return result, [str(w.message) for w in caught]
+
+
 def _simulate(config: ServingConfig, trace: Trace):
     from .fleet import simulate_fleet
     from .simulator import SimConfig, simulate
     cfg = SimConfig(config, noise_seed=_noise_seed)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = simulate(trace, _cost, cfg) if config.replicas == 1 else simulate_fleet(trace, _cost, cfg)
-    return result, [str(w.message) for w in caught]
+    return recording_warnings(simulate if config.replicas == 1 else simulate_fleet, trace, _cost, cfg)
 
 
 def _workload_for(seed: int) -> Workload:
@@ -157,10 +162,7 @@ def _band(config: ServingConfig, rate: float, seeds: list[int], level: float) ->
     if level not in _intervals:
         _intervals[level] = Intervals(_cost.table, level)
     traces = [_workload.at(rate)] if _workload.base is not None else [_workload_for(s).at(rate) for s in seeds]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        bands = _intervals[level].band(traces, simulated(SimConfig(config), rate))
-    return bands, [str(w.message) for w in caught]
+    return recording_warnings(_intervals[level].band, traces, simulated(SimConfig(config), rate))
 
 
 def auto_rates(estimate: float) -> list[float]:
