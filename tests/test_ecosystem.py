@@ -85,6 +85,22 @@ def test_run_prints_ms_with_every_latency_and_the_chosen_percentiles(capsys):
     assert _exit(["run", "--rate", "20", "--percentiles", "0"]) == 2
 
 
+@pytest.mark.parametrize("summary_, said", [
+    (dict(served_rate=27.19, expected_rate=27.51, trend_rise_s=0.0005, served_ok=True, stable=True),
+     "stable (served 98.8% of the offered rate; queue wait rose 0.5 ms over the run)"),
+    (dict(served_rate=44.34, expected_rate=45.66, trend_rise_s=2.6351, served_ok=True, stable=False),
+     "NOT stable (served 97.1% of the offered rate; queue wait rose 2,635.1 ms over the run, past the 1,000 ms "
+     "allowed)"),
+    (dict(served_rate=2.82, expected_rate=2.91, trend_rise_s=-0.00001, served_ok=False, stable=False),
+     "NOT stable (served 96.9% of the offered rate, under the 97% needed; queue wait did not rise over the run)"),
+    (dict(served_rate=10.0, expected_rate=10.0, trend_rise_s=-0.3, served_ok=True, stable=True),
+     "stable (served 100.0% of the offered rate; queue wait fell 300.0 ms over the run)"),
+])
+def test_run_says_which_rule_made_its_stability_verdict_in_ms(summary_, said):
+    from servecap.sim.cli import stability
+    assert stability(summary_) == said
+
+
 def test_slo_takes_vllms_milliseconds_and_keeps_seconds():
     assert parse_slo("ttft:500").limit_s == 0.5 and parse_slo("ttft:500").percentile is None
     assert parse_slo("ttft_p99:250") == parse_slo("ttft_p99=0.25")

@@ -124,6 +124,14 @@ def test_a_request_too_large_for_the_pool_is_rejected_and_the_run_goes_on():
         sim.inputs.check_trace(length_trace(triples), constant_table(), ServingConfig(max_batch=2), 3)
 
 
+def test_a_trace_past_the_models_positions_is_refused_with_how_many_and_the_fix():
+    # Two of three requests pass 32768 positions (one by its prompt, one by prompt + budget); the pool is no limit.
+    triples = [(0.0, 16, 16), (0.1, 40000, 6), (0.2, 32760, 9)]
+    with pytest.raises(InputError, match=r"^2 of 3 requests are beyond the model's 32768 positions .*request 1: "
+                                         r"40000 \+ 6\).*--max-prompt.*--max-budget"):
+        sim.inputs.check_trace(length_trace(triples), constant_table(), ServingConfig(max_batch=2), 10 ** 6)
+
+
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values(list(df.columns[:2])).reset_index(drop=True)
 

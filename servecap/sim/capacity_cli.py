@@ -121,7 +121,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     else:
         fn, calls, name, unit = capacity.fewest_replicas, \
             [(config, args.rate, s, args.slo, args.max_replicas, args.router) for s in seeds], "fewest replicas", ""
-    found = _per_seed(init, fn, calls, args.jobs)
+    found = _per_seed(init, fn, calls, args.jobs, _probe_unit(args))
     for f in found:
         if args.rate is None:
             print(f"seed {f.seed}: " + (f"highest rate that holds {f.answer:.4g} req/s" if f.answer is not None else
@@ -147,7 +147,8 @@ def _interval(args: argparse.Namespace, table, init: tuple, fn, calls: list[tupl
         if args.rate is None else ""
     print(f"interval {args.interval:g}%: each search again with every step cost x{cheap:.3f} and x{dear:.3f} "
           f"({intervals.describe_sigma(cost)}); the engine's run-to-run noise beyond speed is not in it{resolution}")
-    edges = {f: _per_seed((intervals.scaled_table(table, f), *init[1:]), fn, calls, args.jobs, f"every step x{f:.3f}, ")
+    edges = {f: _per_seed((intervals.scaled_table(table, f), *init[1:]), fn, calls, args.jobs, _probe_unit(args),
+                          f"every step x{f:.3f}, ")
              for f in (cheap, dear)}
     low, high = (dear, cheap) if args.rate is None else (cheap, dear)
     show = (lambda v: "none" if v is None else f"{v:.4g}") if args.rate is None else \
@@ -173,10 +174,15 @@ def _band(name: str, values: list, unit: str) -> None:
         print(f"{name}: none on any of {b['seeds']} seeds")
 
 
-def _per_seed(init: tuple, fn, calls: list[tuple], jobs: int | None, what: str = "") -> list[capacity.Search]:
-    """fn(*call) for every call on the sweep's worker setup: here for one call, each probe said on stderr as it is
-    decided, else one worker process each, each search said as it ends (`what` names the searches)."""
-    unit = "req/s" if fn is capacity.max_rate else "replicas"
+def _probe_unit(args: argparse.Namespace) -> str:
+    """What the search probes: rates (no --rate given) or replica counts at --rate."""
+    return "req/s" if args.rate is None else "replicas"
+
+
+def _per_seed(init: tuple, fn, calls: list[tuple], jobs: int | None, unit: str,
+              what: str = "") -> list[capacity.Search]:
+    """fn(*call) for every call on the sweep's worker setup: here for one call, each probe said on stderr (in `unit`)
+    as it is decided, else one worker process each, each search said as it ends (`what` names the searches)."""
     from servecap.traces import metrics  # noqa: F401  (imported before the workers fork, as the sweep does)
     from . import fleet, simulator  # noqa: F401
     jobs = min(jobs or os.cpu_count() or 1, len(calls))

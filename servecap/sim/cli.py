@@ -228,6 +228,18 @@ def _write_record(rec, out: Path, tokens: bool, scored: dict, imported: dict) ->
     writer.close(summary=scored)
 
 
+def stability(s: dict) -> str:
+    """The summary's stability verdict with both of its reasons (servecap/traces/metrics.py)."""
+    from servecap.traces.metrics import RISE_TOL_S, SERVED_FRACTION
+    rise_ms = s["trend_rise_s"] * 1e3
+    trend = (f"{'rose' if rise_ms >= 0 else 'fell'} {abs(rise_ms):,.1f} ms" if abs(rise_ms) >= 0.05 else
+             "did not rise") + " over the run" + \
+        f", past the {RISE_TOL_S * 1e3:,.0f} ms allowed" * (s["trend_rise_s"] > RISE_TOL_S)
+    served = f"served {s['served_rate'] / s['expected_rate']:.1%} of the offered rate" + \
+        f", under the {SERVED_FRACTION:.0%} needed" * (not s["served_ok"])
+    return f"{'stable' if s['stable'] else 'NOT stable'} ({served}; queue wait {trend})"
+
+
 def _fmt(v: float, spec: str = ".2f") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
@@ -321,9 +333,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.replicas > 1:
         print(f"fleet    {args.replicas} replicas of that engine behind a {args.router} router")
     if rate:
-        verdict = "stable" if s["stable"] else "NOT stable"
-        print(f"served   {_fmt(s['served_rate'])} req/s against {_fmt(s['expected_rate'])} offered: {verdict} "
-              f"(queue wait rose {_fmt(s['trend_rise_s'])} s over the run)")
+        print(f"served   {_fmt(s['served_rate'])} req/s against {_fmt(s['expected_rate'])} offered: "
+              + stability(s))
     else:
         print(f"served   {s['n']} requests in {_fmt(s['wall_time_s'])} s ({_fmt(s['served_rate'])} req/s)")
     lat = latency_ms(result.record, args.percentiles)

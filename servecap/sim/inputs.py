@@ -138,6 +138,15 @@ def check_trace(trace: Trace, table: CostTable, serving: ServingConfig, pool_blo
     a repeated id), naming the first such request; the engine's own scheduler does the checking."""
     trace.check_arrivals()  # a --rate far below a trace's own can scale its times past what float64 resolves
     largest = max(trace.requests, key=lambda r: r.prompt_tokens + r.budget)
+    positions = serving.max_positions
+    if largest.prompt_tokens + largest.budget > positions:
+        # A full-length public trace holds many such requests: say how many, and how to keep the rest.
+        over = [r for r in trace.requests if r.prompt_tokens + r.budget > positions]
+        first = over[0]
+        raise InputError(f"{len(over):,} of {len(trace):,} requests are beyond the model's {positions} positions "
+                         f"(prompt + budget; the first, request {first.request_id}: {first.prompt_tokens} + "
+                         f"{first.budget}); import the trace again with --max-prompt to drop long prompts and "
+                         f"--max-budget to clip outputs")
     block_size = serving.block_size
     need = serving.blocks_for(largest.prompt_tokens + largest.budget)
     if need > pool_blocks:
