@@ -24,7 +24,7 @@ from servecap.costs.shapes import BACKENDS
 from servecap.sim import simulate
 from servecap.traces.metrics import occupancy
 from servecap.sim.cli import main
-from servecap.sim.report import mechanism
+from servecap.sim.report import mechanism, ranking
 from servecap.sim.sweep import ConfigResult, auto_rates
 from servecap.traces import metrics
 from servecap.traces.errors import InputError
@@ -338,6 +338,27 @@ def test_mechanism_names_the_sag_and_the_memory_bound():
     flat = ConfigResult(ServingConfig(max_batch=16, pool=PoolSize(gib=4)), 2340, [1, 3], None, [_point(1, 1.0, True), _point(3, 2.2, False)])
     lines = mechanism(flat)
     assert lines[0].startswith("past capacity the served rate holds near 2.20") and lines[1].startswith("compute-bound")
+
+
+def test_ranking_puts_the_highest_capacity_first_and_names_a_pool_that_never_binds():
+    def config(batch, gib, points):
+        return ConfigResult(ServingConfig(max_batch=batch, pool=PoolSize(gib=gib)), 100, [p["rate"] for p in points],
+                            None, points)
+    holds_3 = [_point(1, 1.0, True), _point(3, 2.9, True), _point(5, 3.5, False)]
+    results = [config(16, 1, [_point(1, 0.9, False), _point(3, 1.0, False)]),  # fails at every tested rate
+               config(32, 2, holds_3), config(32, 4, [dict(p) for p in holds_3]),
+               config(16, 2, [_point(1, 1.0, True), _point(3, 2.9, True)])]  # holds at every tested rate
+    head, *lines = ranking(results)
+    assert head.startswith("capacity by configuration, highest first (by stability;")
+    assert [line.split()[:2] for line in lines] == [["above", "3"], ["3-5", "req/s"], ["3-5", "req/s"],
+                                                   ["below", "1"]]
+    assert lines[0].endswith("paged, max batch 16, pool 2 GiB") and lines[3].endswith("pool 1 GiB")
+    assert lines[1].endswith("max batch 32, pool 2 GiB")
+    assert lines[2].endswith("max batch 32, pool 4 GiB  (the same at every point as paged, max batch 32, pool 2 GiB)")
+    # With SLOs the bracket is the SLOs' (slo_ok), not stability's.
+    for p in results[1].rows:
+        p["slo_ok"] = p["rate"] < 2
+    assert ranking(results[1:2], ("an SLO",))[1].split()[0] == "1-3"
 
 
 def test_auto_rates_span_the_estimate():

@@ -275,7 +275,33 @@ def report(results: list[ConfigResult], slos: tuple[SLO, ...] = (),
                          f"{capacity_bands(group, slos)}")
             parts.append(band_table(group, slos))
             parts.extend(f"  - {line}" for line in mechanism(mean_result(group), group))
+    if len(by_config(results)) > 1:
+        parts += ["", *ranking(results, slos)]
     return "\n".join(parts)
+
+
+def ranking(results: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> list[str]:
+    """The configurations by capacity, highest first (with several seeds, the bracket of their rate-by-rate majority,
+    as the band tables' verdicts): the sweep's answer in one place. A configuration whose every point is another's
+    (a pool that never binds) is named as that one's copy."""
+    rows, seen = [], {}
+    for group in by_config(results):
+        res = mean_result(group) if len(group) > 1 else group[0]
+        lo, hi = res.slo_bracket if slos else res.bracket
+        points = tuple((r["rate"], round(r["served_rate"], 9), round(r["queue_wait_p50"], 9)) for r in _by_rate(res))
+        same = seen.setdefault(points, res.config.label)
+        if hi is None:
+            text = f"above {max(res.rates):.3g} req/s (every tested rate held)"
+        elif lo is None:
+            text = f"below {hi:.3g} req/s (no tested rate held)"
+        else:
+            text = f"{lo:.3g}-{hi:.3g} req/s"
+        copy = f"  (the same at every point as {same})" if same != res.config.label else ""
+        rows.append((math.inf if hi is None else lo or 0.0, hi or math.inf, text, res.config.label + copy))
+    rows.sort(key=lambda r: (-r[0], -r[1]))
+    width = max(len(r[2]) for r in rows)
+    return [f"capacity by configuration, highest first ({'by the SLOs' if slos else 'by stability'}; the highest "
+            f"rate that held - the lowest that did not; `sim capacity` narrows one to within 1%):"] + [f"  {text:<{width}}  {label}" for _, _, text, label in rows]
 
 
 def _csv(rows: list[dict], columns: tuple[str, ...]) -> str:
