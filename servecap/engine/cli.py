@@ -6,7 +6,6 @@ a problem is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -20,7 +19,8 @@ from servecap.traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count
                         workload_from_args, workload_options)
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
-from servecap.traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, percentiles_arg
+from servecap.traces.latency import (DEFAULT_PERCENTILES, PERCENTILES_HELP, fmt_ms, latency_ms, latency_table,
+                                      percentiles_arg)
 from servecap.traces.memory import GIB, check_fits
 from servecap.traces.model_spec import DTYPE_BYTES, MODELS, kv_bytes_per_token, parameter_count
 from servecap.traces.outpath import check_out_dir, check_trace_events
@@ -128,8 +128,15 @@ def check_workload(trace: Trace, args: argparse.Namespace) -> None:
         for what, value, option, limit in (("prompt", req.prompt_tokens, "--max-prompt", args.max_prompt),
                                            ("budget", req.budget, "--max-budget", args.max_budget)):
             if value > limit:
+                fix = ""
+                if args.closed_uniform is not None and what == "budget":
+                    fix = f"; give --budget {limit} or less"
+                elif args.trace is None and args.closed_uniform is None:
+                    fix = (f"; the seeded mixed draw (--rate, --closed-mixed) runs prompts to 4096 tokens and budgets "
+                           f"to 256: give a trace whose requests fit (the traces importers take --max-prompt and "
+                           f"--max-budget) or --closed-uniform p16 --budget {args.max_budget}")
                 raise InputError(f"{misfit}: request {req.request_id}: {what} of {value} tokens is beyond {option} "
-                                 f"{limit}")
+                                 f"{limit}{fix}")
     pool = unbounded_pool(1, largest_request_tokens(trace.requests), args.block_size)
     sched = ServingConfig(block_size=args.block_size, max_batch=args.max_batch, prefill=args.prefill,
                           admission=args.admission, max_num_batched_tokens=args.max_num_batched_tokens
@@ -163,7 +170,8 @@ def _out_dirs(args: argparse.Namespace) -> list[Path]:
 
 def _run(args: argparse.Namespace) -> int:
     from servecap.traces.importers import import_note
-    from servecap.traces.metrics import slo_keys, summary
+    from servecap.traces.metrics import summary
+    from servecap.traces.slo import slo_line
     from servecap.traces.timeline import write_timeline
 
     from servecap.core.policies import PrefillPolicy
@@ -203,21 +211,26 @@ def _run(args: argparse.Namespace) -> int:
         s = summary(rec, slos=args.slo)
         if not warm:
             walls.append(s["wall_time_s"])
-            recorded = rec
-        keys = ("n", "served_rate", "wall_time_s", "queue_wait_p50", "ttft_p50", "tpot_p50", "decode_tok_s") + \
-            tuple(k for k in slo_keys(args.slo) if k in s)
-        print(("warm-up " if warm else "") + json.dumps({k: s[k] for k in keys}))
+            recorded, scores = rec, s
+        which = f"warm-up {i + 1} of {args.warmup}" if warm else f"run {i - args.warmup + 1} of {args.repeat}"
+        print(f"{which}: {s['n']} requests in {s['wall_time_s']:.3f} s ({s['served_rate']:.2f} req/s), TTFT p50 "
+              f"{fmt_ms(s['ttft_p50'] * 1e3)} ms, TPOT p50 {fmt_ms(s['tpot_p50'] * 1e3)} ms, decode "
+              f"{s['decode_tok_s']:,.0f} tok/s")
         if len(rec.rejected):
             print(f"{len(rec.rejected)} request(s) refused:", *rec.rejected.reason, sep="\n  ")
     if len(walls) > 1:
         print(f"median wall time over {len(walls)} recorded runs: {statistics.median(walls):.3f} s")
+    print(("latency of the last run" if len(walls) > 1 else "latency") + "\n" +
+          latency_table(latency_ms(recorded, args.percentiles), args.percentiles))
+    if args.slo:
+        print(slo_line(scores, args.slo))
     if args.out:
         print(f"records: {args.out}")
     if args.trace_events:  # the last recorded run
         print(f"timeline: {write_timeline([recorded], args.trace_events)}")
     if args.save_result:
         from servecap.traces.bench_result import bench_result, write_result
-        doc = bench_result(recorded, summary(recorded, slos=args.slo), backend="servecap-engine",
+        doc = bench_result(recorded, scores, backend="servecap-engine",
                            percentiles=args.percentiles, slos=args.slo,
                            provenance={"trace_id": trace.trace_id, "trace": trace.meta,
                                        "git_commit": recorded.meta.get("git_commit"), "run": recorded.meta})

@@ -28,7 +28,7 @@ from servecap.traces.cli import (SLO_HELP, batch_arg, blocks_arg, count_arg, gib
                         requests_arg, seed_arg, slo_arg)
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
-from servecap.traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, percentiles_arg
+from servecap.traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, fmt_value, percentiles_arg
 from servecap.traces.outpath import check_out_dir, check_trace_events, exclusive
 from servecap.traces.prompts import PROMPT_NAMES
 from servecap.traces.workload import DEFAULT_N
@@ -240,10 +240,6 @@ def stability(s: dict) -> str:
     return f"{'stable' if s['stable'] else 'NOT stable'} ({served}; queue wait {trend})"
 
 
-def _fmt(v: float, spec: str = ".2f") -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-
 def run_interval(args: argparse.Namespace, table, cfg, trace, rate) -> list[str]:
     """`sim run --interval`: the point's bands (a trace file or a closed uniform run is one trace sample)."""
     from . import intervals
@@ -290,8 +286,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from servecap.costs.model import CostModel
     from servecap.traces.latency import latency_ms, latency_table
     from servecap.traces.metrics import per_replica, summary
+    from servecap.traces.slo import slo_line
 
-    from .fleet_report import replica_table, slo_line
+    from .fleet_report import replica_table
     from .simulator import SimConfig, simulate
     serving = ServingConfig(block_size=args.block_size, max_batch=args.max_batch,
                             pool=PoolSize(args.pool_gib, args.pool_blocks), backend=args.backend,
@@ -333,24 +330,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.replicas > 1:
         print(f"fleet    {args.replicas} replicas of that engine behind a {args.router} router")
     if rate:
-        print(f"served   {_fmt(s['served_rate'])} req/s against {_fmt(s['expected_rate'])} offered: "
+        print(f"served   {fmt_value(s['served_rate'])} req/s against {fmt_value(s['expected_rate'])} offered: "
               + stability(s))
     else:
-        print(f"served   {s['n']} requests in {_fmt(s['wall_time_s'])} s ({_fmt(s['served_rate'])} req/s)")
+        print(f"served   {s['n']} requests in {fmt_value(s['wall_time_s'])} s ({fmt_value(s['served_rate'])} req/s)")
     lat = latency_ms(result.record, args.percentiles)
     print("latency\n" + latency_table(lat, args.percentiles, indent="  "))
-    print(f"groups   admission group size p50/p95/max {_fmt(s['group_size_p50'], '.0f')}/"
-          f"{_fmt(s['group_size_p95'], '.0f')}/{_fmt(s['group_size_max'], '.0f')}; padding waste p50/p95 "
-          f"{_fmt(s['padding_waste_p50'])}/{_fmt(s['padding_waste_p95'])} padded positions per prompt token")
+    print(f"groups   admission group size p50/p95/max {fmt_value(s['group_size_p50'], '.0f')}/"
+          f"{fmt_value(s['group_size_p95'], '.0f')}/{fmt_value(s['group_size_max'], '.0f')}; padding waste p50/p95 "
+          f"{fmt_value(s['padding_waste_p50'])}/{fmt_value(s['padding_waste_p95'])} padded positions per prompt token")
     waited = "no request waited" if math.isnan(s["rows_while_queued"]) else \
         f"{s['rows_while_queued']:.1f} while requests waited"
-    print(f"rows     {_fmt(s['mean_running_rows'], '.1f')} of {args.max_batch} running on average"
+    print(f"rows     {fmt_value(s['mean_running_rows'], '.1f')} of {args.max_batch} running on average"
           f"{' per replica' * (args.replicas > 1)}, {waited}; the queue head waited for KV blocks with rows free "
-          f"{_fmt(s['head_blocked_frac'], '.0%')} of step time")
+          f"{fmt_value(s['head_blocked_frac'], '.0%')} of step time")
     if "preemptions" in s:
-        print(f"memory   {s['preemptions']} preemptions ({_fmt(s['preempted_frac'], '.1%')} of requests), "
-              f"{s['recomputed_tokens']} positions recomputed ({_fmt(s['recompute_time_frac'], '.1%')} of wall time); "
-              f"prefix cache hit rate {_fmt(s['prefix_hit_rate'], '.1%')} of prompt positions")
+        print(f"memory   {s['preemptions']} preemptions ({fmt_value(s['preempted_frac'], '.1%')} of requests), "
+              f"{s['recomputed_tokens']} positions recomputed ({fmt_value(s['recompute_time_frac'], '.1%')} of wall time); "
+              f"prefix cache hit rate {fmt_value(s['prefix_hit_rate'], '.1%')} of prompt positions")
     if args.slo:
         print(slo_line(s, args.slo))
     if args.interval:

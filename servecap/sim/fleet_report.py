@@ -1,33 +1,17 @@
-"""What fleets and SLOs add to the simulator's reports: a run's SLO line and per-replica table, and a sweep's
-fewest replicas that hold each rate."""
+"""What fleets add to the simulator's reports: a run's per-replica table and a sweep's fewest replicas that hold
+each rate."""
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pandas as pd
 
-from servecap.traces.latency import fmt_ms
-from servecap.traces.slo import SLO, describe, limit_ms
+from servecap.traces.latency import fmt_ms, fmt_value
+from servecap.traces.slo import SLO
 
 from servecap.core.config import SINGLE_ROUTER
 
 from .sweep import ConfigResult
-
-
-def _fmt(v, spec: str) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-
-def slo_line(s: dict, slos: tuple[SLO, ...]) -> str:
-    """A run's goodput, attainment and tails against its SLOs, and the verdict when it has a rate."""
-    attained = ", ".join(f"{slo.metric} {_fmt(s[f'attain_{slo.metric}'], '.1%')}" for slo in slos)
-    tails = [f"{slo.name} {_fmt(s[slo.name] * 1000.0, '.4g')} ms (limit {limit_ms(slo)})"
-             for slo in slos if slo.percentile]
-    verdict = "" if "slo_ok" not in s else "; SLOs met" if s["slo_ok"] else "; SLOs NOT met"
-    return (f"SLOs     {describe(slos)}: goodput {_fmt(s['goodput'], '.2f')} req/s "
-            f"({_fmt(s['good_fraction'], '.1%')} of requests met every SLO); within limits: {attained}"
-            + (f"; {', '.join(tails)}" if tails else "") + verdict)
 
 
 # (heading, column, format) of the per-replica table
@@ -46,7 +30,7 @@ def replica_table(per: pd.DataFrame) -> str:
     cells = [[h for h, _, _ in cols]]
     for row in per.to_dict("records"):
         cells.append([("yes" if row[k] else "NO") if spec is None else fmt_ms(row[k] * 1000.0) if spec == "ms" else
-                      _fmt(row[k], spec) for _, k, spec in cols])
+                      fmt_value(row[k], spec) for _, k, spec in cols])
     widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells)
 

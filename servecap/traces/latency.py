@@ -67,6 +67,11 @@ def latency_keys(percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> list[s
             for stat in ("mean", "median", "std", *(p_key(q) for q in percentiles))] + ["itl_source"]
 
 
+def fmt_value(v, spec: str = ".2f") -> str:
+    """A figure as reports print it: '-' where there is none (None or NaN)."""
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
 def fmt_ms(v) -> str:
     """A time in ms as reports print it: three significant figures below 10 ms, one decimal below 1 s."""
     if v is None or (isinstance(v, float) and math.isnan(v)):

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import InputError
+from .latency import fmt_value
 
 # SLO name -> the traces.metrics.request_metrics column it limits
 COLUMNS = {"ttft": "ttft", "tpot": "tpot", "e2el": "sojourn"}
@@ -93,3 +94,15 @@ def describe(slos: tuple[SLO, ...]) -> str:
     """'ttft <= 2000 ms (and its p99), tpot <= 50 ms' for reports."""
     return ", ".join(f"{s.metric} <= {limit_ms(s)}" + (f" (and its p{s.percentile:g})" if s.percentile else "")
                      for s in slos)
+
+
+def slo_line(s: dict, slos: tuple[SLO, ...]) -> str:
+    """A run's goodput, attainment and tails against its SLOs (metrics.summary's keys), and the verdict when it has a
+    rate: the line `sim run` and `engine run` print."""
+    attained = ", ".join(f"{slo.metric} {fmt_value(s[f'attain_{slo.metric}'], '.1%')}" for slo in slos)
+    tails = [f"{slo.name} {fmt_value(s[slo.name] * 1000.0, '.4g')} ms (limit {limit_ms(slo)})"
+             for slo in slos if slo.percentile]
+    verdict = "" if "slo_ok" not in s else "; SLOs met" if s["slo_ok"] else "; SLOs NOT met"
+    return (f"SLOs     {describe(slos)}: goodput {fmt_value(s['goodput'], '.2f')} req/s "
+            f"({fmt_value(s['good_fraction'], '.1%')} of requests met every SLO); within limits: {attained}"
+            + (f"; {', '.join(tails)}" if tails else "") + verdict)
