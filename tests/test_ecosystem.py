@@ -292,8 +292,11 @@ def test_engine_run_saves_its_result_under_vllms_keys(tmp_path, capsys):
                      "request_id,arrival_s,prompt_tokens,budget,prompt\n0,0.0,16,4,\n1,0.05,20,4,\n")
     result = tmp_path / "r.json"
     args = ("run", "--device", "cpu", "--model", "tiny", "--trace", str(trace), "--save-result", str(result))
-    code, _, err = run_cli(engine.cli.main, capsys, *args)
+    code, out, err = run_cli(engine.cli.main, capsys, *args, "--slo", "ttft:60000")
     assert code == 0, err
+    # What it prints is sim run's: the run in words, its latencies in ms, its SLO line.
+    assert "run 1 of 1: 2 requests in " in out and "\n  ms " in out and "\n  TTFT " in out
+    assert "SLOs     ttft <= 60000 ms: goodput" in out
     doc = json.loads(result.read_text())
     assert doc["backend"] == "servecap-engine" and doc["completed"] == 2 and doc["total_output_tokens"] == 8
     assert doc["p99_ttft_ms"] >= doc["median_ttft_ms"] > 0 and doc["mean_itl_ms"] > 0
