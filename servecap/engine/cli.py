@@ -19,8 +19,8 @@ from servecap.traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count
                         workload_from_args, workload_options)
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
-from servecap.traces.latency import (DEFAULT_PERCENTILES, PERCENTILES_HELP, fmt_ms, latency_ms, latency_table,
-                                      percentiles_arg)
+from servecap.traces.formatting import fmt_ms
+from servecap.traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, latency_ms, latency_table, percentiles_arg
 from servecap.traces.memory import GIB, check_fits
 from servecap.traces.model_spec import DTYPE_BYTES, MODELS, kv_bytes_per_token, parameter_count
 from servecap.traces.outpath import check_out_dir, check_trace_events

@@ -20,7 +20,7 @@ from servecap.traces.errors import InputError
 from servecap.traces.slo import describe
 from servecap.traces.workload import DEFAULT_N
 
-from . import capacity, inputs, intervals, sweep
+from . import capacity, inputs, intervals, sweep, workers
 from .arg_types import backend_arg, router_arg, seeds_arg
 from .sweep import Workload
 
@@ -196,7 +196,7 @@ def _per_seed(init: tuple, fn, calls: list[tuple], jobs: int | None, unit: str,
             print(f"  {what}seed {f.result().seed}: search done", file=sys.stderr, flush=True)
         out = [f.result() for f in futures]
     except BaseException:
-        sweep._stop(pool)
+        workers.stop(pool)
         raise
     pool.shutdown()
     return out

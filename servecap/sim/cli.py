@@ -28,7 +28,8 @@ from servecap.traces.cli import (SLO_HELP, batch_arg, blocks_arg, count_arg, gib
                         requests_arg, seed_arg, slo_arg)
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
-from servecap.traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, fmt_value, percentiles_arg
+from servecap.traces.formatting import fmt_value
+from servecap.traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, percentiles_arg
 from servecap.traces.outpath import check_out_dir, check_trace_events, exclusive
 from servecap.traces.prompts import PROMPT_NAMES
 from servecap.traces.workload import DEFAULT_N

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from servecap.traces.latency import fmt_ms, fmt_value
+from servecap.traces.formatting import fmt_ms, fmt_value
 from servecap.traces.slo import SLO
 
 from servecap.core.config import SINGLE_ROUTER

@@ -51,7 +51,7 @@ from servecap.costs.model import CostModel
 from servecap.costs.table import CORRECTED_VERSION, CostTable
 from servecap.traces.errors import InputError
 
-from .sweep import recording_warnings, tie_to_parent
+from .workers import recording_warnings, tie_to_parent
 
 MIN_GPUS = 3  # held-out runs on this many GPUs or more: their residual holds the GPU-to-GPU spread
 METRICS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s")

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from servecap.traces.bench_result import json_safe
 from servecap.traces.csvio import atomic_write_text
-from servecap.traces.latency import DEFAULT_PERCENTILES, fmt_ms, latency_keys, p_key
+from servecap.traces.formatting import fmt_ms
+from servecap.traces.latency import DEFAULT_PERCENTILES, latency_keys, p_key
 from servecap.traces.metrics import GOODPUT_FRACTION, slo_keys
 from servecap.traces.slo import SLO, describe
 

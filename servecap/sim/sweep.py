@@ -14,11 +14,7 @@ it never waits for work), and its rates then span 0.3x to 2x that estimate.
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import sys
-import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
@@ -36,6 +32,7 @@ from servecap.traces.workload import Trace, poisson_trace
 
 from .inputs import at_rate, closed
 from .store import PointStore
+from .workers import recording_warnings, stop, tie_to_parent
 
 # traces.metrics, .simulator and .fleet (pandas, SimPy) are imported where points are simulated and scored: the CLI
 # imports this module for its defaults, and `--help` should not wait for them.
@@ -102,29 +99,6 @@ def _init(table: CostTable | dict, strict: bool, workload: Workload, noise_seed:
     _cost, _workload, _noise_seed, _slos = CostModel(table, strict), workload, noise_seed, slos
     _percentiles = percentiles
     _intervals.clear()
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def tie_to_parent(parent: int) -> None:
-    """Make this worker end with the sweep's process: a worker outliving it (killed by SIGKILL, or an OOM kill)
-    would wait forever for work on a queue nobody closes, holding a core."""
-    # Ctrl-C reaches the whole process group; it is the parent's to handle (keep what finished, stop the workers),
-    # and a worker interrupted mid-point would only print a traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the line above took hold
-        os._exit(1)
-
-
-def recording_warnings(fn, *args) -> tuple[object, list[str]]:
-    """fn(*args) and the messages of every warning it raised: a worker's are said by the process that reports."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = fn(*args)
-    return result, [str(w.message) for w in caught]
 
 
 def _simulate(config: ServingConfig, trace: Trace):
@@ -200,16 +174,6 @@ def _run_all(pool: ProcessPoolExecutor | None, remote: RemoteMap | None, init: t
     return [store.get(k) for k in keys]
 
 
-def _stop(pool: ProcessPoolExecutor) -> None:
-    """End the workers now, mid-point: on Ctrl-C or a failed point nothing they would still finish is wanted."""
-    workers = list((pool._processes or {}).values())  # no public handle on them before Python 3.14's kill_workers
-    pool.shutdown(wait=False, cancel_futures=True)
-    for w in workers:
-        w.kill()
-    for w in workers:
-        w.join()
-
-
 def run_sweep(table: CostTable, configs: list[ServingConfig], rates: list[float] | None, workload: Workload, *,
               seeds: list[int] | None = None, strict: bool = False, noise_seed: int | None = None,
               jobs: int | None = None, progress: bool = True, slos: tuple[SLO, ...] = (),
@@ -270,7 +234,7 @@ def run_sweep(table: CostTable, configs: list[ServingConfig], rates: list[float]
                 seen.update((w, None) for w in caught)
     except BaseException:
         if pool is not None:
-            _stop(pool)
+            stop(pool)
         raise
     if pool is not None:
         pool.shutdown()

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .formatting import fmt_ms
+
 if TYPE_CHECKING:  # pandas: the CLIs take their defaults from here, and `--help` should not wait for it
     from .records import RunRecord
 
@@ -65,18 +67,6 @@ def latency_keys(percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> list[s
     """latency_ms()'s keys, in order (a sweep's CSV columns)."""
     return [f"{stat}_{metric}_ms" for metric in METRICS
             for stat in ("mean", "median", "std", *(p_key(q) for q in percentiles))] + ["itl_source"]
-
-
-def fmt_value(v, spec: str = ".2f") -> str:
-    """A figure as reports print it: '-' where there is none (None or NaN)."""
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-
-def fmt_ms(v) -> str:
-    """A time in ms as reports print it: three significant figures below 10 ms, one decimal below 1 s."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    return f"{v:#.3g}" if abs(v) < 10 else f"{v:.1f}" if abs(v) < 1000 else f"{v:,.0f}"
 
 
 def _stats(values_s: np.ndarray, metric: str, percentiles: tuple[float, ...]) -> dict:

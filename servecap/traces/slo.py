@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import InputError
-from .latency import fmt_value
+from .formatting import fmt_value
 
 # SLO name -> the traces.metrics.request_metrics column it limits
 COLUMNS = {"ttft": "ttft", "tpot": "tpot", "e2el": "sojourn"}
