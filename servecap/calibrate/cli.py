@@ -20,6 +20,7 @@ from servecap.core.config import ServingConfig
 from servecap.core.policies import PADDED, every_policy
 from servecap.costs.shapes import BACKENDS, backend_from_user
 from servecap.costs.table import save_cost_table
+from servecap.traces.arg_types import checked
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
 from servecap.traces.model_spec import MODELS
@@ -40,14 +41,7 @@ def _backends(text: str) -> tuple[str, ...]:
     return names
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not 0 <= v <= 10:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 10")
-    return v
+_seconds = checked(float, lambda v: 0 <= v <= 10, "a number of seconds from 0 to 10")
 
 
 def _count(text: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from servecap.traces.cli import checked
+from servecap.traces.arg_types import checked
 from servecap.traces.errors import InputError
 
 from .policies import AdmissionPolicy, PrefillPolicy

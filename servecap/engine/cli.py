@@ -15,8 +15,9 @@ from servecap.core.block_pool import PoolSize, blocks_for_gib
 from servecap.core.config import ServingConfig
 from servecap.core.options import PREFILL_HELP, add_scheduler_options, policy_arg
 from servecap.costs.shapes import BACKENDS, backend_from_user
-from servecap.traces.cli import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, seed_arg, slo_arg,
-                        workload_from_args, workload_options)
+from servecap.traces.arg_types import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, seed_arg,
+                                       slo_arg)
+from servecap.traces.cli import workload_from_args, workload_options
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
 from servecap.traces.formatting import fmt_ms

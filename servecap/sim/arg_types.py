@@ -7,7 +7,7 @@ from typing import Callable
 
 from servecap.core.routing import ROUTERS
 from servecap.costs.shapes import BACKENDS, backend_from_user
-from servecap.traces.cli import checked, seed_arg
+from servecap.traces.arg_types import checked, seed_arg
 
 MAX_SEEDS = 1000  # a guard against a typo (0-99999), not a limit of the method
 

@@ -27,7 +27,7 @@ from servecap.core.block_pool import PoolSize
 from servecap.costs.shapes import BACKENDS
 from servecap.core.config import ServingConfig
 from servecap.costs.table import as_cost_table
-from servecap.traces.cli import count_arg, requests_arg
+from servecap.traces.arg_types import count_arg, requests_arg
 from servecap.traces.command import Parser, command
 from servecap.traces.metrics import served_rate, summary
 from servecap.traces.workload import poisson_trace

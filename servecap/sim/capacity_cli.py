@@ -3,7 +3,6 @@ window of a trace, by search (servecap/sim/capacity.py), with the band across wo
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -13,9 +12,9 @@ from typing import Callable
 from servecap.core.block_pool import PoolSize
 from servecap.core.config import ServingConfig
 from servecap.core.routing import ROUTERS
+from servecap.traces.arg_types import (SLO_HELP, batch_arg, checked, count_arg, gib_arg, level_arg, positive_arg,
+                                       rate_arg, requests_arg, seed_arg, slo_arg)
 from servecap.traces.arrival_options import add_arrival_options, given
-from servecap.traces.cli import (SLO_HELP, batch_arg, checked, count_arg, gib_arg, level_arg, rate_arg, requests_arg,
-                                 seed_arg, slo_arg)
 from servecap.traces.errors import InputError
 from servecap.traces.slo import describe
 from servecap.traces.workload import DEFAULT_N
@@ -24,7 +23,6 @@ from . import capacity, inputs, intervals, sweep, workers
 from .arg_types import backend_arg, router_arg, seeds_arg
 from .sweep import Workload
 
-_positive = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number")
 _tolerance = checked(float, lambda v: 0 < v < 1, "a fraction between 0 and 1 (e.g. 0.01)")
 
 
@@ -51,7 +49,7 @@ def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
     p.add_argument("--rate", type=rate_arg, help="find the fewest replicas that hold this rate (requests/s)")
     p.add_argument("--trace", type=Path, help="a request-trace file: scaled to each probed rate, or with --window-s "
                                               "cut into windows run at their own rates")
-    p.add_argument("--window-s", type=_positive, metavar="S",
+    p.add_argument("--window-s", type=positive_arg, metavar="S",
                    help="with --trace: the fewest replicas for each S-second window of its arrivals")
     p.add_argument("--max-replicas", type=count_arg, default=capacity.MAX_REPLICAS,
                    help="the most replicas a replica search tries (default %(default)s)")

@@ -24,8 +24,8 @@ from servecap.core.options import PREFILL_HELP, add_scheduler_options, policy_ar
 from servecap.core.routing import ROUTERS
 from servecap.costs.shapes import BACKENDS
 from servecap.traces.arrival_options import add_arrival_options, given
-from servecap.traces.cli import (SLO_HELP, batch_arg, blocks_arg, count_arg, gib_arg, level_arg, rate_arg,
-                        requests_arg, seed_arg, slo_arg)
+from servecap.traces.arg_types import (SLO_HELP, batch_arg, blocks_arg, count_arg, gib_arg, level_arg, rate_arg,
+                                       requests_arg, seed_arg, slo_arg)
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
 from servecap.traces.formatting import fmt_value

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import math
 
+from .arg_types import positive_arg, seconds_arg
 from .workload import arrival_meta
 
 BURSTINESS_HELP = ("gamma-distributed gaps between arrivals, of shape B and mean 1/rate, as vLLM's bench defines "
@@ -15,28 +15,8 @@ RAMP_HELP = ("ramp the arrival rate up linearly from 0 at t=0 to the rate at t=S
              "in time to match; the same requests in the same order) (default 0: no ramp)")
 
 
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
-    return v
-
-
-def seconds_arg(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (math.isfinite(v) and v >= 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
-    return v
-
-
 def add_arrival_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--burstiness", type=_positive, default=1.0, metavar="B", help=BURSTINESS_HELP)
+    p.add_argument("--burstiness", type=positive_arg, default=1.0, metavar="B", help=BURSTINESS_HELP)
     p.add_argument("--ramp-up-s", type=seconds_arg, default=0.0, metavar="S", help=RAMP_HELP)
 
 

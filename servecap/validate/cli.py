@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 from servecap.core.options import step_cap_arg
-from servecap.traces.arrival_options import seconds_arg
-from servecap.traces.cli import count_arg, level_arg, seed_arg
+from servecap.traces.arg_types import count_arg, level_arg, seconds_arg, seed_arg
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
 from servecap.traces.outpath import check_out_dir
