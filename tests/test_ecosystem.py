@@ -97,8 +97,8 @@ def test_run_prints_ms_with_every_latency_and_the_chosen_percentiles(capsys):
      "stable (served 100.0% of the offered rate; queue wait fell 300.0 ms over the run)"),
 ])
 def test_run_says_which_rule_made_its_stability_verdict_in_ms(summary_, said):
-    from servecap.sim.cli import stability
-    assert stability(summary_) == said
+    from servecap.traces.metrics import stability_said
+    assert stability_said(summary_) == said
 
 
 def test_slo_takes_vllms_milliseconds_and_keeps_seconds():

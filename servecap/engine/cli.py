@@ -171,7 +171,7 @@ def _out_dirs(args: argparse.Namespace) -> list[Path]:
 
 def _run(args: argparse.Namespace) -> int:
     from servecap.traces.importers import import_note
-    from servecap.traces.metrics import summary
+    from servecap.traces.metrics import stability_said, summary
     from servecap.traces.slo import slo_line
     from servecap.traces.timeline import write_timeline
 
@@ -221,6 +221,9 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{len(rec.rejected)} request(s) refused:", *rec.rejected.reason, sep="\n  ")
     if len(walls) > 1:
         print(f"median wall time over {len(walls)} recorded runs: {statistics.median(walls):.3f} s")
+    if "stable" in scores:  # a run at a rate: the simulator's verdict, by the one metrics module
+        print(f"served {scores['served_rate']:.2f} req/s against {scores['expected_rate']:.2f} offered: "
+              f"{stability_said(scores)}")
     print(("latency of the last run" if len(walls) > 1 else "latency") + "\n" +
           latency_table(latency_ms(recorded, args.percentiles), args.percentiles))
     if args.slo:

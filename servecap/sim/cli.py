@@ -229,18 +229,6 @@ def _write_record(rec, out: Path, tokens: bool, scored: dict, imported: dict) ->
     writer.close(summary=scored)
 
 
-def stability(s: dict) -> str:
-    """The summary's stability verdict with both of its reasons (servecap/traces/metrics.py)."""
-    from servecap.traces.metrics import RISE_TOL_S, SERVED_FRACTION
-    rise_ms = s["trend_rise_s"] * 1e3
-    trend = (f"{'rose' if rise_ms >= 0 else 'fell'} {abs(rise_ms):,.1f} ms" if abs(rise_ms) >= 0.05 else
-             "did not rise") + " over the run" + \
-        f", past the {RISE_TOL_S * 1e3:,.0f} ms allowed" * (s["trend_rise_s"] > RISE_TOL_S)
-    served = f"served {s['served_rate'] / s['expected_rate']:.1%} of the offered rate" + \
-        f", under the {SERVED_FRACTION:.0%} needed" * (not s["served_ok"])
-    return f"{'stable' if s['stable'] else 'NOT stable'} ({served}; queue wait {trend})"
-
-
 def run_interval(args: argparse.Namespace, table, cfg, trace, rate) -> list[str]:
     """`sim run --interval`: the point's bands (a trace file or a closed uniform run is one trace sample)."""
     from . import intervals
@@ -286,7 +274,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from servecap.costs.model import CostModel
     from servecap.traces.latency import latency_ms, latency_table
-    from servecap.traces.metrics import per_replica, summary
+    from servecap.traces.metrics import per_replica, stability_said, summary
     from servecap.traces.slo import slo_line
 
     from .fleet_report import replica_table
@@ -332,7 +320,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"fleet    {args.replicas} replicas of that engine behind a {args.router} router")
     if rate:
         print(f"served   {fmt_value(s['served_rate'])} req/s against {fmt_value(s['expected_rate'])} offered: "
-              + stability(s))
+              + stability_said(s))
     else:
         print(f"served   {s['n']} requests in {fmt_value(s['wall_time_s'])} s ({fmt_value(s['served_rate'])} req/s)")
     lat = latency_ms(result.record, args.percentiles)

@@ -172,6 +172,17 @@ def _stability(m: pd.DataFrame, served: float, rate: float | None, rise_tol_s: f
             "stable": bool(served_ok and not trending)}
 
 
+def stability_said(s: dict) -> str:
+    """A summary's stability verdict in words, with both of its rules and how far the run was from each."""
+    rise_ms = s["trend_rise_s"] * 1e3
+    trend = (f"{'rose' if rise_ms >= 0 else 'fell'} {abs(rise_ms):,.1f} ms" if abs(rise_ms) >= 0.05 else
+             "did not rise") + " over the run" + \
+        f", past the {RISE_TOL_S * 1e3:,.0f} ms allowed" * (s["trend_rise_s"] > RISE_TOL_S)
+    served = f"served {s['served_rate'] / s['expected_rate']:.1%} of the offered rate" + \
+        f", under the {SERVED_FRACTION:.0%} needed" * (not s["served_ok"])
+    return f"{'stable' if s['stable'] else 'NOT stable'} ({served}; queue wait {trend})"
+
+
 def capacity_bracket(points: Iterable[tuple[float, bool]]) -> tuple[float | None, float | None]:
     """(lo, hi) from (rate, stable) pairs in any order: hi = lowest unstable rate, lo = highest stable rate below it."""
     points = [(float(r), bool(s)) for r, s in points]
