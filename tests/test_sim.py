@@ -354,7 +354,7 @@ def test_ranking_puts_the_highest_capacity_first_and_names_a_pool_that_never_bin
                                                    ["below", "1"]]
     assert lines[0].endswith("paged, max batch 16, pool 2 GiB") and lines[3].endswith("pool 1 GiB")
     assert lines[1].endswith("max batch 32, pool 2 GiB")
-    assert lines[2].endswith("max batch 32, pool 4 GiB  (the same at every point as paged, max batch 32, pool 2 GiB)")
+    assert lines[2].endswith("max batch 32, pool 4 GiB  (the same at every point as pool 2 GiB: the pool does not bind)")
     # With SLOs the bracket is the SLOs' (slo_ok), not stability's.
     for p in results[1].rows:
         p["slo_ok"] = p["rate"] < 2

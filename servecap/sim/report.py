@@ -281,6 +281,14 @@ def report(results: list[ConfigResult], slos: tuple[SLO, ...] = (),
     return "\n".join(parts)
 
 
+def _copy_of(config, other) -> str:
+    """How a ranking line names the configuration `config` repeats: by its pool where that is all they differ by."""
+    a, b = config.axes(), other.axes()
+    if [k for k in a if a[k] != b[k]] == ["pool_gib"]:
+        return f"pool {other.pool}: the pool does not bind"
+    return other.label
+
+
 def ranking(results: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> list[str]:
     """The configurations by capacity, highest first (with several seeds, the bracket of their rate-by-rate majority,
     as the band tables' verdicts): the sweep's answer in one place. A configuration whose every point is another's
@@ -290,14 +298,14 @@ def ranking(results: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> list[str
         res = mean_result(group) if len(group) > 1 else group[0]
         lo, hi = res.slo_bracket if slos else res.bracket
         points = tuple((r["rate"], round(r["served_rate"], 9), round(r["queue_wait_p50"], 9)) for r in _by_rate(res))
-        same = seen.setdefault(points, res.config.label)
+        same = seen.setdefault(points, res.config)
         if hi is None:
             text = f"above {max(res.rates):.3g} req/s (every tested rate held)"
         elif lo is None:
             text = f"below {hi:.3g} req/s (no tested rate held)"
         else:
             text = f"{lo:.3g}-{hi:.3g} req/s"
-        copy = f"  (the same at every point as {same})" if same != res.config.label else ""
+        copy = "" if same == res.config else f"  (the same at every point as {_copy_of(res.config, same)})"
         rows.append((math.inf if hi is None else lo or 0.0, hi or math.inf, text, res.config.label + copy))
     rows.sort(key=lambda r: (-r[0], -r[1]))
     width = max(len(r[2]) for r in rows)
