@@ -101,7 +101,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                                                for s in seeds]
     for s in samples:
         inputs.check_trace(s, table, config, inputs.pool_blocks(s, config))
-    by = f"meets {describe(args.slo)} (for all but 1% of requests, every named tail within its limit)" if args.slo \
+    by = f"meets {describe(args.slo)} for all but 1% of requests, every named tail within its limit" if args.slo \
         else "stays stable (served rate within 3% of offered, queue wait not rising)"
     what = inputs.described(args.trace, base) if base is not None else \
         f"the seeded {'Poisson' if args.burstiness == 1 else f'gamma (burstiness {args.burstiness:g})'} trace, " \
