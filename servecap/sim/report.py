@@ -1,6 +1,6 @@
 """What a sweep says: a table and a capacity bracket per configuration, the mechanism behind each, the
-configurations ranked by capacity, and the files (sweep.csv, sweep.json, sweep.png; sweep.bands.csv when it ran several workload seeds; sweep.run.json, how this
-run of it went).
+configurations ranked by capacity, and the files (sweep.csv, sweep.json, sweep.png; sweep.bands.csv when it ran
+several workload seeds; sweep.run.json, how this run of it went).
 
 With several seeds every number is reported as a band across them (servecap/sim/bands.py): mean, standard deviation,
 min and max per rate, and the capacity bracket per seed with its spread. A sag past capacity is only called one
