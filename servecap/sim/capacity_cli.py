@@ -128,7 +128,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                   f" ({len(f.probes)} probes from the saturated estimate {f.estimate:.4g} req/s)")
         else:
             print(f"seed {f.seed}: rate {args.rate:g} req/s -> " +
-                  (f"{f.answer} replicas" if f.answer is not None else f"none of 1-{args.max_replicas} replicas") +
+                  (f"{f.answer} replica{'s' * (f.answer != 1)}" if f.answer is not None else f"none of 1-{args.max_replicas} replicas") +
                   f" ({', '.join(f'{k}: ' + ('holds' if ok else 'fails') for k, ok in sorted(f.probes))})")
     _band(name, [f.answer for f in found], unit)
     if args.interval is not None:
@@ -219,7 +219,7 @@ def _windows(args: argparse.Namespace, table, config: ServingConfig, trace) -> i
         f = capacity.fewest_replicas(config, rate, 0, args.slo, args.max_replicas, args.router)
         counts.append(f.answer)
         print(f"window {start:g}-{start + args.window_s:g} s: {len(part)} requests at {rate:.4g} req/s -> " +
-              (f"{f.answer} replicas" if f.answer is not None else f"none of 1-{args.max_replicas} replicas"))
+              (f"{f.answer} replica{'s' * (f.answer != 1)}" if f.answer is not None else f"none of 1-{args.max_replicas} replicas"))
     found = [c for c in counts if c is not None]
     if found:
         print(f"fewest replicas over {len(counts)} windows: min {min(found)}, max {max(found)} (provision the max "
