@@ -251,9 +251,16 @@ def test_capacity_cli_band_and_windows(tmp_path, capsys):
         [(100.0 + r.arrival, r.prompt_tokens, r.budget) for r in busy.requests]
     write_trace(length_trace(reqs), path)
     assert main(["capacity", "--trace", str(path), "--window-s", "100", "--max-batch", "4"]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("window ")]
+    out = capsys.readouterr().out.splitlines()
+    lines = [line for line in out if line.startswith("window ")]
     counts = [int(line.split("-> ")[1].split()[0]) for line in lines]
     assert len(counts) >= 2 and counts[1] > counts[0] >= 1
+    # Replica-hours: each window's count for its time (the last one ends with the trace), against the max throughout.
+    t0, end = reqs[0][0], max(a for a, _, _ in reqs)
+    spans = [100.0] * (len(counts) - 1) + [end - t0 - 100.0 * (len(counts) - 1)]
+    hours = [line for line in out if line.startswith("replica-hours")][0].split()  # printed to 3 figures
+    assert float(hours[4]) == pytest.approx(sum(c * t for c, t in zip(counts, spans)) / 3600, rel=5e-3)
+    assert float(hours[8]) == pytest.approx(max(counts) * (end - t0) / 3600, rel=5e-3)
     assert _exit(["capacity", "--window-s", "100"]) == 2
 
 

@@ -209,7 +209,8 @@ def _said(what: str, unit: str) -> capacity.OnProbe:
 
 def _windows(args: argparse.Namespace, table, config: ServingConfig, trace) -> int:
     parts = capacity.windows(trace, args.window_s)
-    counts = []
+    end = max(r.arrival for r in trace.requests)
+    counts, seconds = [], []
     for start, part in parts:
         rate = part.offered_rate
         if rate is None:
@@ -218,10 +219,15 @@ def _windows(args: argparse.Namespace, table, config: ServingConfig, trace) -> i
         sweep._init(table, args.strict, Workload(len(part), 0, part), args.noise_seed, args.slo)
         f = capacity.fewest_replicas(config, rate, 0, args.slo, args.max_replicas, args.router)
         counts.append(f.answer)
-        print(f"window {start:g}-{start + args.window_s:g} s: {len(part)} requests at {rate:.4g} req/s -> " +
-              (f"{f.answer} replica{'s' * (f.answer != 1)}" if f.answer is not None else f"none of 1-{args.max_replicas} replicas"))
+        seconds.append(min(args.window_s, end - start))  # the last window ends with the trace
+        answer = f"none of 1-{args.max_replicas} replicas" if f.answer is None else \
+            f"{f.answer} replica{'s' * (f.answer != 1)}"
+        print(f"window {start:g}-{start + args.window_s:g} s: {len(part)} requests at {rate:.4g} req/s -> {answer}")
     found = [c for c in counts if c is not None]
     if found:
         print(f"fewest replicas over {len(counts)} windows: min {min(found)}, max {max(found)} (provision the max "
               f"for the whole trace, or follow the windows)")
+    if found and len(found) == len(counts):
+        print(f"replica-hours over the trace: {sum(c * t for c, t in zip(found, seconds)) / 3600:.3g} following the "
+              f"windows, {max(found) * (end - trace.requests[0].arrival) / 3600:.3g} at the max throughout")
     return 0
