@@ -180,7 +180,7 @@ def test_records_of_every_version_read_with_the_current_names(tmp_path, version)
     import csv
     import json
 
-    from servecap.sim.cli import _write_record
+    from servecap.sim.run_cli import _write_record
     from servecap.traces import records
     from servecap.traces.records import read_run
 

@@ -27,6 +27,7 @@ from servecap import calibrate
 import servecap.engine.cli
 from servecap import engine
 import servecap.sim.cli
+import servecap.sim.sweep_cli
 from servecap import sim
 from servecap.costs.model import CostModel, ExtrapolationWarning
 from servecap.costs.synthetic import synthetic_table
@@ -162,7 +163,7 @@ def test_a_sweep_out_that_cannot_be_a_directory_is_refused_before_computing(caps
                                                                              monkeypatch):
     f = tmp_path / "f"
     f.write_text("x")
-    monkeypatch.setattr(sim.cli, "run_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
+    monkeypatch.setattr(sim.sweep_cli, "run_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
     code, _, err = _sweep(capsys, table, f if where == "file" else f / "sweep")
     refused(code, err, str(f))
 

@@ -8,6 +8,7 @@ from typing import Callable
 from servecap.core.routing import ROUTERS
 from servecap.costs.shapes import BACKENDS, backend_from_user
 from servecap.traces.arg_types import checked, seed_arg
+from servecap.traces.errors import InputError
 
 MAX_SEEDS = 1000  # a guard against a typo (0-99999), not a limit of the method
 
@@ -33,3 +34,10 @@ def seeds_arg(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_SEEDS} seeds")
         return list(range(lo, hi + 1))
     return list(dict.fromkeys(list_of(seed_arg)(text)))
+
+
+def refuse_unused(args: argparse.Namespace, unused: dict[str, str]) -> None:
+    """Refuse options given where they do nothing, so no one believes they took effect."""
+    for option, why in unused.items():
+        if getattr(args, option.lstrip("-").replace("-", "_")) is not None:
+            raise InputError(f"{option} does nothing {why}")
