@@ -212,6 +212,27 @@ def test_engine_sizes_that_cannot_fit_are_refused_before_the_model_loads(capsys,
     refused(code, err, *words)
 
 
+@pytest.mark.parametrize("args, words", [
+    ([], ["give a workload: --rate, --trace FILE"]),
+    (["--closed-uniform", "p16", "--rate", "3"], ["a closed run", "takes no --rate"]),
+    (["--closed-mixed", "4", "--burstiness", "2"], ["--burstiness and --ramp-up-s shape the seeded trace of --rate"]),
+])
+def test_engine_workload_choices_are_refused_in_one_line_before_the_model_loads(capsys, no_engine, args, words):
+    code, _, err = run_cli(engine.cli.main, capsys, "run", "--device", "cpu", "--model", "tiny", *args)
+    refused(code, err, *words)
+
+
+def test_engine_workload_from_a_trace_file_is_scaled_to_rate_as_the_simulators_is(tmp_path):
+    from servecap.sim.inputs import make_trace
+    from servecap.traces.trace_io import write_trace
+    from servecap.traces.workload import poisson_trace
+    path = write_trace(poisson_trace(2.0, 40, 3), tmp_path / "t.csv")
+    args = engine.cli.parser().parse_args(["run", "--trace", str(path), "--rate", "8"])
+    assert engine.cli.workload_from_args(args).requests == make_trace(rate=8.0, trace_file=path).requests
+    args = engine.cli.parser().parse_args(["run", "--trace", str(path)])
+    assert engine.cli.workload_from_args(args).requests == make_trace(trace_file=path).requests
+
+
 def _limit_memory(nbytes: int):
     return lambda: resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
 

@@ -15,9 +15,9 @@ from servecap.core.block_pool import PoolSize, blocks_for_gib
 from servecap.core.config import ServingConfig
 from servecap.core.options import PREFILL_HELP, add_scheduler_options, policy_arg
 from servecap.costs.shapes import BACKENDS, backend_from_user
-from servecap.traces.arg_types import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, seed_arg,
-                                       slo_arg)
-from servecap.traces.cli import workload_from_args, workload_options
+from servecap.traces.arg_types import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg,
+                                       requests_arg, seed_arg, slo_arg)
+from servecap.traces.arrival_options import add_arrival_options, given
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
 from servecap.traces.formatting import fmt_ms
@@ -25,8 +25,11 @@ from servecap.traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, laten
 from servecap.traces.memory import GIB, check_fits
 from servecap.traces.model_spec import DTYPE_BYTES, MODELS, kv_bytes_per_token, parameter_count
 from servecap.traces.outpath import check_out_dir, check_trace_events
+from servecap.traces.prompts import PROMPT_NAMES
 from servecap.traces.records import TABLES
-from servecap.traces.workload import Trace
+from servecap.traces.trace_io import read_trace
+from servecap.traces.workload import (DEFAULT_BUDGET, DEFAULT_N, Trace, at_rate, closed_mixed, closed_uniform,
+                                      poisson_trace)
 
 DTYPES = ("float16", "bfloat16", "float32")
 DEFAULTS = {"tiny": {"max_prompt": 96, "max_budget": 32}, None: {"max_prompt": 4096, "max_budget": 256}}
@@ -56,6 +59,45 @@ def engine_options() -> argparse.ArgumentParser:
                    help="decode backends to compile (default paged,dense; padded is the old name of dense)")
     g.add_argument("--expect-gpu", metavar="NAME", help="refuse to run on any other device, e.g. 'NVIDIA H200'")
     return p
+
+
+def workload_options() -> argparse.ArgumentParser:
+    """The options that pick one run's workload, as `sim run` takes them: a trace file (at its own rate, or scaled in
+    time to --rate), a seeded Poisson trace at --rate, or a closed run."""
+    p = Parser(add_help=False)
+    g = p.add_argument_group("workload (--rate, --trace, or a closed run)")
+    w = g.add_mutually_exclusive_group()
+    w.add_argument("--trace", metavar="FILE", help="a request-trace file (python -m traces ...); with --rate, its "
+                                                   "time is scaled to that rate")
+    w.add_argument("--closed-mixed", type=requests_arg, metavar="N", help="N requests of a mixed draw, all at t=0")
+    w.add_argument("--closed-uniform", choices=PROMPT_NAMES, metavar="PROMPT",
+                   help=f"--n copies of one prompt ({', '.join(PROMPT_NAMES)}), all at t=0")
+    g.add_argument("--rate", type=rate_arg, help="a seeded Poisson trace at this many requests per second")
+    g.add_argument("--n", type=requests_arg, default=DEFAULT_N,
+                   help=f"requests for --rate/--closed-uniform (default {DEFAULT_N})")
+    g.add_argument("--seed", type=seed_arg, default=0, help="seed of the mixed draw and arrival gaps (default 0)")
+    g.add_argument("--budget", type=count_arg, default=DEFAULT_BUDGET,
+                   help=f"tokens per request for --closed-uniform (default {DEFAULT_BUDGET})")
+    add_arrival_options(g)
+    return p
+
+
+def workload_from_args(args: argparse.Namespace) -> Trace:
+    closed = args.closed_mixed is not None or args.closed_uniform is not None
+    if given(args) and (args.rate is None or args.trace or closed):
+        raise InputError("--burstiness and --ramp-up-s shape the seeded trace of --rate alone")
+    if args.trace:
+        trace = read_trace(args.trace)
+        return trace if args.rate is None else at_rate(trace, args.rate)
+    if closed and args.rate is not None:
+        raise InputError("a closed run has every request arrive at t=0; it takes no --rate")
+    if args.rate is not None:
+        return poisson_trace(args.rate, args.n, args.seed, args.burstiness, args.ramp_up_s)
+    if args.closed_mixed:
+        return closed_mixed(args.closed_mixed, args.seed)
+    if args.closed_uniform:
+        return closed_uniform(args.closed_uniform, args.n, args.budget)
+    raise InputError("give a workload: --rate, --trace FILE, --closed-mixed N or --closed-uniform PROMPT")
 
 
 def check_options(args: argparse.Namespace) -> None:

@@ -4,7 +4,6 @@ Every problem is an InputError that names what to fix.
 """
 from __future__ import annotations
 
-import math
 from operator import attrgetter
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from servecap.traces.importers import import_note
 from servecap.traces.memory import check_fits
 from servecap.traces.model_spec import QWEN25_1P5B, config_hash
 from servecap.traces.trace_io import read_trace
-from servecap.traces.workload import ARRIVAL_DECIMALS, Trace, closed_mixed, closed_uniform, poisson_trace
+from servecap.traces.workload import Trace, at_rate, check_rate, closed_mixed, closed_uniform, poisson_trace
 
 SHIPPED_TABLE = Path(__file__).resolve().parents[1] / "costs" / "data" / "h200.json"
 MODEL = QWEN25_1P5B
@@ -55,12 +54,6 @@ def check_backend(table: CostTable, backend: str) -> None:
                          f"(it has {', '.join(table.backends)})")
 
 
-def check_rate(rate: float) -> float:
-    if not (math.isfinite(rate) and rate > 0):
-        raise InputError(f"the arrival rate must be a positive number of requests per second, got {rate}")
-    return rate
-
-
 def load_trace(path: str | Path) -> Trace:
     """A trace file, refused if its metadata names a model other than the one the simulator models."""
     trace = read_trace(path)
@@ -88,17 +81,6 @@ def described(path: str | Path, trace: Trace) -> str:
     """A trace file as a report names it: its path, its size and what its import dropped or clipped."""
     note = import_note(trace.meta)
     return f"trace {path} ({len(trace)} requests{f'; import: {note}' if note else ''})"
-
-
-def at_rate(trace: Trace, rate: float) -> Trace:
-    """The trace with its time scaled so that it offers `rate` requests per second (same requests, same order)."""
-    check_rate(rate)
-    if trace.offered_rate is None:
-        raise InputError("a trace whose requests all arrive at once cannot be run at a rate")
-    scale = trace.offered_rate / rate
-    t0 = trace.requests[0].arrival
-    reqs = [r.at(round((r.arrival - t0) * scale, ARRIVAL_DECIMALS)) for r in trace.requests]
-    return Trace(reqs, {**trace.meta, "rate": rate, "scaled_from": trace.trace_id})
 
 
 def closed(trace: Trace) -> Trace:

@@ -28,9 +28,9 @@ from servecap.core.block_pool import largest_request_tokens
 from servecap.core.config import ServingConfig
 from servecap.traces.latency import DEFAULT_PERCENTILES
 from servecap.traces.slo import SLO
-from servecap.traces.workload import Trace, poisson_trace
+from servecap.traces.workload import Trace, at_rate, poisson_trace
 
-from .inputs import at_rate, closed
+from .inputs import closed
 from .store import PointStore
 from .workers import recording_warnings, stop, tie_to_parent
 

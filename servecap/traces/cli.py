@@ -11,7 +11,7 @@ import numpy as np
 
 
 from .arg_types import count_arg, mean_arg, rate_arg, requests_arg, seconds_arg, seed_arg, tokens_arg
-from .arrival_options import add_arrival_options, given
+from .arrival_options import add_arrival_options
 from .command import Parser, command
 from .conversations import DEFAULT_SESSIONS, Conversations, conversation_trace
 from .errors import InputError
@@ -35,37 +35,6 @@ def _window(text: str) -> tuple[float, float]:
         return float(start), float(end)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not START:END in seconds, e.g. 600:1200") from None
-
-
-def workload_options() -> argparse.ArgumentParser:
-    """The options that pick one run's workload (`engine run`)."""
-    p = Parser(add_help=False)
-    g = p.add_argument_group("workload (one of)")
-    w = g.add_mutually_exclusive_group(required=True)
-    w.add_argument("--rate", type=rate_arg, help="a seeded Poisson trace at this many requests per second")
-    w.add_argument("--trace", metavar="FILE", help="a request-trace file (python -m traces ...)")
-    w.add_argument("--closed-mixed", type=requests_arg, metavar="N", help="N requests of a mixed draw, all at t=0")
-    w.add_argument("--closed-uniform", choices=PROMPT_NAMES, metavar="PROMPT",
-                   help=f"--n copies of one prompt ({', '.join(PROMPT_NAMES)}), all at t=0")
-    g.add_argument("--n", type=requests_arg, default=DEFAULT_N,
-                   help=f"requests for --rate/--closed-uniform (default {DEFAULT_N})")
-    g.add_argument("--seed", type=seed_arg, default=0, help="seed of the mixed draw and arrival gaps (default 0)")
-    g.add_argument("--budget", type=count_arg, default=DEFAULT_BUDGET,
-                   help=f"tokens per request for --closed-uniform (default {DEFAULT_BUDGET})")
-    add_arrival_options(g)
-    return p
-
-
-def workload_from_args(args: argparse.Namespace) -> Trace:
-    if args.rate is not None:
-        return poisson_trace(args.rate, args.n, args.seed, args.burstiness, args.ramp_up_s)
-    if given(args):
-        raise InputError("--burstiness and --ramp-up-s shape the seeded trace of --rate; give --rate")
-    if args.trace:
-        return read_trace(args.trace)
-    if args.closed_mixed:
-        return closed_mixed(args.closed_mixed, args.seed)
-    return closed_uniform(args.closed_uniform, args.n, args.budget)
 
 
 def _check_out(args: argparse.Namespace) -> None:

@@ -213,6 +213,23 @@ def synthetic_trace(rate: float, n: int, seed: int, prompts: str, budgets: str) 
     return Trace(reqs, {"kind": "synthetic", "rate": rate, "n": n, "seed": seed, "prompts": prompts, "budgets": budgets})
 
 
+def check_rate(rate: float) -> float:
+    if not (math.isfinite(rate) and rate > 0):
+        raise InputError(f"the arrival rate must be a positive number of requests per second, got {rate}")
+    return rate
+
+
+def at_rate(trace: Trace, rate: float) -> Trace:
+    """The trace with its time scaled so that it offers `rate` requests per second (same requests, same order)."""
+    check_rate(rate)
+    if trace.offered_rate is None:
+        raise InputError("a trace whose requests all arrive at once cannot be run at a rate")
+    scale = trace.offered_rate / rate
+    t0 = trace.requests[0].arrival
+    reqs = [r.at(round((r.arrival - t0) * scale, ARRIVAL_DECIMALS)) for r in trace.requests]
+    return Trace(reqs, {**trace.meta, "rate": rate, "scaled_from": trace.trace_id})
+
+
 def poisson_trace(rate: float, n: int = DEFAULT_N, seed: int = 0, burstiness: float = 1.0,
                   ramp_up_s: float = 0.0) -> Trace:
     """The seeded arrival trace (rate, n, seed): Poisson arrivals carrying a mixed draw; with burstiness != 1 gamma

@@ -37,7 +37,7 @@ from servecap.traces.importers import ImportOptions, import_azure, import_length
 from servecap.traces.metrics import scored, summary, token_gaps
 from servecap.traces.provenance import provenance
 from servecap.traces.trace_io import write_trace
-from servecap.traces.workload import Trace, poisson_trace
+from servecap.traces.workload import Trace, at_rate, poisson_trace
 
 from . import mechanisms
 from .points import Point, build_trace, load_plan, round_rate as _round, select
@@ -293,7 +293,7 @@ def _scaled(base: Trace, rate: float, name: str, traces_dir: Path, role: str,
     """A point on `base` scaled to `rate`, its trace file written beside the plan (a public point, or any where
     `fresh`, runs on a freshly started engine: the first pass of its trace)."""
     rate = _round(rate)
-    trace = inputs.at_rate(base, rate)
+    trace = at_rate(base, rate)
     path = traces_dir / f"{name}.csv"
     write_trace(trace, path)
     return Point(f"{name}-{rate:g}", role, {"kind": "file", "path": str(path.relative_to(traces_dir.parent))},
