@@ -128,7 +128,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                   f" ({len(f.probes)} probes from the saturated estimate {f.estimate:.4g} req/s)")
         else:
             print(f"seed {f.seed}: rate {args.rate:g} req/s -> " +
-                  (f"{f.answer} replica{'s' * (f.answer != 1)}" if f.answer is not None else f"none of 1-{args.max_replicas} replicas") +
+                  _replicas(f.answer, args.max_replicas) +
                   f" ({', '.join(f'{k}: ' + ('holds' if ok else 'fails') for k, ok in sorted(f.probes))})")
     _band(name, [f.answer for f in found], unit)
     if args.interval is not None:
@@ -170,6 +170,11 @@ def _band(name: str, values: list, unit: str) -> None:
               f"{' ' + unit if unit else ''}{missing}")
     else:
         print(f"{name}: none on any of {b['seeds']} seeds")
+
+
+def _replicas(answer: int | None, most: int) -> str:
+    """A replica search's answer in words: '1 replica', '3 replicas', or none of those it tried."""
+    return f"none of 1-{most} replicas" if answer is None else f"{answer} replica{'s' * (answer != 1)}"
 
 
 def _probe_unit(args: argparse.Namespace) -> str:
@@ -220,9 +225,8 @@ def _windows(args: argparse.Namespace, table, config: ServingConfig, trace) -> i
         f = capacity.fewest_replicas(config, rate, 0, args.slo, args.max_replicas, args.router)
         counts.append(f.answer)
         seconds.append(min(args.window_s, end - start))  # the last window ends with the trace
-        answer = f"none of 1-{args.max_replicas} replicas" if f.answer is None else \
-            f"{f.answer} replica{'s' * (f.answer != 1)}"
-        print(f"window {start:g}-{start + args.window_s:g} s: {len(part)} requests at {rate:.4g} req/s -> {answer}")
+        print(f"window {start:g}-{start + args.window_s:g} s: {len(part)} requests at {rate:.4g} req/s -> "
+              f"{_replicas(f.answer, args.max_replicas)}")
     found = [c for c in counts if c is not None]
     if found:
         print(f"fewest replicas over {len(counts)} windows: min {min(found)}, max {max(found)} (provision the max "
