@@ -348,8 +348,8 @@ def test_ranking_puts_the_highest_capacity_first_and_names_a_pool_that_never_bin
     results = [config(16, 1, [_point(1, 0.9, False), _point(3, 1.0, False)]),  # fails at every tested rate
                config(32, 2, holds_3), config(32, 4, [dict(p) for p in holds_3]),
                config(16, 2, [_point(1, 1.0, True), _point(3, 2.9, True)])]  # holds at every tested rate
-    head, *lines = ranking(results)
-    assert head.startswith("capacity by configuration, highest first (by stability;")
+    head, *lines, foot = ranking(results)
+    assert head.startswith("capacity by configuration, highest first (by stability:") and "overlap" in foot
     assert [line.split()[:2] for line in lines] == [["above", "3"], ["3-5", "req/s"], ["3-5", "req/s"],
                                                    ["below", "1"]]
     assert lines[0].endswith("paged, max batch 16, pool 2 GiB") and lines[3].endswith("pool 1 GiB")

@@ -309,9 +309,10 @@ def ranking(results: list[ConfigResult], slos: tuple[SLO, ...] = ()) -> list[str
         rows.append((math.inf if hi is None else lo or 0.0, hi or math.inf, text, res.config.label + copy))
     rows.sort(key=lambda r: (-r[0], -r[1]))
     width = max(len(r[2]) for r in rows)
-    head = (f"capacity by configuration, highest first ({'by the SLOs' if slos else 'by stability'}; the highest "
-            f"rate that held - the lowest that did not; `sim capacity` narrows one to within 1%):")
-    return [head] + [f"  {text:<{width}}  {label}" for _, _, text, label in rows]
+    head = (f"capacity by configuration, highest first ({'by the SLOs' if slos else 'by stability'}: the highest "
+            f"rate that held - the lowest that did not):")
+    foot = "  (brackets that overlap are not told apart at the grid's rates; `sim capacity` finds one to within 1%)"
+    return [head] + [f"  {text:<{width}}  {label}" for _, _, text, label in rows] + [foot]
 
 
 def _csv(rows: list[dict], columns: tuple[str, ...]) -> str:
