@@ -264,6 +264,25 @@ def test_capacity_cli_band_and_windows(tmp_path, capsys):
     assert _exit(["capacity", "--window-s", "100"]) == 2
 
 
+def test_capacity_cli_out_records_every_probe_and_how_it_was_run_and_keeps_what_is_there(tmp_path, capsys):
+    out = tmp_path / "cap.json"
+    assert main(["capacity", "--n", str(N), "--max-batch", "16", "--seeds", "0-1", "--jobs", "1",
+                 "--out", str(out)]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("seed ")]
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "capacity" and doc["configuration"]["max_batch"] == 16 and doc["workload"]["seeds"] == [0, 1]
+    assert doc["git_commit"] and doc["command"].startswith("python -m sim capacity") and doc["table"]["id"]
+    for search, line in zip(doc["searches"], said):
+        assert line.startswith(f"seed {search['seed']}: highest rate that holds {search['answer']:.4g} req/s")
+        held = [p["value"] for p in search["probes"] if p["holds"]]
+        assert search["answer"] == max(held) and search["bound"] == min(p["value"] for p in search["probes"]
+                                                                          if not p["holds"])
+    assert doc["band"]["seeds"] == 2
+    before = out.read_text()
+    assert _exit(["capacity", "--n", str(N), "--out", str(out)]) == 2 and out.read_text() == before
+    assert _exit(["capacity", "--n", str(N), "--force"]) == 2
+
+
 def test_capacity_cli_bands_its_answer_by_the_searches_at_the_intervals_edge_cost_factors(capsys):
     from servecap.sim.intervals import edge_factors
     assert main(["capacity", "--n", str(N), "--max-batch", "16", "--interval", "90", "--jobs", "1"]) == 0

@@ -3,7 +3,9 @@ window of a trace, by search (servecap/sim/capacity.py), with the band across wo
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -16,6 +18,7 @@ from servecap.traces.arg_types import (SLO_HELP, batch_arg, checked, count_arg, 
                                        rate_arg, requests_arg, seed_arg, slo_arg)
 from servecap.traces.arrival_options import add_arrival_options, given
 from servecap.traces.errors import InputError
+from servecap.traces.outpath import check_new_file
 from servecap.traces.slo import describe
 from servecap.traces.workload import DEFAULT_N
 
@@ -68,6 +71,10 @@ def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
                         "band's two edge factors (capacity falls as steps cost more); the engine's run-to-run noise "
                         "beyond speed is not in it")
     p.add_argument("--jobs", type=count_arg, help="seeds searched in parallel (default: every core)")
+    p.add_argument("--out", type=Path, metavar="FILE.json",
+                   help="also write the answer as JSON: every search's probes, the band, the configuration, the "
+                        "table, the trace and how it was run (git commit, software, command)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out FILE.json")
     common(p)
     p.set_defaults(func=cmd_capacity)
 
@@ -88,6 +95,11 @@ def _check(args: argparse.Namespace) -> None:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     _check(args)
+    if args.out is not None:
+        check_new_file(args.out, force=args.force, keep={"the input trace (--trace)": args.trace,
+                                                         "the cost table (--table)": args.table})
+    elif args.force:
+        raise InputError("--force does nothing without --out (the only file this command writes)")
     config = ServingConfig(block_size=args.block_size, max_batch=args.max_batch, pool=PoolSize(gib=args.pool_gib),
                            backend=args.backend, prefill=args.prefill, admission=args.admission,
                            prefix_cache=args.prefix_cache, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -108,8 +120,17 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         f"{workload.n} requests" + (f", ramp-up {args.ramp_up_s:g} s" if args.ramp_up_s else "")
     print(f"capacity: {config.label} ({inputs.pool_blocks(samples[0], config)} blocks) on {what}; a point holds when "
           f"it {by}; {table.summary()}")
+    doc = {"schema": "capacity", "version": 1, "configuration": {"label": config.label, **config.axes()},
+           "table": {"id": table.table_id, "device": table.device_name, "gpu_uuid": table.gpu_uuid,
+                     "path": str(args.table or inputs.SHIPPED_TABLE)},
+           "workload": {"trace": str(args.trace), "trace_id": base.trace_id} if base is not None else
+           {"kind": "poisson", "n": workload.n, "seeds": seeds, "burstiness": args.burstiness,
+            "ramp_up_s": args.ramp_up_s},
+           "holds_when": by, "slos": [str(slo) for slo in args.slo]}
     if args.window_s is not None:
-        return _windows(args, table, config, base)
+        doc.update(search="fewest replicas per window", window_s=args.window_s,
+                   windows=_windows(args, table, config, base))
+        return _write(args, doc)
     if base is not None and base.offered_rate is None:
         raise InputError("every request of this trace arrives at once, so it cannot be run at a rate", path=args.trace)
     init = (table, args.strict, workload, args.noise_seed, args.slo)
@@ -131,13 +152,32 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                   _replicas(f.answer, args.max_replicas) +
                   f" ({', '.join(f'{k}: ' + ('holds' if ok else 'fails') for k, ok in sorted(f.probes))})")
     _band(name, [f.answer for f in found], unit)
+    doc.update(search=name, unit=_probe_unit(args), **({"rate": args.rate} if args.rate is not None else {}),
+               tolerance=args.tolerance if args.rate is None else None, searches=[_searched(f) for f in found],
+               band=capacity.band([f.answer for f in found]))
     if args.interval is not None:
-        _interval(args, table, init, fn, calls, found, name, unit)
+        doc["interval"] = _interval(args, table, init, fn, calls, found, name, unit)
+    return _write(args, doc)
+
+
+def _searched(f: capacity.Search) -> dict:
+    return {"seed": f.seed, "answer": f.answer, "bound": f.bound, "estimate": f.estimate,
+            "probes": [{"value": v, "holds": held} for v, held in f.probes]}
+
+
+def _write(args: argparse.Namespace, doc: dict) -> int:
+    if args.out is not None:
+        from servecap.traces.bench_result import json_safe
+        from servecap.traces.csvio import atomic_write_text
+        from servecap.traces.provenance import provenance
+        doc.update(command=shlex.join(["python", "-m", "sim", *args.argv]), **provenance())
+        atomic_write_text(args.out, json.dumps(json_safe(doc), indent=1) + "\n")
+        print(f"wrote {args.out}")
     return 0
 
 
 def _interval(args: argparse.Namespace, table, init: tuple, fn, calls: list[tuple], found: list, name: str,
-              unit: str) -> None:
+              unit: str) -> dict:
     """The searches again at the band's edge cost factors: the cheaper edge's answer and the dearer edge's bound
     the answer's band (a capacity rises, a replica count falls, as steps cost less)."""
     cheap, dear, cost = intervals.edge_factors(table, args.interval)
@@ -158,6 +198,9 @@ def _interval(args: argparse.Namespace, table, init: tuple, fn, calls: list[tupl
     if len(found) > 1:
         for which, factor in (("lower", low), ("upper", high)):
             _band(f"the interval's {which} edge", [f.answer for f in edges[factor]], unit)
+    return {"level": args.interval, "cost_sigma": cost["sigma"],
+            "edges": [{"edge": which, "step_cost_factor": factor, "searches": [_searched(f) for f in edges[factor]]}
+                      for which, factor in (("lower", low), ("upper", high))]}
 
 
 def _band(name: str, values: list, unit: str) -> None:
@@ -212,10 +255,10 @@ def _said(what: str, unit: str) -> capacity.OnProbe:
     return said
 
 
-def _windows(args: argparse.Namespace, table, config: ServingConfig, trace) -> int:
+def _windows(args: argparse.Namespace, table, config: ServingConfig, trace) -> list[dict]:
     parts = capacity.windows(trace, args.window_s)
     end = max(r.arrival for r in trace.requests)
-    counts, seconds = [], []
+    counts, seconds, said = [], [], []
     for start, part in parts:
         rate = part.offered_rate
         if rate is None:
@@ -227,6 +270,8 @@ def _windows(args: argparse.Namespace, table, config: ServingConfig, trace) -> i
         seconds.append(min(args.window_s, end - start))  # the last window ends with the trace
         print(f"window {start:g}-{start + args.window_s:g} s: {len(part)} requests at {rate:.4g} req/s -> "
               f"{_replicas(f.answer, args.max_replicas)}")
+        said.append({"start_s": start, "seconds": seconds[-1], "requests": len(part), "rate": rate,
+                     "replicas": f.answer, "probes": [{"value": v, "holds": held} for v, held in f.probes]})
     found = [c for c in counts if c is not None]
     if found:
         print(f"fewest replicas over {len(counts)} windows: min {min(found)}, max {max(found)} (provision the max "
@@ -234,4 +279,4 @@ def _windows(args: argparse.Namespace, table, config: ServingConfig, trace) -> i
     if found and len(found) == len(counts):
         print(f"replica-hours over the trace: {sum(c * t for c, t in zip(found, seconds)) / 3600:.3g} following the "
               f"windows, {max(found) * (end - trace.requests[0].arrival) / 3600:.3g} at the max throughout")
-    return 0
+    return said
