@@ -101,6 +101,18 @@ def test_run_says_which_rule_made_its_stability_verdict_in_ms(summary_, said):
     assert stability_said(summary_) == said
 
 
+def test_max_num_seqs_is_vllms_name_for_max_batch_in_every_command():
+    from servecap.calibrate.cli import parser as calibrate_parser
+    from servecap.engine.cli import parser as engine_parser
+    from servecap.sim.cli import parser as sim_parser
+    for parse, argv, want in ((sim_parser, ["run", "--max-num-seqs", "8"], 8),
+                              (sim_parser, ["sweep", "--max-num-seqs", "8,24"], [8, 24]),
+                              (sim_parser, ["capacity", "--max-num-seqs", "8"], 8),
+                              (engine_parser, ["run", "--rate", "1", "--max-num-seqs", "8"], 8),
+                              (calibrate_parser, ["--out", "t.json", "--max-num-seqs", "8"], 8)):
+        assert parse().parse_args(argv).max_batch == want
+
+
 def test_slo_takes_vllms_milliseconds_and_keeps_seconds():
     assert parse_slo("ttft:500").limit_s == 0.5 and parse_slo("ttft:500").percentile is None
     assert parse_slo("ttft_p99:250") == parse_slo("ttft_p99=0.25")

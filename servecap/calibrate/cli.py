@@ -91,7 +91,8 @@ def parser() -> argparse.ArgumentParser:
                    help="refuse to run unless the GPU is this one (e.g. 'NVIDIA H200'; 'A10' does not match 'A10G')")
     p.add_argument("--backend", type=_backends, default=BACKENDS, metavar="B1,B2",
                    help=f"decode backends to measure (default {','.join(BACKENDS)})")
-    p.add_argument("--max-batch", type=_count, default=32, help="batch rows (default %(default)s)")
+    p.add_argument("--max-batch", "--max-num-seqs", type=_count, default=32,
+                   help="batch rows (vLLM's max_num_seqs) (default %(default)s)")
     p.add_argument("--checkpoint", metavar="DIR", help="a local checkpoint directory (default: seeded random weights; "
                                                        "costs depend on the shapes, not the weights' values)")
     p.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-1.5b", help="model shapes (default %(default)s)")

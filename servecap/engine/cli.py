@@ -48,7 +48,8 @@ def engine_options() -> argparse.ArgumentParser:
     g.add_argument("--device", type=_device, default="cuda",
                    help="cuda (default), cuda:N or cpu (Triton interpreter: tiny model only)")
     g.add_argument("--dtype", choices=DTYPES, default=None, help="float16 on a GPU, float32 on the CPU (default)")
-    g.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default 32)")
+    g.add_argument("--max-batch", "--max-num-seqs", type=batch_arg, default=32,
+                   help="batch rows (vLLM's max_num_seqs) (default 32)")
     pool = g.add_mutually_exclusive_group()
     pool.add_argument("--pool-gib", type=gib_arg, help="KV pool size in GiB (default: sized from free GPU memory)")
     pool.add_argument("--pool-blocks", type=blocks_arg, help="KV pool size in blocks")

@@ -40,7 +40,8 @@ def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
         "Every probe is a sweep point (the same verdict `sim sweep` gives at that rate); the search runs on each seed "
         "of --seeds and reports min, median and max."))
     p.add_argument("--backend", type=backend_arg, default="paged", help="decode backend (default paged)")
-    p.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
+    p.add_argument("--max-batch", "--max-num-seqs", type=batch_arg, default=32,
+                   help="batch rows (vLLM's max_num_seqs) (default %(default)s)")
     p.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY", help=PREFILL_HELP + " (default padded)")
     add_scheduler_options(p)
     p.add_argument("--pool-gib", type=gib_arg, default=4.0, help="KV pool size in GiB (default %(default)s)")

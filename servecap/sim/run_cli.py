@@ -44,7 +44,8 @@ def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
     add_arrival_options(run)
     run.add_argument("--backend", type=backend_arg, default="paged",
                      help="decode backend: paged or dense (every row read at the widest; old name padded) (default paged)")
-    run.add_argument("--max-batch", type=batch_arg, default=32, help="batch rows (default %(default)s)")
+    run.add_argument("--max-batch", "--max-num-seqs", type=batch_arg, default=32,
+                     help="batch rows (vLLM's max_num_seqs) (default %(default)s)")
     run.add_argument("--prefill", type=_policy, default="padded", metavar="POLICY",
                      help=PREFILL_HELP + " (default padded)")
     add_scheduler_options(run)

@@ -53,8 +53,8 @@ def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
                             f"{AUTO_SPAN[0]}x to {AUTO_SPAN[1]}x each configuration's estimated capacity")
     sweep.add_argument("--pool-gib", type=list_of(gib_arg), default=[0.5, 1, 2, 4], metavar="G1,G2,...",
                        help="KV pool sizes in GiB (default 0.5,1,2,4)")
-    sweep.add_argument("--max-batch", type=list_of(batch_arg), default=[16, 32], metavar="B1,B2,...",
-                       help="batch rows (default 16,32)")
+    sweep.add_argument("--max-batch", "--max-num-seqs", type=list_of(batch_arg), default=[16, 32],
+                       metavar="B1,B2,...", help="batch rows (vLLM's max_num_seqs) (default 16,32)")
     sweep.add_argument("--backend", type=list_of(backend_arg), default=list(BACKENDS), metavar="paged,dense",
                        help="decode backends (default paged,dense; padded is the old name of dense)")
     sweep.add_argument("--prefill", type=list_of(_policy), default=["padded"], metavar="P1,P2,...",
