@@ -117,11 +117,11 @@ class RetireCostRecorder(Recorder):
 
 
 def serve_virtual(trace: Trace, cost: CostModel, backend: str, max_batch: int, pool_blocks: int,
-                  policy: PrefillPolicy = PADDED, asynchronous: bool = False, jitter: float = 0.0,
+                  policy: PrefillPolicy = PADDED, asynchronous: bool = False, jitter: float = 0.0, arrivals=None,
                   **serving) -> RunRecord:
     """engine.serve.serve itself, with step times from `cost` on a virtual clock: what the simulator must match.
-    `asynchronous`: launches return at once, as on a GPU (decode steps launched ahead); `jitter`: CostRunner's.
-    `serving`: other
+    `asynchronous`: launches return at once, as on a GPU (decode steps launched ahead); `jitter`: CostRunner's;
+    `arrivals`: what the loop reads the trace's requests through (default: the trace, foreseen). `serving`: other
     ServingConfig knobs (admission, prefix_cache). The record's meta has what the engine's says of its
     configuration."""
     clock = VirtualClock()
@@ -135,7 +135,7 @@ def serve_virtual(trace: Trace, cost: CostModel, backend: str, max_batch: int, p
                               "max_tokens": runner.max_tokens,
                               "max_num_batched_tokens": config.max_num_batched_tokens})
     _, timer = serve(trace, runner, RetireCostRecorder(writer, backend, clock, cost.retire_s), config, pool_blocks,
-                     clock=clock)
+                     clock=clock, arrivals=arrivals)
     writer.close(decode_overruns=timer.overruns)
     return writer.record()
 

@@ -59,8 +59,11 @@ def _digest(df, cols) -> str:
 
 
 def _digests(rec, extra: tuple[str, ...] = ()) -> dict:
-    """The record's requests, steps and token times as digests (with the `extra` columns), and its step count."""
-    return {"requests": _digest(rec.requests, REQUESTS + extra), "steps": _digest(rec.steps, STEPS + extra),
+    """The record's requests, steps and token times as digests (with the `extra` columns), and its step count. A
+    fleet's steps are taken replica by replica: each replica writes its own in step order, but how the replicas'
+    writes interleave is the event loop's order, not the record's content."""
+    steps = rec.steps.sort_values("replica", kind="stable") if "replica" in extra else rec.steps
+    return {"requests": _digest(rec.requests, REQUESTS + extra), "steps": _digest(steps, STEPS + extra),
             "tokens": _digest(rec.tokens, ("request_id", "index", "time")), "n_steps": len(rec.steps)}
 
 

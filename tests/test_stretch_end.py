@@ -4,6 +4,7 @@ fitted by `calibrate --from-runs` and priced back on records."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,7 @@ from servecap.core.step_loop import StepLoop, TraceArrivals, drive
 from servecap.costs.model import CostModel
 from servecap.costs.recorded import contextual, priced_steps, stretch_ends
 from servecap.core.recorder import Recorder
+from servecap.sim.fleet import simulate_fleet
 from servecap.sim.simulator import SimTimer, simulate
 from servecap.traces.errors import InputError
 from servecap.traces.records import RunWriter
@@ -142,6 +144,36 @@ def test_the_simulator_is_the_engine_loop_whose_host_pays_each_stretchs_end(poli
         pd.testing.assert_frame_equal(a[num], b[num], check_exact=False, rtol=0, atol=1e-9)
     plain = simulate(trace, CostModel(linear_table()), sim_config(**serving)).record
     assert sim.requests.finished.max() > plain.requests.finished.max() + 0.001
+
+
+class RoutedArrivals(TraceArrivals):
+    """A trace's requests as a replica behind a router sees them (servecap/engine/fleet.py QueueArrivals): each known
+    only once it has come, so an admission may come at any moment."""
+
+    foreseen = False
+
+    def next_candidate(self, sched):
+        return -math.inf, None
+
+
+@pytest.mark.parametrize("policy", ["padded", "chunked:64"])
+def test_a_simulated_replica_behind_a_router_pays_the_stretch_ends_the_engines_replica_pays(policy):
+    """The engine's loop fed as a replica behind a router is (on a virtual clock whose host spends the table's
+    stretch end after reading a stretch's tokens) a simulated fleet's replica: the same records, every decode step
+    with a row free a stretch of its own, each end charged; and that costs more than one engine replaying the trace,
+    whose lookahead knows when the next request comes."""
+    trace = poisson_trace(3.0, 80, 2)
+    serving = dict(max_batch=8, pool_blocks=150, prefill=policy)
+    prefill = sim_config(**serving).serving.prefill
+    engine = serve_virtual(trace, COST, "paged", 8, 150, policy=prefill, arrivals=RoutedArrivals(trace.requests))
+    one = simulate_fleet(trace, COST, sim_config(detail="tokens", **serving)).record  # a fleet of one replica
+    for table in ("requests", "steps", "tokens"):
+        a, b = (getattr(r, table).sort_values(list(getattr(r, table).columns[:2])).reset_index(drop=True)
+                for r in (engine, one))
+        num = [c for c in a.select_dtypes("number").columns if c != "replica"]
+        pd.testing.assert_frame_equal(a[num], b[num], check_exact=False, rtol=0, atol=1e-9)
+    single = simulate(trace, COST, sim_config(**serving)).record
+    assert one.requests.finished.max() > single.requests.finished.max() + 0.001
 
 
 @pytest.mark.parametrize("policy", ["padded", "packed", "chunked:64", "mixed:64"])

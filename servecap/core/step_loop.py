@@ -27,7 +27,9 @@ the stretch's end (reading its tokens, retiring, planning) while the device wait
 (StepTimer.stretch_ended: the simulator's cost model prices it; the engine's clock has already shown it) before
 the next pass takes its arrivals, on the stretch's last decode step, where the engine's records hold it. A pass
 that only goes on decoding the same rows is the same stretch: so stepping one decode step a pass and
-fast-forwarding charge the same ends. (The engine also ends a pass where its stretch was cut at an arrival that
+fast-forwarding charge the same ends. Where the arrivals are not foreseen (a replica behind a router learns of a
+request only as it comes), the scheduler cuts a stretch after its first step whenever a row is free (the arrivals'
+next candidate is at once), the engine launches no step ahead past it, and every pass's stretch ends: charged. (The engine also ends a pass where its stretch was cut at an arrival that
 no longer fits, under on-demand admission, and every STRETCH_STEPS steps: those ends are not charged.)
 
 Step numbers: a pass's first step has the pass's number; its prefill step (if any) and its first decode step
@@ -69,6 +71,8 @@ class Arrivals(Lookahead, Protocol):
     """The requests a loop serves, as it sees them at each pass's start, and the scheduler's lookahead. Invariants:
     due(t) hands each request over once, in arrival order, and only once its arrival is <= t; exhausted is final;
     next_candidate keeps the Lookahead's."""
+
+    foreseen: bool  # when requests will come is known ahead (a trace); not for a replica fed by a router
 
     def due(self, t: float) -> list[Request]: ...
 
@@ -116,6 +120,8 @@ class StepTimer(Protocol):
 
 class TraceArrivals:
     """A trace's requests as the loop sees them: due ones at each step boundary, and what is coming next."""
+
+    foreseen = True
 
     def __init__(self, requests: Sequence[Request]):
         self.pending = sorted(requests, key=lambda r: r.arrival)
@@ -186,7 +192,7 @@ class StepLoop:
                 self._submit(due)
             # The last pass's stretch ends unless this pass only decodes the same rows on: its end is the engine's,
             # before this pass, which then starts again and takes what arrived meanwhile too.
-            if stretch and (retired or not sched.stretch_goes_on()):
+            if stretch and (retired or not arrivals.foreseen or not sched.stretch_goes_on()):
                 extra = timer.stretch_ended(stretch)
                 stretch = 0
                 if extra:

@@ -33,6 +33,8 @@ START_AHEAD_S = 0.5  # the router announces the start this far ahead, so every r
 class QueueArrivals:
     """A replica's view of the requests routed to it: what has arrived by t, and a blocking wait when idle."""
 
+    foreseen = False  # a request is known only once the router has sent it
+
     def __init__(self, inbox: mp.Queue):
         self.inbox = inbox
         self.pending: list[Request] = []

@@ -12,16 +12,15 @@ Time and ties. The loops keep exact clocks of their own, and SimPy's clock is se
 router acts first, so a request that arrives exactly when a pass begins is in that pass (TraceArrivals.due(t)
 takes arrivals <= t). Rows that finish at the end of a pass are retired, and their records written, when the loop
 resumes, which costs the table's retire_s per row: the replica's next pass begins then, so its process sleeps
-until that moment, and requests that arrive meanwhile are in that pass, as on one engine. A fleet of one replica
-therefore writes exactly the records simulate() writes.
+until that moment, and requests that arrive meanwhile are in that pass, as on one engine.
 
-Fast-forward. A replica cannot know which of the coming arrivals the router will give it, so a stretch of decode
-steps stops at the first step that ends at or after the router's next arrival, whichever replica gets it. The
-stretch arithmetic is exact (servecap/sim/simulator.py), so a stretch cut there and continued gives the same steps,
-and is the same stretch, whose end is charged once (servecap/core/step_loop.py). The engine's replica behind a router
-(servecap/engine/fleet.py) cannot see its inbox while a stretch runs, so it ends one after every step and pays a
-stretch's end each time: with a table fitted with the stretch-end term, the simulated fleet prices a replica as one
-engine on its own pays, not as that replica does.
+Stretches. A replica does not foresee its arrivals (Inbox.foreseen): a request may be routed to it at any moment,
+so, as the engine's replica behind a router does (servecap/engine/fleet.py), a decode stretch with a row free ends
+after its first step, the engine launching no step ahead past it, and each such end is charged
+(servecap/core/step_loop.py); with every row busy no admission can come, and a stretch runs on to its bound. So with a
+table fitted with the stretch-end term a replica costs more a step than one engine replaying a trace, whose
+lookahead knows when the next request comes; with a table without it, a fleet of one replica writes exactly the
+records simulate() writes.
 """
 from __future__ import annotations
 
@@ -96,14 +95,8 @@ class Dispatcher:
     def __init__(self, env: FleetEnv, requests: list[Request], pick: Router, replicas: int):
         self.env, self.pick = env, pick
         self.loads = [Load() for _ in range(replicas)]
-        self.inboxes = [Inbox(env, self) for _ in range(replicas)]
+        self.inboxes = [Inbox(env) for _ in range(replicas)]
         self.pending = sorted(requests, key=lambda r: r.arrival)
-        self.i = 0
-
-    @property
-    def next_arrival(self) -> float:
-        """When the next request not yet routed arrives (inf when all are)."""
-        return self.pending[self.i].arrival if self.i < len(self.pending) else math.inf
 
     def run(self):
         for i, req in enumerate(self.pending):
@@ -111,17 +104,19 @@ class Dispatcher:
                 yield self.env.at(req.arrival, URGENT)  # before any replica's pass at the same instant
             j = self.pick(self.loads, i)
             self.loads[j].add(req)
-            self.i = i + 1
             self.inboxes[j].push(req)
         for inbox in self.inboxes:
             inbox.close()
 
 
 class Inbox:
-    """A replica's arrivals as the step loop reads them: the requests the router has pushed to it."""
+    """A replica's arrivals as the step loop reads them: the requests the router has pushed to it, known only once
+    pushed, as the engine's replica knows them (servecap/engine/fleet.py QueueArrivals)."""
 
-    def __init__(self, env: FleetEnv, dispatcher: Dispatcher):
-        self.env, self.dispatcher = env, dispatcher
+    foreseen = False
+
+    def __init__(self, env: FleetEnv):
+        self.env = env
         self.queue: deque[Request] = deque()
         self.closed = False
         self._wake: simpy.Event | None = None
@@ -159,9 +154,9 @@ class Inbox:
         return self.queue[0].arrival if self.queue else None
 
     def next_candidate(self, sched: Scheduler) -> tuple[float, None]:
-        """The next pushed arrival, or, with none, the router's next arrival, which may or may not come here: a
-        time no admission can come before, for a request not known yet (so no fit is checked)."""
-        return (self.queue[0].arrival if self.queue else self.dispatcher.next_arrival), None
+        """At once, as the engine's replica answers: a request may be routed here at any moment, unannounced, so a
+        decode stretch with a row free ends after its first step."""
+        return -math.inf, None
 
 
 def _replica(env: FleetEnv, loop: StepLoop, timer: ReplicaTimer, inbox: Inbox):
