@@ -24,13 +24,14 @@ that work is not in between; the simulator's clock does not move while it writes
 A stretch of decode steps ends where the pass after it plans other work than decoding the same rows on (a prompt to
 compute, an admission, a preemption) or its rows retired (Scheduler.stretch_goes_on): there the engine's host does
 the stretch's end (reading its tokens, retiring, planning) while the device waits, and the loop charges it
-(StepTimer.stretch_ended: the simulator's cost model prices it; the engine's clock has already shown it) before
-the next pass takes its arrivals, on the stretch's last decode step, where the engine's records hold it. A pass
-that only goes on decoding the same rows is the same stretch: so stepping one decode step a pass and
-fast-forwarding charge the same ends. Where the arrivals are not foreseen (a replica behind a router learns of a
-request only as it comes), the scheduler cuts a stretch after its first step whenever a row is free (the arrivals'
-next candidate is at once), the engine launches no step ahead past it, and every pass's stretch ends: charged. (The engine also ends a pass where its stretch was cut at an arrival that
-no longer fits, under on-demand admission, and every STRETCH_STEPS steps: those ends are not charged.)
+(StepTimer.stretch_ended: the simulator's cost model prices it; the engine's clock has already shown it) before the
+next pass takes its arrivals, on the stretch's last decode step, where the engine's records hold it. A pass that
+only goes on decoding the same rows is the same stretch: so stepping one decode step a pass and fast-forwarding
+charge the same ends. Where the arrivals are not foreseen (a replica behind a router learns of a request only as it
+comes), the scheduler cuts a stretch after its first step whenever a row is free (the arrivals' next candidate is at
+once), the engine launches no step ahead past it, and every pass's stretch ends: charged. (The engine also ends a
+pass where its stretch was cut at an arrival that no longer fits, under on-demand admission, and every STRETCH_STEPS
+steps: those ends are not charged.)
 
 Step numbers: a pass's first step has the pass's number; its prefill step (if any) and its first decode step
 both carry it, and its k decode steps take k consecutive numbers, so the next pass is numbered max(k, 1) on.
