@@ -15,7 +15,7 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def tie_to_parent(parent: int) -> None:
-    """Make this worker end with the sweep's process: a worker outliving it (killed by SIGKILL, or an OOM kill)
+    """Make this worker end with the command's process: a worker outliving it (killed by SIGKILL, or an OOM kill)
     would wait forever for work on a queue nobody closes, holding a core."""
     # Ctrl-C reaches the whole process group; it is the parent's to handle (keep what finished, stop the workers),
     # and a worker interrupted mid-point would only print a traceback.
