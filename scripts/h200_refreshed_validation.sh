@@ -11,10 +11,10 @@
 # on the same GPU, still warm), the call refreshes and plans nothing and resumes that plan's runs (v22's call a2 did
 # so by hand).
 # Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
-#          bash scripts/h200_refreshed_validation.sh
+#          [GPU='NVIDIA H100 80GB HBM3'] bash scripts/h200_refreshed_validation.sh   (GPU: the device name expected)
 set -u
 source scripts/gpu_env.sh
-L=logs/call-$CALL; mkdir -p $L; GPU="NVIDIA H200"; END=${END_S:-585}
+L=logs/call-$CALL; mkdir -p $L; GPU=${GPU:-NVIDIA H200}; END=${END_S:-585}
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,power.limit --format=csv | tee $L/nvidia-smi.txt
 gpu=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | cut -c5-12)
 R=${TABLE%.json}-$gpu.json; VR=$V-$gpu
