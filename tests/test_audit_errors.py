@@ -249,7 +249,7 @@ def test_an_engine_allocation_that_fails_is_one_line(tmp_path):
 def test_sim_run_too_large_for_this_memory_is_refused_before_making_the_trace(capsys, monkeypatch, table, tmp_path,
                                                                               no_simulation):
     monkeypatch.setattr("servecap.traces.memory.available_bytes", lambda: 100 << 20)
-    monkeypatch.setattr("servecap.sim.inputs.poisson_trace", lambda *a, **k: pytest.fail("the trace was made"))
+    monkeypatch.setattr("servecap.traces.trace_io.poisson_trace", lambda *a, **k: pytest.fail("the trace was made"))
     code, _, err = run_cli(sim.cli.main, capsys, "run", "--table", table, "--rate", "100", "--n", "3000000")
     refused(code, err, "simulating 3,000,000 requests needs about", "--n")
     code, _, err = run_cli(sim.cli.main, capsys, "sweep", "--table", table, "--n", "3000000", "--out",

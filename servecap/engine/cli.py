@@ -17,7 +17,7 @@ from servecap.core.options import PREFILL_HELP, add_scheduler_options, policy_ar
 from servecap.costs.shapes import BACKENDS, backend_from_user
 from servecap.traces.arg_types import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg,
                                        requests_arg, seed_arg, slo_arg)
-from servecap.traces.arrival_options import add_arrival_options, given
+from servecap.traces.arrival_options import add_arrival_options
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
 from servecap.traces.formatting import fmt_ms
@@ -25,11 +25,10 @@ from servecap.traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, laten
 from servecap.traces.memory import GIB, check_fits
 from servecap.traces.model_spec import DTYPE_BYTES, MODELS, kv_bytes_per_token, parameter_count
 from servecap.traces.outpath import check_out_dir, check_trace_events
-from servecap.traces.prompts import PROMPT_NAMES
+from servecap.traces.prompts import PROMPT_LENGTHS, PROMPT_NAMES
 from servecap.traces.records import TABLES
-from servecap.traces.trace_io import read_trace
-from servecap.traces.workload import (DEFAULT_BUDGET, DEFAULT_N, Trace, at_rate, closed_mixed, closed_uniform,
-                                      poisson_trace)
+from servecap.traces.trace_io import requested_trace
+from servecap.traces.workload import BUDGETS, DEFAULT_BUDGET, DEFAULT_N, Trace
 
 DTYPES = ("float16", "bfloat16", "float32")
 DEFAULTS = {"tiny": {"max_prompt": 96, "max_budget": 32}, None: {"max_prompt": 4096, "max_budget": 256}}
@@ -84,21 +83,9 @@ def workload_options() -> argparse.ArgumentParser:
 
 
 def workload_from_args(args: argparse.Namespace) -> Trace:
-    closed = args.closed_mixed is not None or args.closed_uniform is not None
-    if given(args) and (args.rate is None or args.trace or closed):
-        raise InputError("--burstiness and --ramp-up-s shape the seeded trace of --rate alone")
-    if args.trace:
-        trace = read_trace(args.trace)
-        return trace if args.rate is None else at_rate(trace, args.rate)
-    if closed and args.rate is not None:
-        raise InputError("a closed run has every request arrive at t=0; it takes no --rate")
-    if args.rate is not None:
-        return poisson_trace(args.rate, args.n, args.seed, args.burstiness, args.ramp_up_s)
-    if args.closed_mixed:
-        return closed_mixed(args.closed_mixed, args.seed)
-    if args.closed_uniform:
-        return closed_uniform(args.closed_uniform, args.n, args.budget)
-    raise InputError("give a workload: --rate, --trace FILE, --closed-mixed N or --closed-uniform PROMPT")
+    return requested_trace(rate=args.rate, n=args.n, seed=args.seed, trace_file=args.trace,
+                           closed_mixed_n=args.closed_mixed, closed_uniform_prompt=args.closed_uniform,
+                           budget=args.budget, burstiness=args.burstiness, ramp_up_s=args.ramp_up_s)
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -176,9 +163,10 @@ def check_workload(trace: Trace, args: argparse.Namespace) -> None:
                 if args.closed_uniform is not None and what == "budget":
                     fix = f"; give --budget {limit} or less"
                 elif args.trace is None and args.closed_uniform is None:
-                    fix = (f"; the seeded mixed draw (--rate, --closed-mixed) runs prompts to 4096 tokens and budgets "
-                           f"to 256: give a trace whose requests fit (the traces importers take --max-prompt and "
-                           f"--max-budget) or --closed-uniform p16 --budget {args.max_budget}")
+                    fix = (f"; the seeded mixed draw (--rate, --closed-mixed) runs prompts to "
+                           f"{max(PROMPT_LENGTHS.values())} tokens and budgets to {max(BUDGETS)}: give a trace whose "
+                           f"requests fit (the traces importers take --max-prompt and --max-budget) or "
+                           f"--closed-uniform {PROMPT_NAMES[0]} --budget {args.max_budget}")
                 raise InputError(f"{misfit}: request {req.request_id}: {what} of {value} tokens is beyond {option} "
                                  f"{limit}{fix}")
     pool = unbounded_pool(1, largest_request_tokens(trace.requests), args.block_size)

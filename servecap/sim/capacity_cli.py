@@ -161,9 +161,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return _write(args, doc)
 
 
+def _probes(f: capacity.Search) -> list[dict]:
+    return [{"value": v, "holds": held} for v, held in f.probes]
+
+
 def _searched(f: capacity.Search) -> dict:
-    return {"seed": f.seed, "answer": f.answer, "bound": f.bound, "estimate": f.estimate,
-            "probes": [{"value": v, "holds": held} for v, held in f.probes]}
+    return {"seed": f.seed, "answer": f.answer, "bound": f.bound, "estimate": f.estimate, "probes": _probes(f)}
 
 
 def _write(args: argparse.Namespace, doc: dict) -> int:
@@ -259,7 +262,7 @@ def _said(what: str, unit: str) -> capacity.OnProbe:
 def _windows(args: argparse.Namespace, table, config: ServingConfig, trace) -> list[dict]:
     parts = capacity.windows(trace, args.window_s)
     end = max(r.arrival for r in trace.requests)
-    counts, seconds, said = [], [], []
+    said = []
     for start, part in parts:
         rate = part.offered_rate
         if rate is None:
@@ -267,17 +270,15 @@ def _windows(args: argparse.Namespace, table, config: ServingConfig, trace) -> l
             continue
         sweep._init(table, args.strict, Workload(len(part), 0, part), args.noise_seed, args.slo)
         f = capacity.fewest_replicas(config, rate, 0, args.slo, args.max_replicas, args.router)
-        counts.append(f.answer)
-        seconds.append(min(args.window_s, end - start))  # the last window ends with the trace
         print(f"window {start:g}-{start + args.window_s:g} s: {len(part)} requests at {rate:.4g} req/s -> "
               f"{_replicas(f.answer, args.max_replicas)}")
-        said.append({"start_s": start, "seconds": seconds[-1], "requests": len(part), "rate": rate,
-                     "replicas": f.answer, "probes": [{"value": v, "holds": held} for v, held in f.probes]})
-    found = [c for c in counts if c is not None]
+        said.append({"start_s": start, "seconds": min(args.window_s, end - start),  # the last ends with the trace
+                     "requests": len(part), "rate": rate, "replicas": f.answer, "probes": _probes(f)})
+    found = [w["replicas"] for w in said if w["replicas"] is not None]
     if found:
-        print(f"fewest replicas over {len(counts)} windows: min {min(found)}, max {max(found)} (provision the max "
+        print(f"fewest replicas over {len(said)} windows: min {min(found)}, max {max(found)} (provision the max "
               f"for the whole trace, or follow the windows)")
-    if found and len(found) == len(counts):
-        print(f"replica-hours over the trace: {sum(c * t for c, t in zip(found, seconds)) / 3600:.3g} following the "
-              f"windows, {max(found) * (end - trace.requests[0].arrival) / 3600:.3g} at the max throughout")
+    if found and len(found) == len(said):
+        print(f"replica-hours over the trace: {sum(w['replicas'] * w['seconds'] for w in said) / 3600:.3g} following "
+              f"the windows, {max(found) * (end - trace.requests[0].arrival) / 3600:.3g} at the max throughout")
     return said

@@ -14,8 +14,8 @@ from servecap.traces.errors import InputError
 from servecap.traces.importers import import_note
 from servecap.traces.memory import check_fits
 from servecap.traces.model_spec import QWEN25_1P5B, config_hash
-from servecap.traces.trace_io import read_trace
-from servecap.traces.workload import Trace, at_rate, check_rate, closed_mixed, closed_uniform, poisson_trace
+from servecap.traces.trace_io import read_trace, requested_trace
+from servecap.traces.workload import Trace
 
 SHIPPED_TABLE = Path(__file__).resolve().parents[1] / "costs" / "data" / "h200.json"
 MODEL = QWEN25_1P5B
@@ -89,25 +89,10 @@ def closed(trace: Trace) -> Trace:
     return Trace(reqs, {"kind": "closed", "from": trace.trace_id})
 
 
-def make_trace(*, rate: float | None = None, n: int = 400, seed: int = 0, trace_file: str | Path | None = None,
-               closed_mixed_n: int | None = None, closed_uniform_prompt: str | None = None,
-               burstiness: float = 1.0, ramp_up_s: float = 0.0) -> Trace:
-    """The trace a command asks for: a trace file (at `rate` if given), a closed run, or a seeded Poisson trace
-    (gamma arrivals with burstiness != 1, ramped up over ramp_up_s)."""
-    if (burstiness != 1.0 or ramp_up_s > 0) and (rate is None or trace_file is not None):
-        raise InputError("--burstiness and --ramp-up-s shape the seeded trace of --rate; a trace file or a closed "
-                         "run keeps its own arrivals")
-    if trace_file is not None:
-        trace = load_trace(trace_file)
-        return at_rate(trace, rate) if rate is not None else trace
-    if closed_mixed_n is not None or closed_uniform_prompt is not None:
-        if rate is not None:
-            raise InputError("a closed run has every request arrive at t=0; it takes no arrival rate")
-        return closed_mixed(closed_mixed_n, seed) if closed_mixed_n is not None else \
-            closed_uniform(closed_uniform_prompt, n)
-    if rate is None:
-        raise InputError("give an arrival rate (--rate), a trace file (--trace) or a closed run")
-    return poisson_trace(check_rate(rate), n, seed, burstiness, ramp_up_s)
+def make_trace(**request) -> Trace:
+    """The trace a command asks for (servecap/traces/trace_io.py requested_trace), a trace file read as the simulator
+    reads one (load_trace: refused if made for another model)."""
+    return requested_trace(read=load_trace, **request)
 
 
 def pool_blocks(trace: Trace, serving: ServingConfig) -> int:

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Callable
 
 from .csvio import parse_hash_id, parse_int, read_table, write_table
 from .errors import InputError
 from .importers import AZURE_COLUMNS
 from .prompts import PROMPT_LENGTHS
-from .workload import ARRIVAL_DECIMALS, Request, Trace, arrival_limit_error, hash_error
+from .workload import (ARRIVAL_DECIMALS, DEFAULT_BUDGET, DEFAULT_N, Request, Trace, arrival_limit_error, at_rate,
+                       check_rate, closed_mixed, closed_uniform, hash_error, poisson_trace)
 
 SCHEMA = "request-trace"
 VERSION = 1  # requests without hash ids
@@ -103,3 +105,27 @@ def read_trace(path: str | Path) -> Trace:
         raise InputError("the header's 'meta' is not a JSON object", path=path, row=1)
     # The trace id is recomputed from the rows, so a hand-edited file gets the id of what it now holds.
     return Trace(reqs, meta)
+
+
+def requested_trace(*, rate: float | None = None, n: int = DEFAULT_N, seed: int = 0, trace_file: str | Path | None = None,
+                    closed_mixed_n: int | None = None, closed_uniform_prompt: str | None = None,
+                    budget: int = DEFAULT_BUDGET, burstiness: float = 1.0, ramp_up_s: float = 0.0,
+                    read: Callable[[str | Path], Trace] = read_trace) -> Trace:
+    """The trace a command asks for, as `sim run` and `engine run` take it: a trace file read by `read` (at `rate`
+    if given), a closed run (`budget` tokens a --closed-uniform request), or a seeded Poisson trace (gamma arrivals
+    with burstiness != 1, ramped up over ramp_up_s)."""
+    closed = closed_mixed_n is not None or closed_uniform_prompt is not None
+    if (burstiness != 1.0 or ramp_up_s > 0) and (rate is None or trace_file is not None or closed):
+        raise InputError("--burstiness and --ramp-up-s shape the seeded trace of --rate alone; a trace file or a "
+                         "closed run keeps its own arrivals")
+    if trace_file is not None:
+        trace = read(trace_file)
+        return at_rate(trace, rate) if rate is not None else trace
+    if closed:
+        if rate is not None:
+            raise InputError("a closed run has every request arrive at t=0; it takes no --rate")
+        return closed_mixed(closed_mixed_n, seed) if closed_mixed_n is not None else \
+            closed_uniform(closed_uniform_prompt, n, budget)
+    if rate is None:
+        raise InputError("give a workload: --rate, --trace FILE, --closed-mixed N or --closed-uniform PROMPT")
+    return poisson_trace(check_rate(rate), n, seed, burstiness, ramp_up_s)
