@@ -123,7 +123,7 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
             price = contextual(steps, cost.correction)
             steps = steps.assign(price=price)
             decode = steps[steps.step_kind == "decode"]
-            runs.append({"policy": c.point.serving.prefill.name, "load": c.point.load,
+            runs.append({"point": c.point.id, "policy": c.point.serving.prefill.name, "load": c.point.load,
                          "total": float(steps.real_s.sum() / price.sum()),
                          "decode": float(decode.real_s.sum() / decode.price.sum()) if len(decode) else np.nan})
             by_kind = ", ".join(f"{kind} {g.real_s.sum() / g.price.sum():.3f}"
@@ -183,6 +183,7 @@ def pooled(runs: dict[Path, pd.DataFrame], bands: dict[Path, dict] | None = None
     spread = f"sd {np.std(means, ddof=1):.2%}" if len(means) > 1 else "one validation"
     lines = [f"over {len(logs)} validations: every run's summed step time real / price in context, RMS of the log "
              f"{np.sqrt(np.mean(every ** 2)):.2%} ({len(every)} runs); the validations' mean log speeds: {spread}"]
+    lines.append(_guessed_speeds(runs))
     decode = pd.concat(runs.values(), ignore_index=True).dropna(subset=["decode"])
     for (policy, load), d in decode.groupby(["policy", decode.load.fillna("-")]):
         lines.append(f"  decode steps' real / price, {policy:8s} {load:5s} {len(d):4d} runs: mean {d.decode.mean():.4f}"
@@ -196,6 +197,26 @@ def pooled(runs: dict[Path, pd.DataFrame], bands: dict[Path, dict] | None = None
                 f"; width within 2x the repeats' spread {sum(r <= 2 for r in ratios)} of {len(ratios)} (median "
                 f"{statistics.median(ratios):.1f}x)" if ratios else ""))
     return "\n".join(lines)
+
+
+def _guessed_speeds(runs: dict[Path, pd.DataFrame]) -> str:
+    """How well a point's mean speed (its runs' mean log summed real / price) is told by the other points of its
+    validation (one GPU's session), by those of its policy alone, or by nothing (1.000): whether a session-level or
+    a per-policy refresh of the table could narrow what a band's cost sigma has to cover."""
+    errors = {"session": [], "policy": [], "none": []}
+    for r in runs.values():
+        speed = r.assign(log=np.log(r.total)).groupby(["point", "policy"]).log.mean().reset_index()
+        for i, p in speed.iterrows():
+            others = speed.drop(index=i)
+            same = others[others.policy == p.policy]
+            errors["none"].append(p.log)
+            if len(others):
+                errors["session"].append(p.log - others.log.mean())
+            if len(same):
+                errors["policy"].append(p.log - same.log.mean())
+    rms = {k: f"{np.sqrt(np.mean(np.square(v))):.2%} ({len(v)} points)" if v else "-" for k, v in errors.items()}
+    return (f"  a point's mean speed told by the other points of its validation: RMS of the log error {rms['session']}; "
+            f"by those of its policy alone {rms['policy']}; by none (1.000) {rms['none']}")
 
 
 def _sampled(steps, telemetry) -> dict:
