@@ -54,25 +54,46 @@ def test_several_validations_pool_runs_error_speeds_spread_decode_by_policy_and_
     import math
     import pandas as pd
     pooled = script("grade_validation").pooled
-    runs = {"a": pd.DataFrame({"policy": ["padded", "mixed"], "load": ["near", "near"], "total": [1.01, 0.99],
-                               "decode": [1.00, 0.98]}),
-            "b": pd.DataFrame({"policy": ["padded"], "load": ["near"], "total": [1.02], "decode": [1.03]})}
+    runs = {"a": pd.DataFrame({"point": ["p1", "p2"], "policy": ["padded", "mixed"], "load": ["near", "near"],
+                               "total": [1.01, 0.99], "decode": [1.00, 0.98]}),
+            "b": pd.DataFrame({"point": ["p3"], "policy": ["padded"], "load": ["near"], "total": [1.02],
+                               "decode": [1.03]})}
     logs = [math.log(x) for x in (1.01, 0.99, 1.02)]
     rms = math.sqrt(sum(x * x for x in logs) / 3)
     sd = abs(math.log(1.02) - (math.log(1.01) + math.log(0.99)) / 2) / math.sqrt(2)
     assert pooled(runs).splitlines() == [
         f"over 2 validations: every run's summed step time real / price in context, RMS of the log {rms:.2%} (3 runs); "
         f"the validations' mean log speeds: sd {sd:.2%}",
+        f"  a point's mean speed told by the other points of its validation: RMS of the log error "
+        f"{abs(logs[0] - logs[1]):.2%} (2 points); by those of its policy alone -; by none (1.000) {rms:.2%} (3 points)",
         "  decode steps' real / price, mixed    near     1 runs: mean 0.9800, median 0.9800, 0.980-0.980",
         "  decode steps' real / price, padded   near     2 runs: mean 1.0150, median 1.0150, 1.000-1.030"]
     near = {"inside": 5, "graded": 6, "width_vs_real_spread": [{"width": 3.0, "real_spread": 1.0}]}
     past = {"inside": 2, "graded": 2, "width_vs_real_spread": [{"width": 1.0, "real_spread": 1.0}]}
     bands = {"a": {"all": {"inside": 7, "graded": 8, "width_vs_real_spread": []}, "near": near, "past": past},
              "b": {"all": near, "near": near, "past": {"inside": 0, "graded": 0, "width_vs_real_spread": []}}}
-    assert pooled(runs, bands).splitlines()[3:] == [
+    assert pooled(runs, bands).splitlines()[4:] == [
         "  90% bands, all points: 12 of 14 inside (85.7%); width within 2x the repeats' spread 0 of 1 (median 3.0x)",
         "  90% bands, near points: 10 of 12 inside (83.3%); width within 2x the repeats' spread 0 of 2 (median 3.0x)",
         "  90% bands, past points: 2 of 2 inside (100.0%); width within 2x the repeats' spread 1 of 1 (median 1.0x)"]
+
+
+def test_a_points_speed_is_told_by_its_sessions_other_points_and_by_those_of_its_policy(script):
+    import math
+    import pandas as pd
+    guessed = script("grade_validation")._guessed_speeds
+    # session a: two padded points (p1 of two runs) and one packed; session b: one point, told by nothing
+    a = pd.DataFrame({"point": ["p1", "p1", "p2", "p3"], "policy": ["padded", "padded", "padded", "packed"],
+                      "total": [1.00, 1.04, 0.98, 1.01]})
+    b = pd.DataFrame({"point": ["q"], "policy": ["padded"], "total": [0.97]})
+    p1, p2, p3, q = (math.log(1.00) + math.log(1.04)) / 2, math.log(0.98), math.log(1.01), math.log(0.97)
+    session = [p1 - (p2 + p3) / 2, p2 - (p1 + p3) / 2, p3 - (p1 + p2) / 2]
+    policy = [p1 - p2, p2 - p1]
+    rms = lambda v: math.sqrt(sum(x * x for x in v) / len(v))  # noqa: E731
+    assert guessed({"a": a, "b": b}) == (
+        f"  a point's mean speed told by the other points of its validation: RMS of the log error {rms(session):.2%} "
+        f"(3 points); by those of its policy alone {rms(policy):.2%} (2 points); by none (1.000) "
+        f"{rms([p1, p2, p3, q]):.2%} (4 points)")
 
 
 def test_rebanding_with_the_gpu_spread_held_in_the_held_out_term_narrows_the_bands(capsys, tmp_path, script):
