@@ -45,7 +45,7 @@ from servecap.traces.records import read_run
 from servecap.traces.telemetry import join_steps, read_telemetry
 from servecap.validate.comparison import compare, plan_table
 from servecap.validate.coverage import coverage
-from servecap.validate.points import run_dir
+from servecap.validate.points import complete_dirs
 
 
 # --by: (bin edges, None: each value its own bin; the column binned; which steps)
@@ -116,8 +116,7 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
     cost = CostModel(inputs.load_table(table_path))
     targets, runs, kinds, per_run, every = [], [], {}, [], []
     for c in results:
-        for k in range(1, len(c.real) + 1):
-            d = run_dir(validation, c.point, k)
+        for d in complete_dirs(validation, c.point):
             rec, telemetry = read_run(d), read_telemetry(d)
             steps = priced_steps(rec, cost)  # at the reference clock, as the simulator priced the prediction
             price = contextual(steps, cost.correction)
@@ -131,7 +130,7 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
             gpu = ("" if telemetry is None or not len(telemetry) else
                    f"; SM clock {telemetry.sm_clock_mhz.median():.0f} MHz, {telemetry.temperature_c.median():.0f} C, "
                    f"{telemetry.power_w.median():.0f} W (medians)")
-            per_run.append(f"  {c.point.id}/run-{k}: {runs[-1]['total']:.3f} ({by_kind}){gpu}" + (
+            per_run.append(f"  {c.point.id}/{d.name}: {runs[-1]['total']:.3f} ({by_kind}){gpu}" + (
                 "; by time " + "/".join(f"{x:.3f}" for x in by_segment(steps)) if segments else ""))
             if by:  # the contexts a step is binned by, for --by alone
                 every.append(steps.assign(queue=queue_depth(rec, steps.start),

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from servecap.traces.records import read_run
+from servecap.traces.records import is_complete, read_run
 
 KV_BIN = 2048
 TOKENS_BIN = 256
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for v in args.validations:
         for point in sorted((v / "real").iterdir()):
-            runs = sorted(point.glob("run-*"))
+            runs = sorted(r for r in point.glob("run-*") if is_complete(r))  # an interrupted run is no repeat
             if len(runs) < 2:
                 continue
             med = {r: medians(r) for r in runs}

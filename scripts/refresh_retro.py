@@ -37,7 +37,7 @@ from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.records import read_run  # noqa: E402
 from servecap.validate.comparison import compare, plan_table  # noqa: E402
 from servecap.validate.plan import make_plan  # noqa: E402
-from servecap.validate.points import run_dir  # noqa: E402
+from servecap.validate.points import complete_dirs  # noqa: E402
 
 
 def tables(validation: Path) -> tuple[dict, CostTable]:
@@ -75,8 +75,8 @@ def readings(validation: Path) -> dict[str, tuple[float, float]]:
     _, results = compare(validation, plan_table(validation))
     logs: dict[str, list[tuple[float, float]]] = {}
     for c in results:
-        for k in range(1, len(c.real) + 1):
-            rec = read_run(run_dir(validation, c.point, k))
+        for d in complete_dirs(validation, c.point):
+            rec = read_run(d)
             steps = [priced_steps(rec, cost) for cost in costs]
             prices = [s.assign(price=contextual(s, cost.correction)) for s, cost in zip(steps, costs)]
             for kind in ("decode", "prefill"):

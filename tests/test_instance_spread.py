@@ -30,3 +30,14 @@ def test_no_point_with_repeats_is_a_one_line_error(tmp_path, script, capsys):
     shutil.copytree(RUN, tmp_path / "v" / "real" / "p-1" / "run-1")
     assert script("instance_spread").main([str(tmp_path / "v")]) == 2
     assert capsys.readouterr().err.strip() == "no point with two or more runs"
+
+
+def test_an_interrupted_run_is_no_repeat(tmp_path, script, capsys):
+    import json
+    point = tmp_path / "v" / "real" / "p-1"
+    shutil.copytree(RUN, point / "run-1")
+    shutil.copytree(RUN, point / "run-2")
+    meta = json.loads((point / "run-2" / "meta.json").read_text())
+    (point / "run-2" / "meta.json").write_text(json.dumps({**meta, "status": "running"}))  # killed mid-run
+    assert script("instance_spread").main([str(tmp_path / "v")]) == 2
+    assert capsys.readouterr().err.strip() == "no point with two or more runs"

@@ -129,9 +129,15 @@ def run_dir(out: Path, p: Point, k: int) -> Path:
     return Path(out) / "real" / p.id / f"run-{k}"
 
 
+def complete_dirs(out: Path, p: Point) -> list[Path]:
+    """The directories of the point's real repeats whose records are complete, in repeat order (an interrupted
+    repeat's record is left where it is, and skipped)."""
+    return [d for d in (run_dir(out, p, k) for k in range(1, p.repeats + 1)) if is_complete(d)]
+
+
 def complete_runs(out: Path, p: Point) -> list[RunRecord]:
     """The point's real repeats whose records are complete, in repeat order."""
-    return [read_run(run_dir(out, p, k)) for k in range(1, p.repeats + 1) if is_complete(run_dir(out, p, k))]
+    return [read_run(d) for d in complete_dirs(out, p)]
 
 
 def rel_error(pred: float, meas: float, key: str = "") -> float:
