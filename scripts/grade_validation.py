@@ -11,7 +11,8 @@ compared with its plan under the protocol checks of servecap/validate/comparison
   real / price per step kind, the price a typical step's (a correction's class medians, where it has them);
 - the plan's 90% bands: the share of every run's measurements inside (servecap/validate/coverage.py), by the
   points' role (public, mixed, prefix-cache);
-- given several validations, every run's error pooled and the sd of the validations' mean log speeds, each
+- given several validations, every run's error pooled and the sd of the validations' mean log speeds, how well a
+  point's mean speed is told by its validation's other points (by those of its policy alone, by none), each
   prefill policy's decode steps' summed real / price over its runs (a policy whose decode runs off its price on
   one GPU alone is that GPU, not the cost model), and the bands' coverage near and past capacity, with how many
   bands are within twice their repeats' spread.
