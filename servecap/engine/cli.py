@@ -15,9 +15,8 @@ from servecap.core.block_pool import PoolSize, blocks_for_gib
 from servecap.core.config import ServingConfig
 from servecap.core.options import PREFILL_HELP, add_scheduler_options, policy_arg
 from servecap.costs.shapes import BACKENDS, backend_from_user
-from servecap.traces.arg_types import (SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, rate_arg,
-                                       requests_arg, seed_arg, slo_arg)
-from servecap.traces.arrival_options import add_arrival_options
+from servecap.traces.arg_types import SLO_HELP, batch_arg, blocks_arg, checked, count_arg, gib_arg, seed_arg, slo_arg
+from servecap.traces.arrival_options import add_workload_options
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
 from servecap.traces.formatting import fmt_ms
@@ -28,7 +27,7 @@ from servecap.traces.outpath import check_out_dir, check_trace_events
 from servecap.traces.prompts import PROMPT_LENGTHS, PROMPT_NAMES
 from servecap.traces.records import TABLES
 from servecap.traces.trace_io import requested_trace
-from servecap.traces.workload import BUDGETS, DEFAULT_BUDGET, DEFAULT_N, Trace
+from servecap.traces.workload import BUDGETS, DEFAULT_BUDGET, Trace
 
 DTYPES = ("float16", "bfloat16", "float32")
 DEFAULTS = {"tiny": {"max_prompt": 96, "max_budget": 32}, None: {"max_prompt": 4096, "max_budget": 256}}
@@ -62,23 +61,10 @@ def engine_options() -> argparse.ArgumentParser:
 
 
 def workload_options() -> argparse.ArgumentParser:
-    """The options that pick one run's workload, as `sim run` takes them: a trace file (at its own rate, or scaled in
-    time to --rate), a seeded Poisson trace at --rate, or a closed run."""
+    """The options that pick one run's workload, as `sim run` takes them, and --budget for a closed uniform run."""
     p = Parser(add_help=False)
-    g = p.add_argument_group("workload (--rate, --trace, or a closed run)")
-    w = g.add_mutually_exclusive_group()
-    w.add_argument("--trace", metavar="FILE", help="a request-trace file (python -m traces ...); with --rate, its "
-                                                   "time is scaled to that rate")
-    w.add_argument("--closed-mixed", type=requests_arg, metavar="N", help="N requests of a mixed draw, all at t=0")
-    w.add_argument("--closed-uniform", choices=PROMPT_NAMES, metavar="PROMPT",
-                   help=f"--n copies of one prompt ({', '.join(PROMPT_NAMES)}), all at t=0")
-    g.add_argument("--rate", type=rate_arg, help="a seeded Poisson trace at this many requests per second")
-    g.add_argument("--n", type=requests_arg, default=DEFAULT_N,
-                   help=f"requests for --rate/--closed-uniform (default {DEFAULT_N})")
-    g.add_argument("--seed", type=seed_arg, default=0, help="seed of the mixed draw and arrival gaps (default 0)")
-    g.add_argument("--budget", type=count_arg, default=DEFAULT_BUDGET,
-                   help=f"tokens per request for --closed-uniform (default {DEFAULT_BUDGET})")
-    add_arrival_options(g)
+    add_workload_options(p).add_argument("--budget", type=count_arg, default=DEFAULT_BUDGET,
+                                         help=f"tokens per request for --closed-uniform (default {DEFAULT_BUDGET})")
     return p
 
 

@@ -13,14 +13,12 @@ from servecap.core.block_pool import PoolSize
 from servecap.core.config import ServingConfig
 from servecap.core.options import PREFILL_HELP, add_scheduler_options, policy_arg as _policy
 from servecap.core.routing import ROUTERS
-from servecap.traces.arrival_options import add_arrival_options, given
-from servecap.traces.arg_types import (SLO_HELP, batch_arg, blocks_arg, count_arg, gib_arg, level_arg, rate_arg,
-                                       requests_arg, seed_arg, slo_arg)
+from servecap.traces.arrival_options import add_workload_options, given
+from servecap.traces.arg_types import SLO_HELP, batch_arg, blocks_arg, count_arg, gib_arg, level_arg, slo_arg
 from servecap.traces.errors import InputError
 from servecap.traces.formatting import fmt_value
 from servecap.traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, percentiles_arg
 from servecap.traces.outpath import check_out_dir, check_trace_events
-from servecap.traces.prompts import PROMPT_NAMES
 from servecap.traces.workload import DEFAULT_N
 
 from . import inputs
@@ -33,15 +31,7 @@ def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
     run = sub.add_parser("run", help="simulate one point and print its summary", description=(
         "Simulate one trace at one configuration and print its summary; --out writes the full run record "
         "(the engine's schema). The trace: --rate (seeded Poisson), --trace FILE, --closed-mixed or --closed-uniform."))
-    src = run.add_mutually_exclusive_group()
-    src.add_argument("--trace", type=Path, help="a request-trace file; with --rate, its time is scaled to that rate")
-    src.add_argument("--closed-mixed", type=requests_arg, metavar="N", help="N mixed requests all arriving at t=0")
-    src.add_argument("--closed-uniform", choices=PROMPT_NAMES, metavar="PROMPT",
-                     help=f"--n copies of one prompt ({', '.join(PROMPT_NAMES)}) all arriving at t=0")
-    run.add_argument("--rate", type=rate_arg, help="arrival rate in requests/s")
-    run.add_argument("--n", type=requests_arg, help=f"requests of --rate or --closed-uniform (default {DEFAULT_N})")
-    run.add_argument("--seed", type=seed_arg, help="seed of --rate's trace or --closed-mixed's draw (default 0)")
-    add_arrival_options(run)
+    add_workload_options(run)
     run.add_argument("--backend", type=backend_arg, default="paged",
                      help="decode backend: paged or dense (every row read at the widest; old name padded) (default paged)")
     run.add_argument("--max-batch", "--max-num-seqs", type=batch_arg, default=32,

@@ -107,13 +107,15 @@ def read_trace(path: str | Path) -> Trace:
     return Trace(reqs, meta)
 
 
-def requested_trace(*, rate: float | None = None, n: int = DEFAULT_N, seed: int = 0, trace_file: str | Path | None = None,
+def requested_trace(*, rate: float | None = None, n: int | None = None, seed: int | None = None,
+                    trace_file: str | Path | None = None,
                     closed_mixed_n: int | None = None, closed_uniform_prompt: str | None = None,
                     budget: int = DEFAULT_BUDGET, burstiness: float = 1.0, ramp_up_s: float = 0.0,
                     read: Callable[[str | Path], Trace] = read_trace) -> Trace:
     """The trace a command asks for, as `sim run` and `engine run` take it: a trace file read by `read` (at `rate`
     if given), a closed run (`budget` tokens a --closed-uniform request), or a seeded Poisson trace (gamma arrivals
-    with burstiness != 1, ramped up over ramp_up_s)."""
+    with burstiness != 1, ramped up over ramp_up_s); `n` and `seed` None: their defaults (DEFAULT_N, 0)."""
+    n, seed = DEFAULT_N if n is None else n, 0 if seed is None else seed
     closed = closed_mixed_n is not None or closed_uniform_prompt is not None
     if (burstiness != 1.0 or ramp_up_s > 0) and (rate is None or trace_file is not None or closed):
         raise InputError("--burstiness and --ramp-up-s shape the seeded trace of --rate alone; a trace file or a "
