@@ -23,6 +23,9 @@ SM clock last sampled before it (`clock`), the GPU's temperature (`temperature`)
 (`tokens`), or the token bucket the engine ran it at (`bucket`, each its own bin), to tell what a miss follows.
 With --segments, each run's line also gives its summed real / price in the first 10% of its time, the next 15%,
 the next 25% and the second half: whether a run's speed drifts through it (a warm-up) or holds from its start.
+With --replan TABLE, each validation is graded against a plan re-made from TABLE on its points and traces, with 90%
+bands, in --work: what another table would have predicted. A retrospective, never blind: that plan is made after the
+runs (the protocol checks stay the validation's own plan's).
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ from servecap.traces.telemetry import join_steps, read_telemetry
 from servecap.validate.comparison import compare, plan_table
 from servecap.validate.coverage import coverage
 from servecap.validate.points import complete_dirs
+from servecap.validate.plan import make_plan
 
 
 # --by: (bin edges, None: each value its own bin; the column binned; which steps)
@@ -165,7 +169,10 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
     for role in dict.fromkeys(c.point.role for c in results):
         cov = coverage([c for c in results if c.point.role == role], bands)
         if cov["graded"]:
-            print(f"  90% bands, {role} points: {cov['inside']} of {cov['graded']} inside ({cov['share']:.1%})")
+            widths = ", ".join(f"{m} {cov['metrics'][m]['median_rel_width']:.1%}" for m in ("served_rate", "ttft_p50")
+                               if m in cov["metrics"])
+            print(f"  90% bands, {role} points: {cov['inside']} of {cov['graded']} inside ({cov['share']:.1%}); "
+                  f"median width / prediction: {widths}")
     if by:
         print(f"  summed real / price in context by {by}, every run:")
         print("\n".join(_binned(pd.concat(every, ignore_index=True), by)))
@@ -226,11 +233,20 @@ def _sampled(steps, telemetry) -> dict:
     return {"sampled_clock_mhz": joined.sm_clock_mhz.to_numpy(), "temperature_c": joined.temperature_c.to_numpy()}
 
 
+def replan(validation: Path, table: Path, out: Path) -> tuple[Path, Path]:
+    """`validation`'s points and traces planned from `table` with 90% bands into `out`, for grade's `replanned`."""
+    make_plan(table, out, points_from=validation, interval=90.0, force=True)
+    return out, table
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("validations", type=Path, nargs="+")
     p.add_argument("--by", choices=sorted(BINS), help="also bin every run's steps' real / price by this context")
     p.add_argument("--segments", action="store_true", help="also each run's real / price by its share of time")
+    p.add_argument("--replan", type=Path, metavar="TABLE", help="grade against a plan re-made from this table "
+                   "(retrospective)")
+    p.add_argument("--work", type=Path, default=Path("/tmp/grade-replan"), help="with --replan: where its plans go")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")  # extrapolation notes about a few long steps; the grading reads every step
     try:
@@ -238,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         for v in args.validations:
             if not (v / "plan.json").is_file():
                 raise InputError("holds no plan.json", path=v)
-            runs[v], bands[v] = grade(v, args.by, segments=args.segments)
+            replanned = None if args.replan is None else replan(v, args.replan, args.work / v.name)
+            runs[v], bands[v] = grade(v, args.by, replanned, segments=args.segments)
         if len(runs) > 1:
             print(pooled(runs, bands))
     except InputError as e:

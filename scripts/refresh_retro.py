@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from grade_validation import grade, pooled  # noqa: E402
+from grade_validation import grade, pooled, replan  # noqa: E402
 
 from servecap.calibrate.refresh import rescaled  # noqa: E402
 from servecap.costs.model import CostModel  # noqa: E402
@@ -36,7 +36,6 @@ from servecap.costs.table import CostTable, as_cost_table, load_cost_table, save
 from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.records import read_run  # noqa: E402
 from servecap.validate.comparison import compare, plan_table  # noqa: E402
-from servecap.validate.plan import make_plan  # noqa: E402
 from servecap.validate.points import complete_dirs  # noqa: E402
 
 
@@ -120,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         for v in args.validations:
             table = applied(v, args.apply, args.work / "tables" / args.apply / f"{v.name}.json")
-            out = args.work / args.apply / v.name
-            make_plan(table, out, points_from=v, interval=90.0, force=True)
-            runs[v], cov = grade(v, replanned=(out, table))
+            runs[v], cov = grade(v, replanned=replan(v, table, args.work / args.apply / v.name))
             inside, graded = inside + cov["all"]["inside"], graded + cov["all"]["graded"]
     except InputError as e:
         print(f"refresh_retro: error: {e}", file=sys.stderr)

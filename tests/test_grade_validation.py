@@ -151,3 +151,19 @@ def test_a_refreshs_readings_are_the_log_of_its_factors_where_a_kinds_steps_are_
     read = retro.readings(v)
     assert read["decode"][0] == pytest.approx(math.log(factors["decode paged"]), abs=5e-4)
     assert read["prefill"][0] == pytest.approx(math.log(factors["prefill"]), abs=5e-4)
+
+
+def test_replanning_from_the_validations_own_table_reproduces_its_grades_and_another_table_moves_them(
+        capsys, tmp_path, script):
+    from servecap.validate.comparison import plan_table
+    grade = script("grade_validation")
+    v = "results/validation-v16-71520d56"
+    points = lambda out: [line for line in out if line.endswith((" ok", " MISS"))]  # noqa: E731
+    assert grade.main([v, "--replan", str(plan_table(Path(v))), "--work", str(tmp_path / "own")]) == 0
+    own = capsys.readouterr().out.splitlines()
+    assert points(own) == points(Path(v, "grade.txt").read_text().splitlines()) and len(points(own)) == 2
+    assert grade.main([v, "--replan", "results/calibration/t10/h200-t10-v26.json", "--work", str(tmp_path)]) == 0
+    other = capsys.readouterr().out.splitlines()
+    assert points(other) != points(own) and "(table 8670d17e692cfa0c)" in other[0]
+    assert json.loads((tmp_path / "validation-v16-71520d56" / "plan.json").read_text())["table"]["id"] == \
+        "8670d17e692cfa0c"
