@@ -1,6 +1,7 @@
 """The README's grading of a validation's real runs against its frozen plan, per the issues' targets.
 
-Usage: PYTHONPATH=. python scripts/grade_validation.py VALIDATION [VALIDATION ...]
+Usage: PYTHONPATH=. python scripts/grade_validation.py VALIDATION [VALIDATION ...] [--by CONTEXT] [--segments]
+         [--replan TABLE [--work DIR]]
 
 For each validation directory (plan.json and real/POINT/run-K, as `python -m validate plan` and `real` make them),
 compared with its plan under the protocol checks of servecap/validate/comparison.py, on the plan's own table:
