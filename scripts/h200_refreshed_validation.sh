@@ -19,7 +19,8 @@ nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,power.limit --format=c
 gpu=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | cut -c5-12)
 R=${TABLE%.json}-$gpu.json; VR=$V-$gpu
 # A warm machine keeps git-ignored paths between calls: an earlier call's directory on this GPU comes back from there.
-[ ! -f $VR/plan.json ] && [ -f .device/$VR/plan.json ] && mkdir -p $VR && cp -r .device/$VR/. $VR/ && cp -n .device/$R $R
+[ ! -f $VR/plan.json ] && [ -f .device/$VR/plan.json ] && mkdir -p $VR && cp -r .device/$VR/. $VR/ &&
+  { [ -f $R ] || cp .device/$R $R; }
 if [ -f $VR/plan.json ]; then  # this GPU's frozen plan, carried in: its interrupted or missing runs resume under it
   echo "== resuming under $VR/plan.json"; (sha256sum $VR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-resumed.txt
 else
