@@ -390,6 +390,20 @@ def test_from_runs_refuses_what_it_cannot_use(tmp_path, capsys):
     assert "holds no complete engine run record" in capsys.readouterr().err
 
 
+def test_from_runs_refuses_runs_of_another_gpu_kind_than_the_tables(tmp_path, capsys):
+    import servecap.calibrate.cli
+    from servecap import calibrate
+    run = "results/validation-v27-33e8a083/real/azure-conv-past-86/run-1"  # an H100's run, an H200's table
+    out = tmp_path / "x.json"
+    assert calibrate.cli.main(["--from-runs", run, "--table", "results/calibration/t10/h200-t10.json",
+                               "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ran on NVIDIA H100 80GB HBM3" in err and "measured on NVIDIA H200" in err
+    assert not out.exists()
+    assert calibrate.cli.main(["--from-runs", run, "--table", "results/calibration/h100/h100-t10.json",
+                               "--out", str(out)]) == 0  # the same run corrects its own kind's table
+
+
 # --- prediction intervals -----------------------------------------------------------------------------------------
 
 NO_NOISE = {"schema": "run-to-run-noise", "pooled": {}, "groups": []}

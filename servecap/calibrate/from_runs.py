@@ -290,6 +290,12 @@ def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], f
             raise InputError(str(e), path=d) from None
         if rec.meta["backend"] not in table.backends:
             raise InputError(f"ran decode backend {rec.meta['backend']!r}, which the table has no costs for", path=d)
+        ran_on = (rec.meta.get("device") or {}).get("name")
+        if ran_on and ran_on != table.device_name:
+            # A correction is a ratio to the table's closed prices, and those ratios differ between GPU kinds
+            # (README: the H200's correction priced an H100's prefill 2-3% low).
+            raise InputError(f"ran on {ran_on}, but cost table {table.table_id} was measured on {table.device_name}: "
+                             f"correct a table calibrated on {ran_on}", path=d)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a serving run's shapes past the table's range are priced as they are
             steps = priced_steps(rec, cost, read_telemetry(d))
@@ -305,7 +311,7 @@ def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], f
         report = {"held_out": evaluate({p: runs[p]["steps"] for p in held}, correction),
                   "fitted": evaluate({p: runs[p]["steps"] for p in fitted}, correction), "holdout": holdout}
         sigma_from = "held-out runs" if held else "the fitted runs (nothing held out)"
-    report["held_out_gpus"] = held_out_gpus(report["held_out"]["runs"], runs)
+    report["held_out_gpus"] = held_out_gpus(report["held_out"].get("runs", {}), runs)
     report["stretch_end"] = (correction.get("stretch_end") or {}).get("ends", {})
     correction.update(residual_sigma=report["held_out"].get("residual_sigma") or report["fitted"]["residual_sigma"],
                       residual_sigma_from=sigma_from, holdout=holdout,
