@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from servecap.traces.errors import InputError  # noqa: E402
+from servecap.traces.outpath import check_new_file  # noqa: E402
 from servecap.validate.points import load_plan  # noqa: E402
 
 TRACES = {"azure-conv": "Azure conversation trace", "sharegpt": "ShareGPT"}
@@ -97,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="replace an existing --out")
     args = ap.parse_args(argv)
     try:
-        if args.out.exists() and not args.force:
-            raise InputError("already exists; pass --force to replace it", path=args.out)
+        check_new_file(args.out, force=args.force)
         by_dir = {v.name: gathered(v) for v in args.validations}
         plot(by_dir, args.out)
     except InputError as e:

@@ -23,6 +23,7 @@ from servecap.sim.inputs import load_table  # noqa: E402
 from servecap.sim.intervals import scaled  # noqa: E402
 from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.metrics import scored  # noqa: E402
+from servecap.traces.outpath import check_new_file  # noqa: E402
 from servecap.traces.records import read_run  # noqa: E402
 from servecap.validate.noise import runs_by_point, speed_and_residuals  # noqa: E402
 from servecap.validate.plan import point_simulation  # noqa: E402
@@ -80,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     try:
-        if args.out.exists() and not args.force:
-            raise InputError("already exists; pass --force to replace it", path=args.out)
+        check_new_file(args.out, force=args.force)
         table = load_table(args.table)
         rows = curves(args.validations, table)
         if not rows:

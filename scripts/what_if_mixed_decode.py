@@ -22,6 +22,7 @@ from servecap.costs.model import CostModel, mixed_decode_terms
 from servecap.costs.table import MIXED_DECODE_KEY, CostTable, check_table, load_cost_table, table_id
 from servecap.traces.errors import InputError
 from servecap.traces.csvio import atomic_write_text
+from servecap.traces.outpath import check_new_file
 from servecap.traces.provenance import git_commit, now_iso
 
 
@@ -52,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace an existing table")
     args = p.parse_args(argv[1:])
     try:
-        if args.out.exists() and not args.force:
-            raise InputError("already exists; pass --force to replace it", path=args.out)
+        check_new_file(args.out, force=args.force)
         src = load_cost_table(args.table, allow_nonstationary=True)
         if mixed_decode_terms(src) is not None:
             raise InputError("already prices fused steps with the decode kernel", path=args.table)
