@@ -25,15 +25,17 @@ SM clock last sampled before it (`clock`), the GPU's temperature (`temperature`)
 With --segments, each run's line also gives its summed real / price in the first 10% of its time, the next 15%,
 the next 25% and the second half: whether a run's speed drifts through it (a warm-up) or holds from its start.
 With --replan TABLE, each validation is graded against a plan re-made from TABLE on its points and traces, with 90%
-bands, in --work: what another table would have predicted. A retrospective, never blind: that plan is made after the
+bands (in --work, else a temporary directory): what another table would have predicted. A retrospective, never blind: that plan is made after the
 runs (the protocol checks stay the validation's own plan's).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
+import tempfile
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -247,21 +249,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--segments", action="store_true", help="also each run's real / price by its share of time")
     p.add_argument("--replan", type=Path, metavar="TABLE", help="grade against a plan re-made from this table "
                    "(retrospective)")
-    p.add_argument("--work", type=Path, default=Path("/tmp/grade-replan"), help="with --replan: where its plans go")
+    p.add_argument("--work", type=Path, help="with --replan: where its plans go (default: a temporary directory of "
+                   "this run's own, removed after)")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")  # extrapolation notes about a few long steps; the grading reads every step
     try:
-        runs, bands = {}, {}
-        for v in args.validations:
-            if not (v / "plan.json").is_file():
-                raise InputError("holds no plan.json", path=v)
-            replanned = None if args.replan is None else replan(v, args.replan, args.work / v.name)
-            runs[v], bands[v] = grade(v, args.by, replanned, segments=args.segments)
-        if len(runs) > 1:
-            print(pooled(runs, bands))
+        # --replan without --work: a scratch directory of this run's own, so that two replans at once never grade
+        # against each other's plans
+        scratch = tempfile.TemporaryDirectory(prefix="grade-replan-") if args.replan and not args.work else \
+            contextlib.nullcontext(args.work)
+        with scratch as work:
+            return _graded(args, Path(work) if work else None)
     except InputError as e:
         print(f"grade_validation: {e}", file=sys.stderr)
         return 2
+
+
+def _graded(args: argparse.Namespace, work: Path | None) -> int:
+    runs, bands = {}, {}
+    for v in args.validations:
+        if not (v / "plan.json").is_file():
+            raise InputError("holds no plan.json", path=v)
+        replanned = None if args.replan is None else replan(v, args.replan, work / v.name)
+        runs[v], bands[v] = grade(v, args.by, replanned, segments=args.segments)
+    if len(runs) > 1:
+        print(pooled(runs, bands))
     return 0
 
 
