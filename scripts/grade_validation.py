@@ -25,8 +25,8 @@ SM clock last sampled before it (`clock`), the GPU's temperature (`temperature`)
 With --segments, each run's line also gives its summed real / price in the first 10% of its time, the next 15%,
 the next 25% and the second half: whether a run's speed drifts through it (a warm-up) or holds from its start.
 With --replan TABLE, each validation is graded against a plan re-made from TABLE on its points and traces, with 90%
-bands (in --work, else a temporary directory): what another table would have predicted. A retrospective, never blind: that plan is made after the
-runs (the protocol checks stay the validation's own plan's).
+bands (in --work, else a temporary directory): what another table would have predicted. A retrospective, never
+blind: that plan is made after the runs (the protocol checks stay the validation's own plan's).
 """
 from __future__ import annotations
 
