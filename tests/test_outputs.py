@@ -252,6 +252,17 @@ def test_a_raw_azure_csv_given_as_a_trace_names_the_importer(capsys, tmp_path):
     assert code == 2 and "import-azure" in err and "header line" not in err and len(err.splitlines()) == 1
 
 
+def test_a_raw_mooncake_jsonl_given_as_a_trace_names_its_importer(capsys, tmp_path):
+    raw = tmp_path / "mooncake_trace.jsonl"
+    raw.write_text('{"timestamp": 0, "input_length": 700, "output_length": 6, "hash_ids": [0, 1]}\n')
+    code, _, err = run_cli(sim_main, capsys, "run", "--trace", str(raw))
+    assert code == 2 and "import-mooncake" in err and "header line" not in err and len(err.splitlines()) == 1
+    # The command it names makes a trace the simulator runs.
+    out = tmp_path / "trace.csv"
+    assert traces_main(["import-mooncake", str(raw), "--out", str(out)]) == 0
+    assert read_trace(out).requests[0].prompt_tokens == 700
+
+
 def test_explain_names_requests_over_wall_time_the_served_rate(capsys, cost, tmp_path):
     rec = simulate(poisson_trace(10, 60, 0), cost, sim_config(max_batch=8, pool_blocks=1000, detail="steps")).record
     w = RunWriter(tmp_path / "run", rec.meta, ("requests", "steps", "rejected"))

@@ -1,13 +1,14 @@
 """Request-trace files: CSV with a JSON header line, validated on read."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Callable
 
 from .csvio import parse_hash_id, parse_int, read_table, write_table
 from .errors import InputError
-from .importers import AZURE_COLUMNS
+from .importers import AZURE_COLUMNS, MOONCAKE_COLUMNS, MOONCAKE_HASHES
 from .prompts import PROMPT_LENGTHS
 from .workload import (ARRIVAL_DECIMALS, DEFAULT_BUDGET, DEFAULT_N, Request, Trace, arrival_limit_error, at_rate,
                        check_rate, closed_mixed, closed_uniform, hash_error, poisson_trace)
@@ -41,8 +42,9 @@ def _hash_ids(text: str, path: Path, line: int) -> tuple[int, ...]:
 
 
 def _refuse_unimported(path: Path) -> None:
-    """A source file given where a trace is expected (the Azure CSV, or any table without the trace's header
-    line) is refused naming the importer that makes a trace of it, not only the header line it lacks."""
+    """A source file given where a trace is expected (the Azure CSV, a Mooncake JSONL, or any table without the
+    trace's header line) is refused naming the importer that makes a trace of it, not only the header line it
+    lacks."""
     try:
         with open(path, "rb") as f:
             first = f.readline(64 * 1024).decode("utf-8", "replace")
@@ -50,6 +52,14 @@ def _refuse_unimported(path: Path) -> None:
         return  # read_table says why the file cannot be read
     if first.startswith("# "):
         return
+    try:
+        keys = set(json.loads(first)) if first.lstrip().startswith("{") else set()
+    except (ValueError, TypeError):
+        keys = set()
+    if {*MOONCAKE_COLUMNS, MOONCAKE_HASHES} <= keys:
+        raise InputError(f"is a raw Mooncake trace (JSON lines of {', '.join((*MOONCAKE_COLUMNS, MOONCAKE_HASHES))}), "
+                         f"not a request trace: import it first with `python -m traces import-mooncake {path} "
+                         f"--out TRACE.csv`", path=path, row=1)
     names = {c.strip().strip('"') for c in first.split(",")}
     if set(AZURE_COLUMNS) <= names:
         raise InputError(f"is a raw Azure LLM inference trace (columns {', '.join(AZURE_COLUMNS)}), not a request "
