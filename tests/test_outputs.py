@@ -263,6 +263,17 @@ def test_a_raw_mooncake_jsonl_given_as_a_trace_names_its_importer(capsys, tmp_pa
     assert read_trace(out).requests[0].prompt_tokens == 700
 
 
+def test_an_import_says_how_many_requests_the_model_cannot_hold(capsys, tmp_path):
+    raw = tmp_path / "mooncake_trace.jsonl"
+    raw.write_text('{"timestamp": 0, "input_length": 700, "output_length": 6, "hash_ids": [0, 1]}\n'
+                   f'{{"timestamp": 5, "input_length": 40160, "output_length": 6, "hash_ids": {list(range(2, 81))}}}\n')
+    assert traces_main(["import-mooncake", str(raw), "--out", str(tmp_path / "all.csv")]) == 0
+    err = capsys.readouterr().err
+    assert "1 requests are beyond qwen2.5-1.5b's 32768 positions" in err and "--max-prompt" in err
+    assert traces_main(["import-mooncake", str(raw), "--out", str(tmp_path / "kept.csv"), "--max-prompt", "32000"]) == 0
+    assert "beyond" not in capsys.readouterr().err
+
+
 def test_explain_names_requests_over_wall_time_the_served_rate(capsys, cost, tmp_path):
     rec = simulate(poisson_trace(10, 60, 0), cost, sim_config(max_batch=8, pool_blocks=1000, detail="steps")).record
     w = RunWriter(tmp_path / "run", rec.meta, ("requests", "steps", "rejected"))

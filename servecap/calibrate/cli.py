@@ -23,7 +23,7 @@ from servecap.costs.table import save_cost_table
 from servecap.traces.arg_types import checked
 from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
-from servecap.traces.model_spec import MODELS
+from servecap.traces.model_spec import DEFAULT_MODEL, MODELS
 from servecap.traces.outpath import check_out_file, refuse_special
 
 from .accuracy import report
@@ -95,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
                    help="batch rows (vLLM's max_num_seqs) (default %(default)s)")
     p.add_argument("--checkpoint", metavar="DIR", help="a local checkpoint directory (default: seeded random weights; "
                                                        "costs depend on the shapes, not the weights' values)")
-    p.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-1.5b", help="model shapes (default %(default)s)")
+    p.add_argument("--model", choices=sorted(MODELS), default=DEFAULT_MODEL, help="model shapes (default %(default)s)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cuda (default), or cpu: Triton's interpreter, for trying the path with --model tiny --quick")
     size = p.add_mutually_exclusive_group()
@@ -172,7 +172,7 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     print(f"calibrating {ident['model']} ({ident['dtype']}) on {ident['device']}: max batch {serving.max_batch}, "
           f"prompts up to {cfg.max_prompt}, budget up to {cfg.max_budget}, {serving.block_size}-token blocks, "
           f"backends {', '.join(args.backend)}")
-    print(describe(runs, H200_SPEEDS if args.model == "qwen2.5-1.5b" and not args.quick else None))
+    print(describe(runs, H200_SPEEDS if args.model == DEFAULT_MODEL and not args.quick else None))
     if todo < len(runs):
         print(f"resuming: {len(runs) - todo} of {len(runs)} runs already measured in {store.path}")
     rec = telemetry(telemetry_path(args.out), ident)

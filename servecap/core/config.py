@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from servecap.costs.shapes import BACKENDS, backend_named
 from servecap.traces.errors import InputError
-from servecap.traces.model_spec import DTYPE_BYTES, MODELS, kv_bytes_per_token
+from servecap.traces.model_spec import DEFAULT_MODEL, DTYPE_BYTES, MODELS, kv_bytes_per_token
 
 from .block_pool import DEFAULT_BLOCK_SIZE, UNBOUNDED, BlockPool, PoolSize, blocks_for
 from .prefix_cache import CachingBlockPool
@@ -33,7 +33,7 @@ class ServingConfig:
     step computes (vLLM's name; None: no cap, a group is bounded by rows and blocks alone); replicas behind `router`
     (one: a single engine)."""
 
-    model: str = "qwen2.5-1.5b"
+    model: str = DEFAULT_MODEL
     dtype: str = "float16"
     block_size: int = DEFAULT_BLOCK_SIZE
     max_batch: int = 32

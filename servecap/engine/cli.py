@@ -22,7 +22,7 @@ from servecap.traces.errors import InputError
 from servecap.traces.formatting import fmt_ms
 from servecap.traces.latency import DEFAULT_PERCENTILES, PERCENTILES_HELP, latency_ms, latency_table, percentiles_arg
 from servecap.traces.memory import GIB, check_fits
-from servecap.traces.model_spec import DTYPE_BYTES, MODELS, kv_bytes_per_token, parameter_count
+from servecap.traces.model_spec import DEFAULT_MODEL, DTYPE_BYTES, MODELS, kv_bytes_per_token, parameter_count
 from servecap.traces.outpath import check_out_dir, check_trace_events
 from servecap.traces.prompts import PROMPT_LENGTHS, PROMPT_NAMES
 from servecap.traces.records import TABLES
@@ -39,7 +39,7 @@ _block_size = checked(int, lambda v: v >= 1 and v & (v - 1) == 0, "a power of tw
 def engine_options() -> argparse.ArgumentParser:
     p = Parser(add_help=False)
     g = p.add_argument_group("engine")
-    g.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-1.5b",
+    g.add_argument("--model", choices=sorted(MODELS), default=DEFAULT_MODEL,
                    help="model configuration (tiny: a 2-layer Qwen2 for CPU demos and tests)")
     g.add_argument("--checkpoint", metavar="DIR", help="local HF checkpoint directory (default: seeded random weights)")
     g.add_argument("--weights-seed", type=seed_arg, default=0, help="seed of the random weights (default 0)")

@@ -19,7 +19,7 @@ from .outpath import reason
 from .importers import (FORMATS, TIME_UNITS, ImportOptions, import_azure, import_lengths, import_mooncake,
                         import_note, import_table, time_unit_warning)
 from .outpath import check_new_file
-from .model_spec import DEFAULT_BLOCK_SIZE
+from .model_spec import DEFAULT_BLOCK_SIZE, DEFAULT_MODEL, MODELS
 from .prefix import cached_prefix_share, repeated_block_share
 from .prompts import PROMPT_NAMES
 from .trace_io import read_trace, write_trace
@@ -46,6 +46,14 @@ def _check_out(args: argparse.Namespace) -> None:
 def _write(trace: Trace, out: str) -> None:
     write_trace(trace, out)
     print(f"wrote {out}: trace {trace.trace_id}, {len(trace)} requests")
+    # Said now, not first when the simulator or engine refuses the trace: a full-length public trace holds such
+    # requests, and the import is where --max-prompt and --max-budget keep the rest.
+    positions = int(MODELS[DEFAULT_MODEL]["max_position_embeddings"])
+    over = sum(r.prompt_tokens + r.budget > positions for r in trace.requests)
+    if over:
+        print(f"warning: {over:,} requests are beyond {DEFAULT_MODEL}'s {positions} positions (prompt + output), "
+              f"which the simulator and engine refuse; import again with --max-prompt to drop long prompts and "
+              f"--max-budget to clip outputs", file=sys.stderr)
 
 
 def _poisson(args: argparse.Namespace) -> None:
