@@ -2,15 +2,15 @@
 readings are the ones each refresh took before its runs, but the choice of which to apply was made after them).
 
 A refresh (servecap/calibrate/refresh.py) reads a prefill factor and a decode factor on the GPU at hand and
-rescales the table by both. For each refreshed validation DIR this rebuilds the table its refresh started from
-(the plan table of DIR's validation, `validation-vN`) rescaled by the readings of --apply alone, re-plans DIR's
-points from it with 90% bands, and grades DIR's runs against that plan with scripts/grade_validation.py's grading;
-then the pooled runs' error and the bands' coverage. `--apply all` rebuilds the
-refreshed table itself (a check that the re-plan reproduces the frozen plan), `none` the unrefreshed one.
-`--readings` instead sets, per session and step kind, what the refresh read against what the GPU's serving steps
-then cost: the mean over the session's runs of log(refreshed / unrefreshed price) beside log(real / unrefreshed
-price), each run's steps of the kind summed; then per kind their correlation over the sessions, the slope of the
-second on the first, and the sessions' RMS offset from either price.
+rescales the table by those it applies (on a GPU of the table's own name the decode one alone). For each refreshed
+validation DIR this rebuilds the table its refresh started from (the plan table of DIR's validation,
+`validation-vN`, else the table its refresh command names) rescaled by the readings of --apply alone, applied or
+only recorded, re-plans DIR's points from it with 90% bands, and grades DIR's runs against that plan with
+scripts/grade_validation.py's grading; then the pooled runs' error and the bands' coverage. `--apply none` rebuilds
+the unrefreshed table. `--readings` instead sets, per session and step kind, what the refresh read against what the
+GPU's serving steps then cost: the mean over the session's runs of log(price with every reading applied / unrefreshed
+price) beside log(real / unrefreshed price), each run's steps of the kind summed; then per kind their correlation
+over the sessions, the slope of the second on the first, and the sessions' RMS offset from either price.
 
     python scripts/refresh_retro.py --apply decode DIR ... [--work /tmp/refresh-retro]
     python scripts/refresh_retro.py --readings DIR ...
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -32,7 +33,7 @@ from grade_validation import grade, pooled, replan  # noqa: E402
 from servecap.calibrate.refresh import rescaled  # noqa: E402
 from servecap.costs.model import CostModel  # noqa: E402
 from servecap.costs.recorded import contextual, priced_steps  # noqa: E402
-from servecap.costs.table import CostTable, as_cost_table, load_cost_table, save_cost_table  # noqa: E402
+from servecap.costs.table import CostTable, as_cost_table, load_cost_table, save_cost_table, table_id  # noqa: E402
 from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.records import read_run  # noqa: E402
 from servecap.validate.comparison import compare, plan_table  # noqa: E402
@@ -40,37 +41,49 @@ from servecap.validate.points import complete_dirs  # noqa: E402
 
 
 def tables(validation: Path) -> tuple[dict, CostTable]:
-    """(the refreshed table `validation` was planned from, as stored; the table it was refreshed from, the plan
-    table of the validation it is a call of: validation-vN-GPU's is validation-vN's)."""
+    """(the refreshed table `validation` was planned from, as stored; the table it was refreshed from: the plan
+    table of the validation it is a call of (validation-vN-GPU's is validation-vN's), else the table its refresh
+    command names, either only where its id is the one the refresh recorded)."""
     refreshed = plan_table(validation)
     raw = json.loads(refreshed.read_text())
+    want = raw.get("refreshed_from", {}).get("table_id")
     whole = validation.parent / "-".join(validation.name.split("-")[:2])
-    old = load_cost_table(plan_table(whole), allow_nonstationary=True)
-    if old.table_id != raw.get("refreshed_from", {}).get("table_id"):
-        raise InputError(f"was not refreshed from {whole}'s plan table {old.table_id}", path=refreshed)
-    return raw, old
+    args = shlex.split(raw.get("refresh", {}).get("command", ""))
+    named = [Path(args[args.index("--refresh") + 1])] if "--refresh" in args[:-1] else []
+    for path in [plan_table(whole), *named]:
+        old = load_cost_table(path, allow_nonstationary=True) if path.is_file() else None
+        if old is not None and old.table_id == want:
+            return raw, old
+    raise InputError(f"was refreshed from table {want}, neither {whole}'s plan table nor one its refresh command "
+                     f"names", path=refreshed)
 
 
 def applied(validation: Path, which: str, out: Path) -> Path:
     """The table `validation`'s refresh started from, rescaled by that refresh's factors of kinds `which` alone,
     with the refreshed table's provenance (device, time), saved to `out`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_cost_table(rebuilt(validation, which), out)
+    return out
+
+
+def rebuilt(validation: Path, which: str) -> dict:
+    """The table `validation`'s refresh started from, rescaled by that refresh's readings of kinds `which` alone
+    (whether the refresh applied them or only recorded them), with the refreshed table's provenance."""
     raw, old = tables(validation)
-    factors = raw["refresh"]["factors"]
-    keep = {k: f for k, f in factors.items() if which == "all" or k.split()[0] == which}
+    keep = {k: f for k, f in raw["refresh"]["factors"].items() if which == "all" or k.split()[0] == which}
     table = rescaled(old.raw, keep)
     table.update({k: raw[k] for k in ("device", "software", "created_at", "git_commit", "host", "refreshed_from")},
                  name=f"{raw['name']}, {which} applied", refresh={**raw["refresh"], "applied": keep})
     table.pop("table_id", None)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_cost_table(table, out)
-    return out
+    return {**table, "table_id": table_id(table)}
 
 
 def readings(validation: Path) -> dict[str, tuple[float, float]]:
-    """Per step kind (decode, prefill): (the refresh's move of its price, where serving fell from the unrefreshed
+    """Per step kind (decode, prefill): (the move of its price that the refresh's reading makes, applied or not, where serving fell from the unrefreshed
     price), each the mean over the validation's runs of a log ratio of its steps' sums (module docstring)."""
-    raw, old = tables(validation)
-    costs = [CostModel(as_cost_table(raw, allow_nonstationary=True)), CostModel(old)]
+    # Every reading applied, also one the refresh only recorded (a prefill reading on a GPU of the table's name).
+    _, old = tables(validation)
+    costs = [CostModel(as_cost_table(rebuilt(validation, "all"), allow_nonstationary=True)), CostModel(old)]
     _, results = compare(validation, plan_table(validation))
     logs: dict[str, list[tuple[float, float]]] = {}
     for c in results:

@@ -417,6 +417,18 @@ def test_a_refused_option_is_one_line_that_points_to_help(capsys, main, argv, wo
     assert out == ""
 
 
+def test_a_dependency_missing_from_the_environment_is_one_line_not_a_traceback():
+    import subprocess
+    import sys
+    # simpy made unimportable, as on a GPU image without it: `validate plan` imports the fleet simulator.
+    code = ("import sys; sys.modules['simpy'] = None; from servecap.validate.cli import main; "
+            "sys.exit(main(['plan', '--out', 'unused', '--skip', 'curve']))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.splitlines() == ["validate: error: simpy is not installed here; install the project "
+                                     "(pip install -e .) or the package"]
+
+
 def test_every_command_line_parser_is_the_shared_one():
     from servecap.traces.command import Parser
     for make in (sim.cli.parser, traces.cli.parser, engine.cli.parser, calibrate.cli.parser, validate.cli.parser):

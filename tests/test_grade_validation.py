@@ -153,6 +153,18 @@ def test_a_refreshs_readings_are_the_log_of_its_factors_where_a_kinds_steps_are_
     assert read["prefill"][0] == pytest.approx(math.log(factors["prefill"]), abs=5e-4)
 
 
+def test_a_reading_the_refresh_only_recorded_counts_and_its_source_is_the_table_its_command_names(script):
+    import math
+    retro = script("refresh_retro")
+    v = Path("results/validation-v27-5a57657f")  # an H100's, refreshed from the H100 table, not validation-v27's
+    raw = json.loads(retro.plan_table(v).read_text())
+    assert "prefill" not in raw["refresh"]["applied"]  # the H100 table's own GPU name: recorded, not applied
+    _, old = retro.tables(v)
+    assert old.table_id == raw["refreshed_from"]["table_id"] != retro.load_cost_table(
+        retro.plan_table(Path("results/validation-v27"))).table_id
+    assert retro.readings(v)["prefill"][0] == pytest.approx(math.log(raw["refresh"]["factors"]["prefill"]), abs=5e-4)
+
+
 def test_replanning_from_the_validations_own_table_reproduces_its_grades_and_another_table_moves_them(
         capsys, tmp_path, script):
     from servecap.validate.comparison import plan_table

@@ -80,8 +80,8 @@ class _DropWhenClosed:
 
 def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """Wrap a command line's `main`: an InputError it raises is `PROG: error: ...` on stderr and exit status 2, as
-    is running out of memory (a size no up-front check foresaw); a warning is `PROG: warning: ...`, each kind once
-    (Warnings); stdout and stderr survive a reader that left."""
+    are running out of memory (a size no up-front check foresaw) and a dependency not installed; a warning is
+    `PROG: warning: ...`, each kind once (Warnings); stdout and stderr survive a reader that left."""
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
         @functools.wraps(main)
         def guarded(*args, **kwargs) -> int:
@@ -93,6 +93,11 @@ def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
                     return main(*args, **kwargs)
             except InputError as e:
                 print(f"{prog}: error: {e}", file=sys.stderr)
+                return 2
+            except ModuleNotFoundError as e:
+                # A dependency missing from this environment (e.g. the simulator's simpy on a bare GPU image).
+                print(f"{prog}: error: {e.name or e} is not installed here; install the project (pip install -e .) "
+                      f"or the package", file=sys.stderr)
                 return 2
             except MemoryError:
                 print(f"{prog}: error: ran out of memory; ask for a smaller run (fewer requests or smaller sizes)",
