@@ -79,8 +79,9 @@ def rebuilt(validation: Path, which: str) -> dict:
 
 
 def readings(validation: Path) -> dict[str, tuple[float, float]]:
-    """Per step kind (decode, prefill): (the move of its price that the refresh's reading makes, applied or not, where serving fell from the unrefreshed
-    price), each the mean over the validation's runs of a log ratio of its steps' sums (module docstring)."""
+    """Per step kind (decode, prefill): (the move of its price that the refresh's reading makes, applied or not,
+    where serving fell from the unrefreshed price), each the mean over the validation's runs of a log ratio of its
+    steps' sums (module docstring)."""
     # Every reading applied, also one the refresh only recorded (a prefill reading on a GPU of the table's name).
     _, old = tables(validation)
     costs = [CostModel(as_cost_table(rebuilt(validation, "all"), allow_nonstationary=True)), CostModel(old)]
