@@ -62,14 +62,13 @@ def applied(validation: Path, which: str, out: Path) -> Path:
     """The table `validation`'s refresh started from, rescaled by that refresh's factors of kinds `which` alone,
     with the refreshed table's provenance (device, time), saved to `out`."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_cost_table(rebuilt(validation, which), out)
+    save_cost_table(rebuilt(*tables(validation), which), out)
     return out
 
 
-def rebuilt(validation: Path, which: str) -> dict:
-    """The table `validation`'s refresh started from, rescaled by that refresh's readings of kinds `which` alone
-    (whether the refresh applied them or only recorded them), with the refreshed table's provenance."""
-    raw, old = tables(validation)
+def rebuilt(raw: dict, old: CostTable, which: str) -> dict:
+    """`old`, the table a refresh started from, rescaled by that refresh's readings (in `raw`, the refreshed table)
+    of kinds `which` alone, whether the refresh applied them or only recorded them, with raw's provenance."""
     keep = {k: f for k, f in raw["refresh"]["factors"].items() if which == "all" or k.split()[0] == which}
     table = rescaled(old.raw, keep)
     table.update({k: raw[k] for k in ("device", "software", "created_at", "git_commit", "host", "refreshed_from")},
@@ -83,8 +82,8 @@ def readings(validation: Path) -> dict[str, tuple[float, float]]:
     where serving fell from the unrefreshed price), each the mean over the validation's runs of a log ratio of its
     steps' sums (module docstring)."""
     # Every reading applied, also one the refresh only recorded (a prefill reading on a GPU of the table's name).
-    _, old = tables(validation)
-    costs = [CostModel(as_cost_table(rebuilt(validation, "all"), allow_nonstationary=True)), CostModel(old)]
+    raw, old = tables(validation)
+    costs = [CostModel(as_cost_table(rebuilt(raw, old, "all"), allow_nonstationary=True)), CostModel(old)]
     _, results = compare(validation, plan_table(validation))
     logs: dict[str, list[tuple[float, float]]] = {}
     for c in results:
