@@ -15,7 +15,7 @@ from servecap.traces.importers import import_note
 from servecap.traces.memory import check_fits
 from servecap.traces.model_spec import QWEN25_1P5B, config_hash
 from servecap.traces.trace_io import read_trace, requested_trace
-from servecap.traces.workload import Trace
+from servecap.traces.workload import BEYOND_POSITIONS_HINT, Trace, beyond_positions
 
 SHIPPED_TABLE = Path(__file__).resolve().parents[1] / "costs" / "data" / "h200.json"
 MODEL = QWEN25_1P5B
@@ -108,12 +108,11 @@ def check_trace(trace: Trace, table: CostTable, serving: ServingConfig, pool_blo
     positions = serving.max_positions
     if largest.prompt_tokens + largest.budget > positions:
         # A full-length public trace holds many such requests: say how many, and how to keep the rest.
-        over = [r for r in trace.requests if r.prompt_tokens + r.budget > positions]
+        over = beyond_positions(trace.requests, positions)
         first = over[0]
         raise InputError(f"{len(over):,} of {len(trace):,} requests are beyond the model's {positions} positions "
                          f"(prompt + budget; the first, request {first.request_id}: {first.prompt_tokens} + "
-                         f"{first.budget}); import the trace again with --max-prompt to drop long prompts and "
-                         f"--max-budget to clip outputs")
+                         f"{first.budget}); {BEYOND_POSITIONS_HINT}")
     block_size = serving.block_size
     need = serving.blocks_for(largest.prompt_tokens + largest.budget)
     if need > pool_blocks:

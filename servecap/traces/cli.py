@@ -23,7 +23,8 @@ from .model_spec import DEFAULT_BLOCK_SIZE, DEFAULT_MODEL, MODELS
 from .prefix import cached_prefix_share, repeated_block_share
 from .prompts import PROMPT_NAMES
 from .trace_io import read_trace, write_trace
-from .workload import DEFAULT_BUDGET, DEFAULT_N, Trace, closed_mixed, closed_uniform, poisson_trace
+from .workload import (BEYOND_POSITIONS_HINT, DEFAULT_BUDGET, DEFAULT_N, Trace, beyond_positions, closed_mixed,
+                       closed_uniform, poisson_trace)
 
 # Records, explain and timeline bring pandas: imported by the commands that read records, since `engine` imports this
 # module's workload options and its --help should not wait for pandas.
@@ -49,11 +50,10 @@ def _write(trace: Trace, out: str) -> None:
     # Said now, not first when the simulator or engine refuses the trace: a full-length public trace holds such
     # requests, and the import is where --max-prompt and --max-budget keep the rest.
     positions = int(MODELS[DEFAULT_MODEL]["max_position_embeddings"])
-    over = sum(r.prompt_tokens + r.budget > positions for r in trace.requests)
+    over = len(beyond_positions(trace.requests, positions))
     if over:
         print(f"warning: {over:,} requests are beyond {DEFAULT_MODEL}'s {positions} positions (prompt + output), "
-              f"which the simulator and engine refuse; import again with --max-prompt to drop long prompts and "
-              f"--max-budget to clip outputs", file=sys.stderr)
+              f"which the simulator and engine refuse; {BEYOND_POSITIONS_HINT}", file=sys.stderr)
 
 
 def _poisson(args: argparse.Namespace) -> None:

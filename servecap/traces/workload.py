@@ -69,6 +69,16 @@ def hash_error(prompt_tokens: int, hash_ids: Sequence[int], hash_block: int) -> 
     return None
 
 
+# What to do with requests longer than the model holds, said by the import that could keep them and by the
+# simulator that refuses them.
+BEYOND_POSITIONS_HINT = "import the trace again with --max-prompt to drop long prompts and --max-budget to clip outputs"
+
+
+def beyond_positions(requests: Sequence[Request], positions: int) -> list[Request]:
+    """The requests whose prompt and budget together pass the model's `positions`: the engine refuses each."""
+    return [r for r in requests if r.prompt_tokens + r.budget > positions]
+
+
 @dataclass
 class Trace:
     requests: list[Request]
