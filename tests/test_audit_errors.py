@@ -427,6 +427,10 @@ def test_a_dependency_missing_from_the_environment_is_one_line_not_a_traceback()
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.splitlines() == ["validate: error: simpy is not installed here; install the project "
                                      "(pip install -e .) or the package"]
+    # One of the project's own modules missing is a bug, not the environment: its traceback is kept.
+    own = code.replace("sys.modules['simpy']", "sys.modules['servecap.sim.fleet']")
+    p = subprocess.run([sys.executable, "-c", own], capture_output=True, text=True)
+    assert p.returncode == 1 and "Traceback" in p.stderr and "not installed" not in p.stderr
 
 
 def test_every_command_line_parser_is_the_shared_one():

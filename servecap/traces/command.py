@@ -95,7 +95,10 @@ def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
                 print(f"{prog}: error: {e}", file=sys.stderr)
                 return 2
             except ModuleNotFoundError as e:
-                # A dependency missing from this environment (e.g. the simulator's simpy on a bare GPU image).
+                # A dependency missing from this environment (e.g. the simulator's simpy on a bare GPU image); one of
+                # servecap's own modules missing is a bug, and keeps its traceback.
+                if (e.name or "").partition(".")[0] == "servecap":
+                    raise
                 print(f"{prog}: error: {e.name or e} is not installed here; install the project (pip install -e .) "
                       f"or the package", file=sys.stderr)
                 return 2
