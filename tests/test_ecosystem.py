@@ -296,24 +296,26 @@ def test_capacity_cli_out_records_every_probe_and_how_it_was_run_and_keeps_what_
 
 
 def test_capacity_cli_bands_its_answer_by_the_searches_at_the_intervals_edge_cost_factors(capsys):
-    from servecap.sim.intervals import edge_factors
+    from servecap.sim.intervals import describe_draw, edge_factors
     assert main(["capacity", "--n", str(N), "--max-batch", "16", "--interval", "90", "--jobs", "1"]) == 0
     out, err = capsys.readouterr()
     out = out.splitlines()
-    cheap, dear, _ = edge_factors(load_table(None), 90)
+    edges = edge_factors(load_table(None), 90)[:2]
+    assert all(set(d) == {"all"} for d in edges)  # an uncorrected table: one factor on every step
+    (cheap, dear), (f_cheap, f_dear) = ((describe_draw(d) for d in edges), (d["all"] for d in edges))
     # each probe said on stderr as it is decided, the edges' searches named: as many as the answer line counts
     probes = int(next(line for line in out if line.startswith("seed 0: highest")).split("(")[1].split()[0])
     said = [line for line in err.splitlines() if line.startswith("  seed 0: ")]
     assert len(said) == probes and said[0].endswith((" req/s holds", " req/s fails"))
-    assert sum(line.startswith(f"  every step x{dear:.3f}, seed 0: ") for line in err.splitlines()) >= 2
+    assert sum(line.startswith(f"  {dear}, seed 0: ") for line in err.splitlines()) >= 2
     assert next(line for line in out if line.startswith("interval 90%:")).startswith(
-        f"interval 90%: each search again with every step cost x{cheap:.3f} and x{dear:.3f}")
+        f"interval 90%: each search again with {cheap} and {dear}")
     line = next(line for line in out if "90% interval" in line)
     center = float(line.split("holds ")[1].split()[0])
     low, high = (float(x) for x in line.split("interval ")[1].split(" req/s")[0].split(" .. "))
     # steps that cost F times as much hold about 1/F the rate (retirement's overhead is not scaled)
     assert low < center < high
-    assert low == pytest.approx(center / dear, rel=0.03) and high == pytest.approx(center / cheap, rel=0.03)
+    assert low == pytest.approx(center / f_dear, rel=0.03) and high == pytest.approx(center / f_cheap, rel=0.03)
     assert _exit(["capacity", "--trace", "x.csv", "--window-s", "100", "--interval", "90"]) == 2
     assert "--interval bands the rate and replica searches, not --window-s" in capsys.readouterr().err
 

@@ -465,6 +465,58 @@ def test_held_out_runs_on_three_gpus_hold_the_gpu_to_gpu_spread_and_fewer_do_not
     assert two["sigma"] == pytest.approx(math.hypot(0.015, 0.0096)) and not two["terms"]["gpu_to_gpu"]["in_held_out"]
 
 
+def test_a_draw_by_step_kind_scales_each_kind_by_its_own_factor_and_the_rest_by_all():
+    from servecap.costs.model import CostModel
+    from servecap.costs.shapes import PrefillShape
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import as_cost_table, table_id
+    from servecap.sim.intervals import scaled
+    from servecap.traces.errors import InputError
+    raw = linear_table()
+    table = as_cost_table({**raw, "table_id": table_id(raw)})
+    base, drawn = CostModel(table), scaled(table, {"all": 1.1, "prefill padded": 0.9})
+    shape = PrefillShape.of([300], [0])
+    assert drawn.prefill_in_context(shape, "padded", None, 0.0) == pytest.approx(0.9 * base.prefill(shape))
+    assert drawn.prefill_in_context(shape, "packed", None, 0.0) == pytest.approx(1.1 * base.prefill(shape))
+    assert drawn.decode_stretch_in_context("paged", 4, 400, 100, 3, "padded", "prefill", 0.0) == pytest.approx(
+        [1.1 * x for x in base.decode_stretch("paged", 4, 400, 100, 3)])
+    for bad in ({}, {"all": 0}, {"all": "1"}, True):
+        with pytest.raises(InputError, match="correction.scale"):
+            scaled(table, bad)
+
+
+def test_each_step_kind_measured_held_out_is_drawn_with_its_own_sigma_at_one_z():
+    import math
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import as_cost_table, table_id
+    from servecap.sim.intervals import cost_sigma, describe_draw, draw, edge_factors
+    sessions = {"schema": "run-to-run-noise", "pooled": {}, "groups": [],
+                "sessions": {"sigma": 0.01, "mean_log_speed": {"a": 0.0, "b": 0.01, "c": -0.01}}}
+
+    def cost(gpus: int, sigmas: dict) -> dict:
+        raw = linear_table()
+        raw.update(version=3, correction={"factors": {}, "residual_sigma": sigmas,
+                                          "held_out_gpus": {"n": gpus, "sd_of_means": 0.009}})
+        return cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}), sessions)
+    sigmas = {"all": 0.012, "decode paged padded": 0.005, "prefill padded": 0.02, "prefill packed": None}
+    three, two = cost(3, sigmas), cost(2, sigmas)
+    assert three["kinds"] == pytest.approx({"decode paged padded": 0.005, "prefill padded": 0.02})
+    assert two["kinds"] == pytest.approx({"decode paged padded": math.hypot(0.005, 0.01),
+                                          "prefill padded": math.hypot(0.02, 0.01)})  # the GPU term, as for all's
+    d = draw(three, -1.645)
+    assert d == pytest.approx({"all": math.exp(-1.645 * 0.012), "decode paged padded": math.exp(-1.645 * 0.005),
+                               "prefill padded": math.exp(-1.645 * 0.02)})
+    assert describe_draw(d) == f"steps x{d['prefill padded']:.3f}-{d['decode paged padded']:.3f} by kind " \
+                               f"(x{d['all']:.3f} the rest)"
+    assert cost(3, {"all": 0.012})["kinds"] == {} and describe_draw(draw(cost(3, {"all": 0.012}), 1.0)) == \
+        f"every step x{math.exp(0.012):.3f}"
+    raw = linear_table()
+    raw["accuracy"] = {"points": [{"error": 0.03}]}  # no correction: no sigma of its own for any kind
+    plain = as_cost_table({**raw, "table_id": table_id(raw)})
+    low, high, c = edge_factors(plain, 90, sessions)
+    assert c["kinds"] == {} and set(low) == set(high) == {"all"} and low["all"] < 1 < high["all"]
+
+
 def test_the_held_out_gpus_are_counted_by_uuid_with_the_spread_of_their_mean_errors():
     import math
     from pathlib import Path
@@ -509,7 +561,7 @@ def test_a_band_on_one_trace_reads_a_monotone_metric_near_the_levels_z():
     # A "metric" equal to the cost draw's own factor: its band must sit at exp(-/+ z90 sigma), within the
     # plotting positions' interpolation between draws.
     from servecap.traces.workload import poisson_trace
-    band = iv.band([poisson_trace(8.0, 10, 0)], lambda trace, model: {"wall_time_s": model.correction.scale})
+    band = iv.band([poisson_trace(8.0, 10, 0)], lambda trace, model: {"wall_time_s": model.correction.scale_of("prefill padded")})
     band = band["wall_time_s"]
     z = NormalDist().inv_cdf(0.95)
     sigma = iv.cost["sigma"]

@@ -41,7 +41,9 @@ policy's prefill kind. A class with fewer than `min_steps` fitted steps falls ba
 (kind|previous|rows|longest row|K/V in all, kind|previous|rows|longest row for decode or |size for prefill,
 kind|previous|rows, kind|previous, kind, and for decode the backend across policies), and to 1.
 
-`scale` multiplies every step and stretch end: the prediction intervals' sampled cost factor (servecap/sim/intervals.py).
+`scale` multiplies every step and stretch end: the prediction intervals' sampled cost draw (servecap/sim/intervals.py),
+one factor, or an object of factors by step kind with `all` for the kinds it does not name (a decode stretch's end
+takes its decode kind's).
 
 A table with no correction prices every step exactly as before: the factor is 1 and is never multiplied in.
 """
@@ -63,6 +65,7 @@ MIN_STEPS = 30
 
 
 RETIRED = "retired"  # the previous step's kind where it was a decode step that retired rows
+ALL = "all"  # a scale object's factor for the kinds it does not name
 
 
 def previous(prev_kind: str | None, idle_s: float, threshold: float = IDLE_S) -> str:
@@ -172,7 +175,9 @@ class Correction:
         self.by_total = any(k.count("|") == 4 for k in self.factors if k.startswith("decode "))  # the K/V in all
         self.by_tokens = any(k.count("|") == 3 for k in self.factors if k.startswith("prefill "))  # the size term
         self.by_retired = any(f"|{RETIRED}" in k for k in self.factors)  # fitted with the pass-start term
-        self.scale = float(raw.get("scale", 1.0))  # one factor on every step: an interval's sampled cost draw
+        scale = raw.get("scale", 1.0)
+        self.scale = {current_kind(k): float(v) for k, v in scale.items()} if isinstance(scale, dict) else \
+            {ALL: float(scale)}
         clock = raw.get("clock") or {}
         self.clock_ref, self.clock_exp = clock.get("reference_mhz"), clock.get("exponent")
         self._cache: dict[tuple, float] = {}
@@ -199,7 +204,7 @@ class Correction:
             found = keys(kind, prev, rows, None if kv is None else kv_max, None if size is None else tokens,
                          None if total is None else kv_tokens)
             by = self.medians if typical else self.factors
-            f = self._cache[key] = self.scale * next((by[k] for k in found if k in by), 1.0)
+            f = self._cache[key] = self.scale_of(kind) * next((by[k] for k in found if k in by), 1.0)
         if clock_mhz is not None and self.clock_exp is not None and math.isfinite(clock_mhz) and clock_mhz > 0:
             f *= (self.clock_ref / clock_mhz) ** self.clock_exp
         return f
@@ -212,14 +217,13 @@ class Correction:
         key = (kind, steps)
         s = self._end_cache.get(key)
         if s is None:
-            s = self._end_cache[key] = self.scale * next(
+            s = self._end_cache[key] = self.scale_of(kind) * next(
                 (self.ends[k] for k in stretch_end_keys(kind, steps) if k in self.ends), 0.0)
         return s
 
-    def sigma(self, kind: str) -> float | None:
-        """The held-out log residual sd of this kind's steps after the correction (None where not measured)."""
-        s = {current_kind(k): v for k, v in self.raw.get("residual_sigma", {}).items()}
-        return s.get(kind, s.get(" ".join(kind.split(" ")[:2])))
+    def scale_of(self, kind: str) -> float:
+        """The interval's cost draw on a step of this kind."""
+        return self.scale.get(kind, self.scale.get(ALL, 1.0))
 
 
 def check_correction(c, path, error) -> None:
@@ -234,8 +238,8 @@ def check_correction(c, path, error) -> None:
             error(f"correction.factors[{k!r}] needs a positive factor (and median, where given) and a step count "
                   f"n, got {v!r}")
     scale = c.get("scale", 1.0)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        error(f"correction.scale must be a positive number, got {scale!r}")
+    if not (positive(scale) or isinstance(scale, dict) and scale and all(positive(v) for v in scale.values())):
+        error(f"correction.scale must be a positive number or an object of them by step kind, got {scale!r}")
     ends = c.get("stretch_end")
     if ends is not None:
         if not isinstance(ends, dict) or not isinstance(ends.get("ends"), dict):

@@ -185,26 +185,28 @@ def _interval(args: argparse.Namespace, table, init: tuple, fn, calls: list[tupl
     """The searches again at the band's edge cost factors: the cheaper edge's answer and the dearer edge's bound
     the answer's band (a capacity rises, a replica count falls, as steps cost less)."""
     cheap, dear, cost = intervals.edge_factors(table, args.interval)
+    draws = {"cheap": cheap, "dear": dear}
+    said = {k: intervals.describe_draw(d) for k, d in draws.items()}
     resolution = f"; each edge, like the answer, found to within --tolerance {args.tolerance:.1%}" \
         if args.rate is None else ""
-    print(f"interval {args.interval:g}%: each search again with every step cost x{cheap:.3f} and x{dear:.3f} "
+    print(f"interval {args.interval:g}%: each search again with {said['cheap']} and {said['dear']} "
           f"({intervals.describe_sigma(cost)}); the engine's run-to-run noise beyond speed is not in it{resolution}")
-    edges = {f: _per_seed((intervals.scaled_table(table, f), *init[1:]), fn, calls, args.jobs, _probe_unit(args),
-                          f"every step x{f:.3f}, ")
-             for f in (cheap, dear)}
-    low, high = (dear, cheap) if args.rate is None else (cheap, dear)
+    edges = {k: _per_seed((intervals.scaled_table(table, d), *init[1:]), fn, calls, args.jobs, _probe_unit(args),
+                          f"{said[k]}, ")
+             for k, d in draws.items()}
+    low, high = ("dear", "cheap") if args.rate is None else ("cheap", "dear")
     show = (lambda v: "none" if v is None else f"{v:.4g}") if args.rate is None else \
         (lambda v: f"more than {args.max_replicas}" if v is None else f"{v}")
     for i, f in enumerate(found):
         print(f"seed {f.seed}: {name} {show(f.answer)}{' ' + unit if unit else ''}, {args.interval:g}% interval "
-              f"{show(edges[low][i].answer)} .. {show(edges[high][i].answer)}{' ' + unit if unit else ''} (every step "
-              f"x{low:.3f} .. x{high:.3f})")
+              f"{show(edges[low][i].answer)} .. {show(edges[high][i].answer)}{' ' + unit if unit else ''} "
+              f"({said[low]} .. {said[high]})")
     if len(found) > 1:
-        for which, factor in (("lower", low), ("upper", high)):
-            _band(f"the interval's {which} edge", [f.answer for f in edges[factor]], unit)
+        for which, k in (("lower", low), ("upper", high)):
+            _band(f"the interval's {which} edge", [f.answer for f in edges[k]], unit)
     return {"level": args.interval, "cost_sigma": cost["sigma"],
-            "edges": [{"edge": which, "step_cost_factor": factor, "searches": [_searched(f) for f in edges[factor]]}
-                      for which, factor in (("lower", low), ("upper", high))]}
+            "edges": [{"edge": which, "step_cost_factors": draws[k], "searches": [_searched(f) for f in edges[k]]}
+                      for which, k in (("lower", low), ("upper", high))]}
 
 
 def _band(name: str, values: list, unit: str) -> None:

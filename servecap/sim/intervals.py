@@ -3,11 +3,11 @@ percentiles, a closed run's wall time) that combines the things a real run can d
 
 1. Trace sampling: the point simulated on each of several trace seeds (a seeded workload's draws; a trace file is
    one sample, as in a sweep's --seeds). A validation point replays one fixed trace, so its band has one sample.
-2. The cost level of a run: each simulated run's step costs multiplied by one factor F = exp(sigma_cost * z), z at
-   the (j + 0.5) / COST_DRAWS quantiles of the standard normal (quantile-spaced draws: reproducible, no random
+2. The cost level of a run: each simulated run's step costs multiplied by a draw F = exp(sigma * z), z at the
+   (j + 0.5) / COST_DRAWS quantiles of the standard normal (quantile-spaced draws: reproducible, no random
    generator; the band's edges are read at the same plotting positions, numpy's "hazen" percentiles, so that for a
-   metric monotone in F they fall at z = -/+ z_level). sigma_cost is
-   sqrt(held^2 + gpu^2 + run^2):
+   metric monotone in F they fall at z = -/+ z_level). sigma is a step kind's own where the correction measured it
+   (below), else sigma_cost, sqrt(held^2 + gpu^2 + run^2):
    - held: a corrected table's held-out residual at the level of a whole run (correction.residual_sigma["all"], the
      RMS over held-out runs of the log of the summed step time error), which holds each held-out run's own noise, so
      that `run` is then left out; else the RMS of the log error of the calibration's held-out shapes;
@@ -21,6 +21,12 @@ percentiles, a closed run's wall time) that combines the things a real run can d
      widely as the sessions' about one table (README, validation v20), and a refresh's factors say how far it moved
      the table, not how far the refreshed table still is from what that GPU costs in serving;
    - run: the run-to-run spread of a run's speed measured from repeated real runs (below).
+   A step kind's own sigma, sqrt(kind^2 + gpu^2) (gpu where `held` does not hold it), where the correction gives
+   kind = residual_sigma[kind], the RMS over its held-out runs of the log error of that kind's summed steps: a GPU's
+   offset is not one factor on every step (validation v28's H100 ran prefill 2.4-3.3% under its price, decode within
+   0.5%), and near capacity TTFT follows prefill's. One z draws every kind (their errors taken to move together), so
+   the edges stay at -/+ z_level; over five sessions' runs, bands made so came nearer their level than one factor
+   for every step (README, validation v29).
    Near capacity a percent of speed moves TTFT by tens of percent; drawing it as a cost factor lets the simulator
    say how much, point by point, instead of one spread for every point.
 3. What the run-to-run noise leaves beyond speed, measured from repeated real runs (servecap/costs/data/run_to_run.json,
@@ -47,6 +53,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from servecap.costs.context import ALL, current_kind
 from servecap.costs.model import CostModel
 from servecap.costs.table import CORRECTED_VERSION, CostTable
 from servecap.traces.errors import InputError
@@ -96,8 +103,11 @@ def cost_sigma(table: CostTable, noise: dict | None = None) -> dict:
                             "from": "held in the held-out runs' term" if per_run else
                             "repeated real runs' speed (run_to_run.json)" if run is not None else
                             "not measured (the noise file has no speeds)"}}
+    beyond = 0.0 if gpu is None else gpu
+    kinds = {current_kind(k): math.hypot(v, beyond) for k, v in (c.get("residual_sigma") or {}).items()
+             if per_run and k != ALL and v is not None}
     return {"sigma": math.sqrt(sum(t["sigma"] ** 2 for t in terms.values() if t["sigma"] is not None)),
-            "terms": terms}
+            "terms": terms, "kinds": kinds}
 
 
 def load_noise(path: Path = NOISE) -> dict:
@@ -110,14 +120,21 @@ def load_noise(path: Path = NOISE) -> dict:
     return doc
 
 
-def scaled_table(table: CostTable, factor: float) -> dict:
-    """The table's JSON object with every step cost times `factor` (its correction's scale)."""
+def draw(cost: dict, z: float) -> dict[str, float]:
+    """The cost draw at the standard normal's z: each step kind's factor exp(sigma_kind z), and `all`'s, exp(sigma_cost
+    z), for the kinds without their own sigma (module docstring)."""
+    return {ALL: math.exp(cost["sigma"] * z), **{k: math.exp(s * z) for k, s in cost.get("kinds", {}).items()}}
+
+
+def scaled_table(table: CostTable, factor: float | dict[str, float]) -> dict:
+    """The table's JSON object with every step cost times `factor` (its correction's scale: one factor, or a draw's
+    factors by step kind)."""
     raw = {k: v for k, v in table.raw.items() if k != "table_id"}
     raw.update(version=CORRECTED_VERSION, correction={**(table.correction or {"factors": {}}), "scale": factor})
     return raw
 
 
-def scaled(table: CostTable, factor: float) -> CostModel:
+def scaled(table: CostTable, factor: float | dict[str, float]) -> CostModel:
     """The table's model with every step cost times `factor`."""
     return CostModel(scaled_table(table, factor))
 
@@ -142,12 +159,20 @@ def z_level(level: float) -> float:
     return NormalDist().inv_cdf(0.5 + level / 200)
 
 
-def edge_factors(table: CostTable, level: float, noise: dict | None = None) -> tuple[float, float, dict]:
-    """The cost factors at a LEVEL% band's edges, exp(-/+ z sigma_cost), and sigma_cost with its terms: where a
-    metric is monotone in the cost level (a capacity, a replica count), its band edges are its values there."""
+def edge_factors(table: CostTable, level: float, noise: dict | None = None) -> tuple[dict, dict, dict]:
+    """The cost draws at a LEVEL% band's edges, z = -/+ z_level, and sigma_cost with its terms: where a metric is
+    monotone in the cost level (a capacity, a replica count), its band edges are its values there."""
     cost = cost_sigma(table, noise if noise is not None else load_noise())
     z = z_level(level)
-    return math.exp(-z * cost["sigma"]), math.exp(z * cost["sigma"]), cost
+    return draw(cost, -z), draw(cost, z), cost
+
+
+def describe_draw(factors: dict[str, float]) -> str:
+    """A draw's factors, in a few words: `x0.981`, or their range where step kinds have their own."""
+    own = [v for k, v in factors.items() if k != ALL]
+    if not own:
+        return f"every step x{factors[ALL]:.3f}"
+    return f"steps x{min(own):.3f}-{max(own):.3f} by kind (x{factors[ALL]:.3f} the rest)"
 
 
 def describe_sigma(cost: dict) -> str:
@@ -155,8 +180,10 @@ def describe_sigma(cost: dict) -> str:
     t = cost["terms"]
     run, gpu = ("in the held-out term" if t[k].get("in_held_out") else _pct(t[k]["sigma"])
                 for k in ("run_to_run", "gpu_to_gpu"))
+    kinds = cost.get("kinds") or {}
+    own = f"; by step kind {min(kinds.values()):.1%}-{max(kinds.values()):.1%}" if kinds else ""
     return (f"cost sigma {cost['sigma']:.1%}: held-out {_pct(t['held_out']['sigma'])}, GPU-to-GPU {gpu}, "
-            f"run-to-run speed {run}")
+            f"run-to-run speed {run}{own}")
 
 
 class Intervals:
@@ -168,7 +195,7 @@ class Intervals:
         self.noise = noise if noise is not None else load_noise()
         self.cost = cost_sigma(table, self.noise)
         zs = [NormalDist().inv_cdf((j + 0.5) / COST_DRAWS) for j in range(COST_DRAWS)]
-        self.factors = [math.exp(self.cost["sigma"] * z) for z in zs]
+        self.factors = [draw(self.cost, z) for z in zs]
         self.models = [scaled(table, f) for f in self.factors]
 
     def band(self, traces: list, run, progress: bool = False, jobs: int = 1) -> dict:
@@ -197,7 +224,8 @@ class Intervals:
         return {"level": self.level, "cost_sigma": self.cost, "cost_factors": self.factors,
                 "noise": {"source": str(NOISE.name), "pooled": self.noise["pooled"],
                           "points": [g["point"] for g in self.noise["groups"]], "table": self.noise.get("table")},
-                "method": "Monte-Carlo over trace seeds x quantile-spaced cost factors (hazen percentiles), widened in "
+                "method": "Monte-Carlo over trace seeds x quantile-spaced cost draws, a sigma per step kind where the "
+                          "correction measured one (hazen percentiles), widened in "
                           "quadrature in log space by the measured run-to-run spread beyond speed, below and past "
                           "capacity mixed by the share of samples stable (servecap/sim/intervals.py)"}
 
