@@ -329,7 +329,7 @@ def test_a_points_repeats_are_held_out_together():
     from pathlib import Path
 
     import pandas as pd
-    from servecap.calibrate.from_runs import evaluate, leave_one_point_out
+    from servecap.calibrate.from_runs import evaluate, leave_one_out
     from servecap.traces.errors import InputError
 
     def steps(factor):  # decode steps after decode steps, `factor` times their price
@@ -340,14 +340,43 @@ def test_a_points_repeats_are_held_out_together():
     meta = {"trace_id": "a", "backend": "paged", "prefill": "padded"}
     runs = {Path("a1"): {"meta": meta, "steps": steps(2.0)}, Path("a2"): {"meta": meta, "steps": steps(2.0)},
             Path("b1"): {"meta": {**meta, "trace_id": "b"}, "steps": steps(1.0)}}
-    whole, own = leave_one_point_out(runs)
+    whole, own = leave_one_out(runs)
     # a's two repeats are priced by b's correction alone: had a2 been in a1's fit, a1's error would be smaller
     report = evaluate({p: r["steps"] for p, r in runs.items()}, whole, own)
     assert report["runs"]["a1"]["after"] == pytest.approx(-0.5) and report["runs"]["a2"]["after"] == pytest.approx(-0.5)
     assert report["runs"]["b1"]["after"] == pytest.approx(1.0)  # priced by a's factor 2
     assert whole["factors"]["decode paged padded|decode"]["n"] == 120
     with pytest.raises(InputError, match="two or more points"):
-        leave_one_point_out({k: v for k, v in runs.items() if k.name.startswith("a")})
+        leave_one_out({k: v for k, v in runs.items() if k.name.startswith("a")})
+
+
+def test_a_gpus_runs_are_held_out_together_and_a_run_without_its_gpu_is_refused():
+    from pathlib import Path
+
+    import pandas as pd
+    from servecap.calibrate.from_runs import evaluate, leave_one_out
+    from servecap.traces.errors import InputError
+
+    def steps(factor):
+        return pd.DataFrame({"kind": ["decode paged padded"] * 40, "prev_kind": ["decode"] * 40, "idle_s": 0.0,
+                             "rows": 8, "kv_max": 100, "kv_tokens": 800, "tokens": 0, "model_s": 0.01,
+                             "real_s": 0.01 * factor, "retire_s": 0.0, "stretch_end": 0, "clock_mhz": float("nan")})
+
+    def meta(trace, gpu):
+        return {"trace_id": trace, "backend": "paged", "prefill": "padded", "device": {"uuid": gpu}}
+    # two points on GPU g1 (a slow GPU), one on g2: by point, a1 is priced with g1's b1 in its fit; by GPU, not
+    runs = {Path("a1"): {"meta": meta("a", "g1"), "steps": steps(2.0)},
+            Path("b1"): {"meta": meta("b", "g1"), "steps": steps(2.0)},
+            Path("c1"): {"meta": meta("c", "g2"), "steps": steps(1.0)}}
+    by_point = evaluate({p: r["steps"] for p, r in runs.items()}, *leave_one_out(runs, "point"))
+    by_gpu = evaluate({p: r["steps"] for p, r in runs.items()}, *leave_one_out(runs, "gpu"))
+    assert abs(by_point["runs"]["a1"]["after"]) < abs(by_gpu["runs"]["a1"]["after"])
+    assert by_gpu["runs"]["a1"]["after"] == pytest.approx(-0.5) and by_gpu["runs"]["c1"]["after"] == pytest.approx(1.0)
+    with pytest.raises(InputError, match="two or more GPUs"):
+        leave_one_out({k: v for k, v in runs.items() if k.name != "c1"}, "gpu")
+    runs[Path("c1")]["meta"]["device"] = {}
+    with pytest.raises(InputError, match="GPU UUID"):
+        leave_one_out(runs, "gpu")
 
 
 def test_each_points_correction_is_the_fit_of_the_other_points_runs():
@@ -355,7 +384,7 @@ def test_each_points_correction_is_the_fit_of_the_other_points_runs():
 
     import numpy as np
     import pandas as pd
-    from servecap.calibrate.from_runs import fit, leave_one_point_out
+    from servecap.calibrate.from_runs import fit, leave_one_out
     rng = np.random.default_rng(3)
 
     def steps(n, kinds):  # mixed kinds, rows, contexts and clocks, so that classes differ from point to point
@@ -370,7 +399,7 @@ def test_each_points_correction_is_the_fit_of_the_other_points_runs():
     runs = {Path(f"{t}{k}"): {"meta": {"trace_id": t, "backend": "paged", "prefill": "padded"},
                               "steps": steps(300, [decode, prefill] if t != "c" else [decode])}
             for t in "abc" for k in (1, 2)}
-    whole, own = leave_one_point_out(runs)
+    whole, own = leave_one_out(runs)
     assert whole == fit(pd.concat([r["steps"] for r in runs.values()], ignore_index=True))
     for t in "abc":
         rest = pd.concat([r["steps"] for p, r in runs.items() if p.name[0] != t], ignore_index=True)

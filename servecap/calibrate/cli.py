@@ -80,7 +80,8 @@ def parser() -> argparse.ArgumentParser:
                    help="with --from-runs: grade the correction on every third run of each policy, left out of the "
                         "fit (run, the default), or on every point (a trace on one configuration, its repeats "
                         "together) priced by the correction fitted on the other points, the table's correction "
-                        "fitted on all (point: for runs with repeats, which would otherwise sit on both sides)")
+                        "fitted on all (point: for runs with repeats, which would otherwise sit on both sides), or "
+                        "on every GPU's runs so (gpu: as on a GPU the correction never saw)")
     p.add_argument("--serving", type=Path, metavar="TABLE2",
                    help="after the closed runs, a serving phase: seeded arrival traces on the same engine, each "
                         "prefill policy below, near and past the capacity the new table predicts for it, and the "

@@ -23,6 +23,11 @@ Held out by point (`holdout="point"`, leave-one-point-out): a point is the runs 
 its own repeats in the fit says little about traffic the correction has not seen. Here every point's runs are
 priced by the correction fitted on all the other points, the report grades each run so, and the residual spread
 is theirs; the correction stored is fitted on every run (none is left unused), and the report names it as such.
+
+Held out by GPU (`holdout="gpu"`, leave-one-GPU-out): the same with a GPU's runs (its UUID) in place of a point's.
+Held out by point, a run's GPU is still in its fit through that GPU's other points, so its residual holds little of
+that GPU's offset; held out by GPU, each run is priced as on a GPU the correction never saw, which is what a
+planner's new GPU is.
 """
 from __future__ import annotations
 
@@ -226,16 +231,29 @@ def evaluate(by_run: dict[Path, "object"], correction: dict | None, own: dict[Pa
     return {"kinds": medians("kind"), "contexts": medians(["kind", "prev"]), "runs": runs, "residual_sigma": sigma}
 
 
-def leave_one_point_out(runs: dict[Path, dict]) -> tuple[dict, dict[Path, dict]]:
-    """(the correction fitted on every run, each run's correction fitted without its point's runs)."""
+def gpu_key(meta: dict) -> str:
+    """The GPU a run ran on: its device's UUID."""
+    uuid = (meta.get("device") or {}).get("uuid")
+    if not uuid:
+        raise InputError("--holdout gpu needs every run's GPU UUID; a run records none (device.uuid)")
+    return uuid
+
+
+# how each holdout groups runs: (key, a group's name, the groups' name in an error)
+GROUPS = {"point": (point_key, "point", "points (trace and configuration)"), "gpu": (gpu_key, "GPU", "GPUs")}
+
+
+def leave_one_out(runs: dict[Path, dict], by: str = "point") -> tuple[dict, dict[Path, dict]]:
+    """(the correction fitted on every run, each run's correction fitted without the runs of its group): `by` point,
+    or gpu."""
     import pandas as pd
 
-    by_point: dict[tuple, list[Path]] = {}
+    key, _, named = GROUPS[by]
+    by_group: dict[tuple | str, list[Path]] = {}
     for path in sorted(runs):
-        by_point.setdefault(point_key(runs[path]["meta"]), []).append(path)
-    if len(by_point) < 2:
-        raise InputError(f"--holdout point needs runs of two or more points (trace and configuration); these "
-                         f"{len(runs)} run(s) are all of one")
+        by_group.setdefault(key(runs[path]["meta"]), []).append(path)
+    if len(by_group) < 2:
+        raise InputError(f"--holdout {by} needs runs of two or more {named}; these {len(runs)} run(s) are all of one")
     # Every step's classes once (a Python pass over every step), then each point's fit from those classes less its
     # own steps: the same steps in the same order as a fit of the other points' runs, so the same factors.
     every = pd.concat([r["steps"] for r in runs.values()], ignore_index=True)
@@ -243,7 +261,7 @@ def leave_one_point_out(runs: dict[Path, dict]) -> tuple[dict, dict[Path, dict]]
     index = {path: i for i, path in enumerate(runs)}
     by_class = classes(every)
     own = {}
-    for paths in by_point.values():
+    for paths in by_group.values():
         keep = ~np.isin(run_of, [index[p] for p in paths])
         at = np.cumsum(keep) - 1  # a kept step's position among the kept
         rest = {k: at[v[keep[v]]] for k, v in by_class.items() if keep[v].any()}
@@ -263,7 +281,7 @@ def held_out_gpus(held: dict[str, dict], runs: dict[Path, dict]) -> dict:
     return {"n": len(by_gpu), "sd_of_means": float(np.std(means, ddof=1)) if len(means) >= 2 else None}
 
 
-HOLDOUTS = ("run", "point")
+HOLDOUTS = ("run", "point", "gpu")
 
 
 def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], force: bool = False,
@@ -300,11 +318,12 @@ def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], f
             warnings.simplefilter("ignore")  # a serving run's shapes past the table's range are priced as they are
             steps = priced_steps(rec, cost, read_telemetry(d))
         runs[d] = {"meta": rec.meta, "steps": steps}
-    if holdout == "point":
-        correction, own = leave_one_point_out(runs)
+    if holdout in GROUPS:
+        correction, own = leave_one_out(runs, holdout)
         fitted, held = sorted(runs), sorted(runs)
         report = {"held_out": evaluate({p: runs[p]["steps"] for p in held}, correction, own), "holdout": holdout}
-        sigma_from = "held-out points (each run priced by the correction fitted without its point's runs)"
+        one = GROUPS[holdout][1]
+        sigma_from = f"held-out {one}s (each run priced by the correction fitted without its {one}'s runs)"
     else:
         fitted, held = split(runs, every)
         correction = fit(pd.concat([runs[p]["steps"] for p in fitted], ignore_index=True))
@@ -333,8 +352,9 @@ def describe(report: dict) -> str:
         r = report.get(part)
         if not r:
             continue
-        who = ("held-out points (each run priced by the correction fitted without its point)"
-               if part == "held_out" and report.get("holdout") == "point" else f"{part.replace('_', '-')} runs")
+        one = GROUPS.get(report.get("holdout"), (None, None))[1]
+        who = (f"held-out {one}s (each run priced by the correction fitted without its {one})"
+               if part == "held_out" and one else f"{part.replace('_', '-')} runs")
         lines.append(f"{who}: median real / model per step kind, before -> after")
         lines += [f"  {k:28s} n={v['n']:6d}  {v['before']:.3f} -> {v['after']:.3f}" for k, v in r["kinds"].items()]
         lines.append("  by previous step:")
