@@ -783,7 +783,7 @@ def test_sim_run_interval_prints_a_band_per_metric_and_refuses_a_bad_level(capsy
     from servecap import sim
     assert sim.cli.main(["run", "--rate", "10", "--n", "60", "--interval", "90"]) == 0
     out = capsys.readouterr().out
-    assert "interval 90%: 5 trace sample(s) x 16 cost factors" in out and "TTFT p50" in out.split("interval")[-1]
+    assert "interval 90%: 5 trace sample(s) x 16 cost draws" in out and "TTFT p50" in out.split("interval")[-1]
     # latencies in ms, as the latency table above prints them, the band's edges in order
     ttft = next(line for line in out.split("interval")[-1].splitlines() if line.strip().startswith("TTFT p50"))
     lo, hi = (float(x) for x in ttft.split()[2:5:2])

@@ -182,7 +182,7 @@ def _write(args: argparse.Namespace, doc: dict) -> int:
 
 def _interval(args: argparse.Namespace, table, init: tuple, fn, calls: list[tuple], found: list, name: str,
               unit: str) -> dict:
-    """The searches again at the band's edge cost factors: the cheaper edge's answer and the dearer edge's bound
+    """The searches again at the band's edge cost draws: the cheaper edge's answer and the dearer edge's bound
     the answer's band (a capacity rises, a replica count falls, as steps cost less)."""
     cheap, dear, cost = intervals.edge_factors(table, args.interval)
     draws = {"cheap": cheap, "dear": dear}

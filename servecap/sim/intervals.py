@@ -37,7 +37,7 @@ percentiles, a closed run's wall time) that combines the things a real run can d
    simulator judged stable: s^2 = p s_stable^2 + (1 - p) s_unstable^2 (a zero-mean mixture's variance); a file
    without them: the pooled `arrival` sd.
 
-Combined: the Monte-Carlo samples over seeds x cost factors give the band's quantiles around their median m; each
+Combined: the Monte-Carlo samples over seeds x cost draws give the band's quantiles around their median m; each
 side's log half-width is then widened in quadrature by z_level * sigma_noise: lo = m exp(-sqrt(log(m / q_lo)^2 +
 (z s)^2)), and so for hi (the sources taken as independent). The point prediction is not changed.
 """
@@ -303,7 +303,7 @@ NAMES = {"served_rate": ("served", "req/s", 1, ".2f"), "queue_wait_p50": ("queue
 
 def lines(bands: dict, iv: Intervals, samples: int) -> list[str]:
     """A band per metric, as `sim run` prints them."""
-    out = [f"interval {iv.level:g}%: {samples} trace sample(s) x {COST_DRAWS} cost factors "
+    out = [f"interval {iv.level:g}%: {samples} trace sample(s) x {COST_DRAWS} cost draws "
            f"({describe_sigma(iv.cost)}), widened by the measured run-to-run noise beyond speed"]
     for k, b in bands.items():
         name, unit, scale, spec = NAMES[k]

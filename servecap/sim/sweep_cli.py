@@ -92,7 +92,7 @@ def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
     sweep.add_argument("--jobs", type=count_arg, help="local worker processes (default: every core)")
     sweep.add_argument("--interval", type=level_arg, metavar="LEVEL",
                        help="also write sweep.intervals.csv: a LEVEL%% band for every point's metrics (servecap/sim/intervals.py;"
-                            " seeds x 8 cost factors per point, so slower)")
+                            " each point's seeds x its cost draws, so slower)")
     common(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
