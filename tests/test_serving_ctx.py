@@ -483,15 +483,18 @@ def test_held_out_runs_on_three_gpus_hold_the_gpu_to_gpu_spread_and_fewer_do_not
     from servecap.sim.intervals import cost_sigma, describe_sigma
     sessions = {"sessions": {"sigma": 0.0096, "mean_log_speed": {"a": 0.0, "b": 0.01, "c": -0.01}}}
 
-    def sigma(gpus: int) -> dict:
+    def sigma(gpus: int, holdout: str = "point") -> dict:
         raw = linear_table()
-        raw.update(version=3, correction={"factors": {}, "residual_sigma": {"all": 0.015},
+        raw.update(version=3, correction={"factors": {}, "residual_sigma": {"all": 0.015}, "holdout": holdout,
                                           "held_out_gpus": {"n": gpus, "sd_of_means": 0.009}})
         return cost_sigma(as_cost_table({**raw, "table_id": table_id(raw)}), sessions)
     three, two = sigma(3), sigma(2)
     assert three["sigma"] == pytest.approx(0.015) and three["terms"]["gpu_to_gpu"]["in_held_out"]
     assert "3 GPUs" in three["terms"]["gpu_to_gpu"]["from"] and "GPU-to-GPU in the held-out term" in describe_sigma(three)
     assert two["sigma"] == pytest.approx(math.hypot(0.015, 0.0096)) and not two["terms"]["gpu_to_gpu"]["in_held_out"]
+    # held out by GPU, each run was priced as on a GPU the correction never saw: two GPUs hold the term
+    assert sigma(2, "gpu")["sigma"] == pytest.approx(0.015) and sigma(2, "gpu")["terms"]["gpu_to_gpu"]["in_held_out"]
+    assert not sigma(1, "gpu")["terms"]["gpu_to_gpu"]["in_held_out"]
 
 
 def test_a_draw_by_step_kind_scales_each_kind_by_its_own_factor_and_the_rest_by_all():
@@ -590,7 +593,8 @@ def test_a_band_on_one_trace_reads_a_monotone_metric_near_the_levels_z():
     # A "metric" equal to the cost draw's own factor: its band must sit at exp(-/+ z90 sigma), within the
     # plotting positions' interpolation between draws.
     from servecap.traces.workload import poisson_trace
-    band = iv.band([poisson_trace(8.0, 10, 0)], lambda trace, model: {"wall_time_s": model.correction.scale_of("prefill padded")})
+    band = iv.band([poisson_trace(8.0, 10, 0)],
+                   lambda trace, model: {"wall_time_s": model.correction.scale_of("prefill padded")})
     band = band["wall_time_s"]
     z = NormalDist().inv_cdf(0.95)
     sigma = iv.cost["sigma"]

@@ -14,8 +14,10 @@ percentiles, a closed run's wall time) that combines the things a real run can d
    - gpu: the GPU-to-GPU spread. Where the correction's held-out runs ran on MIN_GPUS or more GPUs
      (correction.held_out_gpus), `held` holds it already: one correction prices every GPU, so each held-out run's
      error carries its GPU's offset (their GPUs' mean errors spread as widely as the sessions' mean speeds: README,
-     validation v21), and gpu is then left out. Else from the repeated real runs' sessions (the sd of
-     their mean log speeds, below, or an earlier noise file's where the engine has run on fewer than three GPUs),
+     validation v21), and gpu is then left out; held out by GPU (`calibrate --from-runs --holdout gpu`), each run is
+     priced as on a GPU the correction never saw, so two GPUs are enough. Else from the repeated real runs'
+     sessions (the sd of their mean log speeds, below, or an earlier noise file's where the engine has run on fewer
+     than three GPUs),
      else, where no noise file has sessions, from a refresh (the RMS of the log of a refreshed table's factors). A
      refresh does not take the term away: refreshed GPUs' mean serving speeds spread about their refreshed tables as
      widely as the sessions' about one table (README, validation v20), and a refresh's factors say how far it moved
@@ -83,7 +85,7 @@ def cost_sigma(table: CostTable, noise: dict | None = None) -> dict:
         errors = [1 + p["error"] for p in (table.raw.get("accuracy") or {}).get("points", [])]
         held, held_from = _rms_log(errors), "the calibration's held-out shapes (RMS of the log error)"
     gpus = c.get("held_out_gpus") or {}
-    gpu_in_held = per_run and gpus.get("n", 0) >= MIN_GPUS
+    gpu_in_held = per_run and gpus.get("n", 0) >= (2 if c.get("holdout") == "gpu" else MIN_GPUS)
     if gpu_in_held:
         gpu, gpu_from = None, f"held in the held-out runs' term (they ran on {gpus['n']} GPUs)"
     elif (noise or {}).get("sessions"):
