@@ -7,8 +7,10 @@ are MIN_GPUS or more the cost sigma is the held-out term alone. --rule added: th
 the sessions' GPU-to-GPU spread added in quadrature). Prints each validation's inside / graded, then near and past
 capacity's, and how many bands' widths are within 2x the repeats' spread. --noise FILE: widen by that run-to-run
 noise file instead of the shipped one (a file measured without the validations' runs keeps the noise out of sample).
+--draws one: every step drawn by one factor, the whole run's sigma, as bands were before a883f8c (each table's
+correction keeps its `all` residual alone); kind (the default): each step kind measured held out with its own.
 
-    python scripts/rebanded.py --rule held DIR ... [--work /tmp/rebanded] [--noise FILE]
+    python scripts/rebanded.py --rule held|added DIR ... [--draws kind|one] [--work /tmp/rebanded] [--noise FILE]
 """
 from __future__ import annotations
 
@@ -41,13 +43,27 @@ def with_gpu_count(table_path: Path, out: Path) -> Path:
     return out
 
 
-def rebanded(validation: Path, rule: str, work: Path, noise: dict | None = None) -> tuple[list, dict]:
-    """The validation's compared points and the bands re-planned under `rule` (widened by `noise`, else the shipped
-    run-to-run noise), as `validate plan --interval 90` bands them."""
+def one_factor(table_path: Path, out: Path) -> Path:
+    """A copy of the table whose correction keeps the whole run's residual alone: its bands draw one factor."""
+    raw = json.loads(table_path.read_text())
+    sigma = (raw.get("correction") or {}).get("residual_sigma")
+    if sigma:
+        raw["correction"]["residual_sigma"] = {"all": sigma.get("all")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_cost_table(raw, out)
+    return out
+
+
+def rebanded(validation: Path, rule: str, work: Path, noise: dict | None = None,
+             draws: str = "kind") -> tuple[list, dict]:
+    """The validation's compared points and the bands re-planned under `rule` and `draws` (widened by `noise`, else
+    the shipped run-to-run noise), as `validate plan --interval 90` bands them."""
     table = plan_table(validation)
     _, results = compare(validation, table)
     if rule == "held":
         table = with_gpu_count(table, work / "tables" / table.name)
+    if draws == "one":
+        table = one_factor(table, work / "one-factor" / table.name)
     table = load_table(table)
     iv = Intervals(table, 90.0, noise)
     return results, {c.point.id: point_band(iv, table, c.point, validation) for c in results}
@@ -57,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("validations", nargs="+", type=Path, metavar="DIR")
     ap.add_argument("--rule", choices=("held", "added"), required=True)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/rebanded"), help="where the tables given a GPU count go")
+    ap.add_argument("--draws", choices=("kind", "one"), default="kind",
+                    help="each measured step kind drawn with its own sigma (default), or one factor on every step")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/rebanded"), help="where the rewritten tables go")
     ap.add_argument("--noise", type=Path, help="a run-to-run noise file (default: the shipped one)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -67,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         for v in args.validations:
             if not (v / "plan.json").is_file():
                 raise InputError("holds no plan.json", path=v)
-            results, bands = rebanded(v, args.rule, args.work, noise)
+            results, bands = rebanded(v, args.rule, args.work, noise, args.draws)
             every = coverage(results, bands)
             print(f"{v}: {every['inside']} of {every['graded']} inside", flush=True)
             for load, t in totals.items():

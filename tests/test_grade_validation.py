@@ -179,3 +179,13 @@ def test_replanning_from_the_validations_own_table_reproduces_its_grades_and_ano
     assert points(other) != points(own) and "(table 8670d17e692cfa0c)" in other[0]
     assert json.loads((tmp_path / "validation-v16-71520d56" / "plan.json").read_text())["table"]["id"] == \
         "8670d17e692cfa0c"
+
+
+def test_rebanded_one_factor_keeps_the_whole_runs_sigma_and_draws_no_kind_apart(script, tmp_path):
+    from servecap.sim.inputs import load_table
+    from servecap.sim.intervals import cost_sigma
+    noise = {"schema": "run-to-run-noise", "pooled": {}, "groups": []}
+    table = Path("results/calibration/h100/h100-t10-v29.json")
+    by_kind = cost_sigma(load_table(table), noise)
+    one = cost_sigma(load_table(script("rebanded").one_factor(table, tmp_path / "one.json")), noise)
+    assert len(by_kind["kinds"]) == 8 and one["kinds"] == {} and one["sigma"] == pytest.approx(by_kind["sigma"])
