@@ -235,7 +235,7 @@ def gpu_key(meta: dict) -> str:
     """The GPU a run ran on: its device's UUID."""
     uuid = (meta.get("device") or {}).get("uuid")
     if not uuid:
-        raise InputError("--holdout gpu needs every run's GPU UUID; a run records none (device.uuid)")
+        raise InputError("--holdout gpu needs every run's GPU UUID; this run records none (device.uuid)")
     return uuid
 
 
@@ -251,11 +251,14 @@ def leave_one_out(runs: dict[Path, dict], by: str = "point") -> tuple[dict, dict
     key, _, named = GROUPS[by]
     by_group: dict[tuple | str, list[Path]] = {}
     for path in sorted(runs):
-        by_group.setdefault(key(runs[path]["meta"]), []).append(path)
+        try:
+            by_group.setdefault(key(runs[path]["meta"]), []).append(path)
+        except InputError as e:
+            raise InputError(str(e), path=path) from None
     if len(by_group) < 2:
         raise InputError(f"--holdout {by} needs runs of two or more {named}; these {len(runs)} run(s) are all of one")
-    # Every step's classes once (a Python pass over every step), then each point's fit from those classes less its
-    # own steps: the same steps in the same order as a fit of the other points' runs, so the same factors.
+    # Every step's classes once (a Python pass over every step), then each group's fit from those classes less its
+    # own steps: the same steps in the same order as a fit of the other groups' runs, so the same factors.
     every = pd.concat([r["steps"] for r in runs.values()], ignore_index=True)
     run_of = np.repeat(np.arange(len(runs)), [len(r["steps"]) for r in runs.values()])
     index = {path: i for i, path in enumerate(runs)}
