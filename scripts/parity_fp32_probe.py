@@ -13,6 +13,7 @@ import torch
 
 from servecap.core.config import ServingConfig
 from servecap.engine.engine import Engine, EngineConfig
+from servecap.traces.model_spec import DEFAULT_MODEL
 from servecap.traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens
 
 
@@ -20,7 +21,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", default="16,80,1024,2048,4096")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--model", default="qwen2.5-1.5b")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--dtype", default=None, help="float16 | bfloat16 | float32")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]

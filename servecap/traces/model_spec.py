@@ -55,5 +55,5 @@ def parameter_count(spec: dict) -> int:
 TINY_QWEN2 = dict(QWEN25_1P5B, name="tiny-qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=512,
                   max_position_embeddings=512, tie_word_embeddings=False, initializer_range=0.2)
-MODELS = {"qwen2.5-1.5b": QWEN25_1P5B, "tiny": TINY_QWEN2}
 DEFAULT_MODEL = "qwen2.5-1.5b"  # what the engine serves unless told otherwise
+MODELS = {DEFAULT_MODEL: QWEN25_1P5B, "tiny": TINY_QWEN2}
