@@ -365,6 +365,18 @@ def test_tiny_calibration_end_to_end(tmp_path, capsys, monkeypatch, progress):
         sorted(r for r in runs if r.endswith("3-near"))
     assert json.loads(points_path(out).read_text().splitlines()[0])["identity"]["device"] == table["device"]["name"]
     assert math.isfinite(again["overhead"]["retire_s"])
+    # A refresh whose speed reading is a serving probe: a near-capacity run per policy, the table rescaled to it.
+    progress("a refresh by serving probe")
+    probed = tmp_path / "tiny-probed.json"
+    assert main(["--refresh", str(corrected), "--serving-probe", "--out", str(probed), "--device", device,
+                 "--model", "tiny", "--quick", "--backend", "paged"]) == 0
+    printed = capsys.readouterr().out
+    rescaled = load_cost_table(probed, allow_nonstationary=True).raw
+    probe_runs = sorted(p.name for p in (tmp_path / "tiny-probed.json.runs").iterdir())
+    assert probe_runs == sorted(r.replace("3-near", "near") for r in runs if r.endswith("3-near"))  # every policy
+    assert "serving probe of 4 runs" in printed
+    assert rescaled["refreshed_from"]["table_id"] == served["table_id"] and rescaled["correction"] == served["correction"]
+    assert set(rescaled["refresh"]["factors"]) == {"prefill", "decode paged"} and rescaled["refresh"]["probe"]["requests"] == 8
 
 
 def test_the_serving_phase_loads_each_policy_below_near_and_past_the_capacity_its_table_predicts(tmp_path):

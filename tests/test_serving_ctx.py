@@ -301,6 +301,38 @@ def test_from_runs_recovers_the_context_factors_and_grades_them_on_held_out_runs
     assert CostModel(t).factor("decode paged padded", "prefill", 0.0, 8) == pytest.approx(1.2)
 
 
+def test_rescale_reads_each_kinds_speed_from_runs_and_keeps_the_correction(tmp_path, capsys):
+    import servecap.calibrate.cli
+    from servecap import calibrate
+    from servecap.calibrate.refresh import rescaled
+    from servecap.calibrate.speed import speed_factors
+    from servecap.calibrate.from_runs import load_runs
+    from servecap.costs.context import Correction
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import load_cost_table
+    from tests.helpers import write_table
+    context = _corrected(linear_table(), {"decode paged padded|prefill": 1.2, "prefill padded": 1.1})
+    table = write_table(context, tmp_path / "table.json")
+    speed = {"prefill": 0.97, "decode paged": 1.03}  # this GPU: prefill 3% faster than the table, decode 3% slower
+    truth = write_table(rescaled(context, speed), tmp_path / "truth.json")
+    runs = _engine_like_runs(tmp_path, truth, [20, 40])
+    out = tmp_path / "rescaled.json"
+    assert calibrate.cli.main(["--from-runs", str(tmp_path / "runs"), "--table", str(table), "--rescale",
+                               "--out", str(out)]) == 0
+    assert "decode paged   1.0300 over" in capsys.readouterr().out
+    t = load_cost_table(out)
+    assert t.raw["refresh"]["factors"] == pytest.approx(speed, rel=1e-6)
+    assert t.raw["refresh"]["applied"] == t.raw["refresh"]["factors"] and set(t.raw["refresh"]["per_run"]) == set(map(str, runs))
+    assert t.correction["factors"] == context["correction"]["factors"]  # the serving context is the table's
+    assert t.raw["refreshed_from"]["table_id"] == load_cost_table(table).table_id
+    # the rescaled table prices the runs as they ran: every kind's speed 1 against it
+    again = speed_factors(load_runs([tmp_path / "runs"], t), Correction(t.correction))["factors"]
+    assert again == pytest.approx({"prefill": 1.0, "decode paged": 1.0}, rel=1e-6)
+    assert calibrate.cli.main(["--from-runs", str(tmp_path / "runs"), "--table", str(table), "--rescale",
+                               "--out", str(out)]) == 2  # nothing recorded is replaced without --force
+    assert "already exists" in capsys.readouterr().err
+
+
 def test_holdout_by_point_grades_each_run_by_a_correction_fitted_without_its_point(tmp_path):
     import servecap.calibrate.cli
     from servecap import calibrate

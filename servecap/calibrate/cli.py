@@ -68,6 +68,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--refresh", type=Path, metavar="TABLE",
                    help="instead of a whole calibration, re-measure a few of TABLE's shapes on this GPU and write TABLE "
                         "rescaled to it (about a minute): for a GPU instance other than the one that made TABLE")
+    p.add_argument("--serving-probe", action="store_true",
+                   help="with --refresh: read this GPU's speed from a short serving run per prefill policy near the "
+                        "capacity TABLE predicts (about a minute) instead of closed shapes, and rescale TABLE per kind "
+                        "to what those runs paid, its serving correction kept (servecap/calibrate/speed.py)")
     p.add_argument("--refit", type=Path, metavar="TABLE",
                    help="no GPU: rebuild TABLE from its measured runs (TABLE.points.jsonl, or --points) with this "
                         "version's cost model, into --out")
@@ -76,6 +80,10 @@ def parser() -> argparse.ArgumentParser:
                    help="no GPU: correct --table for serving from the steps of these real run records (directories "
                         "searched for them), held out by run, into --out (servecap/calibrate/from_runs.py)")
     p.add_argument("--table", type=Path, metavar="TABLE", help="with --from-runs: the cost table to correct")
+    p.add_argument("--rescale", action="store_true",
+                   help="with --from-runs: keep --table's correction and only rescale its step costs per kind "
+                        "(prefill; decode per backend) to these runs' summed time over its price: a GPU instance's "
+                        "serving speed, from a few of its runs (servecap/calibrate/speed.py; --holdout does not apply)")
     p.add_argument("--holdout", choices=HOLDOUTS, default="run",
                    help="with --from-runs: grade the correction on every third run of each policy, left out of the "
                         "fit (run, the default), or on every point (a trace on one configuration, its repeats "
@@ -126,12 +134,22 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     if args.from_runs is not None:
         if args.table is None or args.out is None:
             raise InputError("--from-runs needs --table TABLE (to correct) and --out NEW.json")
+        if args.rescale:
+            from . import speed
+            tid, measured = speed.rescale_from_runs(args.from_runs, args.table, args.out, argv, args.force)
+            print(speed.describe(measured))
+            print(f"wrote cost table {tid} to {args.out} (rescaled from {args.table})")
+            return 0
         from . import from_runs
         tid, held_out = from_runs.from_runs(args.from_runs, args.table, args.out, argv, args.force,
                                             holdout=args.holdout)
         print(from_runs.describe(held_out))
         print(f"wrote cost table {tid} to {args.out} (corrected from {args.table})")
         return 0
+    if args.rescale:
+        raise InputError("--rescale goes with --from-runs (a table rescaled to those runs' speed)")
+    if args.serving_probe and args.refresh is None:
+        raise InputError("--serving-probe goes with --refresh TABLE (the table to rescale to this GPU)")
     from servecap.engine.engine import Engine, EngineConfig  # torch: only once the options are known to be good
 
     from .measure import identity, measure, telemetry, telemetry_path
@@ -162,6 +180,11 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     ident = identity(cfg)  # refuses a missing or unexpected GPU before anything is written
     if args.refresh is not None:
         with telemetry(telemetry_path(args.out), ident) as rec:
+            if args.serving_probe:
+                from .serving import QUICK_REQUESTS, REQUESTS
+                from .speed import serving_probe
+                return serving_probe(args.refresh, args.out, cfg, [str(p) for p in every_policy(plan.chunk)],
+                                     args.backend[0], argv, QUICK_REQUESTS if plan is QUICK else REQUESTS, rec)
             return refresh(source, args.out, cfg, argv, rec)
     if args.check_stationary:
         with tempfile.TemporaryDirectory(prefix="stationarity-") as tmp, \

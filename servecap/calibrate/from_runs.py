@@ -42,7 +42,7 @@ import numpy as np
 from servecap.costs.context import IDLE_S, MIN_STEPS, Correction, keys, previous, stretch_end_keys
 from servecap.costs.model import CostModel
 from servecap.costs.recorded import contextual, priced_steps, stretch_end_prices
-from servecap.costs.table import CORRECTED_VERSION, check_compatible, load_cost_table, save_cost_table
+from servecap.costs.table import CORRECTED_VERSION, CostTable, check_compatible, load_cost_table, save_cost_table
 from servecap.traces.errors import InputError
 from servecap.traces.provenance import git_commit, now_iso
 
@@ -284,23 +284,13 @@ def held_out_gpus(held: dict[str, dict], runs: dict[Path, dict]) -> dict:
     return {"n": len(by_gpu), "sd_of_means": float(np.std(means, ddof=1)) if len(means) >= 2 else None}
 
 
-HOLDOUTS = ("run", "point", "gpu")
-
-
-def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], force: bool = False,
-              every: int = HOLDOUT_EVERY, holdout: str = "run") -> tuple[str, dict]:
-    """Write `table_path` corrected from the runs under `paths` to `out`; return its id and the report (`holdout`:
-    the module docstring's two ways of holding runs out)."""
-    import pandas as pd
-
+def load_runs(paths: list[Path], table: CostTable) -> dict[Path, dict]:
+    """The complete engine run records under `paths` (find_runs), each as {"meta", "steps"}: its steps priced by
+    `table` in their context (costs/recorded.py), refused (one line) unless the table measured the run's model, block
+    size, decode backend and GPU kind."""
     from servecap.traces.records import read_run
     from servecap.traces.telemetry import read_telemetry
 
-    if out.exists() and not force:
-        raise InputError("already exists; pass --force to replace it", path=out)
-    table = load_cost_table(table_path, allow_nonstationary=True)
-    if table.version < 2:
-        raise InputError("is a version-1 table; rebuild it with --refit first", path=table_path)
     cost = CostModel(table)
     runs = {}
     for d in find_runs(paths):
@@ -321,6 +311,24 @@ def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], f
             warnings.simplefilter("ignore")  # a serving run's shapes past the table's range are priced as they are
             steps = priced_steps(rec, cost, read_telemetry(d))
         runs[d] = {"meta": rec.meta, "steps": steps}
+    return runs
+
+
+HOLDOUTS = ("run", "point", "gpu")
+
+
+def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], force: bool = False,
+              every: int = HOLDOUT_EVERY, holdout: str = "run") -> tuple[str, dict]:
+    """Write `table_path` corrected from the runs under `paths` to `out`; return its id and the report (`holdout`:
+    the module docstring's two ways of holding runs out)."""
+    import pandas as pd
+
+    if out.exists() and not force:
+        raise InputError("already exists; pass --force to replace it", path=out)
+    table = load_cost_table(table_path, allow_nonstationary=True)
+    if table.version < 2:
+        raise InputError("is a version-1 table; rebuild it with --refit first", path=table_path)
+    runs = load_runs(paths, table)
     if holdout in GROUPS:
         correction, own = leave_one_out(runs, holdout)
         fitted, held = sorted(runs), sorted(runs)

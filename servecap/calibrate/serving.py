@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 # (name, share of the predicted capacity); names sort so that from_runs.split holds out each policy's third run,
 # the near-capacity one, where a table's error matters most.
 LOADS = (("1-below", 0.6), ("2-past", 1.2), ("3-near", 0.9))
+PROBE_LOADS = (("near", 0.9),)  # a refresh's serving probe (calibrate --refresh --serving-probe): where TTFT is decided
 REQUESTS = 240  # a run of about 6-12 s on an H200 at these loads
 QUICK_REQUESTS = 8  # calibrate --quick's smoke test of the path
 PROMPTS, BUDGETS = "loguniform", "uniform"
@@ -59,8 +60,8 @@ def capacity(cost: CostModel, serving: ServingConfig, n: int, seed: int, engine:
 
 
 def serving_runs(table_path: Path, policies: list[str], backend: str, engine: EngineConfig,
-                 n: int = REQUESTS) -> list[ServingRun]:
-    """The phase's runs of n requests, each policy at LOADS of its capacity on the table at `table_path`, a seed per
+                 n: int = REQUESTS, loads: tuple[tuple[str, float], ...] = LOADS) -> list[ServingRun]:
+    """The phase's runs of n requests, each policy at `loads` of its capacity on the table at `table_path`, a seed per
     run, lengths clipped to what `engine` serves."""
     cost = CostModel(load_cost_table(table_path, allow_nonstationary=True))
     runs = []
@@ -68,7 +69,7 @@ def serving_runs(table_path: Path, policies: list[str], backend: str, engine: En
         serving = engine.serving.but(backend=backend, prefill=policy)
         seed = SEED + 10 * i
         top = capacity(cost, serving, n, seed, engine)
-        for j, (name, share) in enumerate(LOADS):
+        for j, (name, share) in enumerate(loads):
             runs.append(ServingRun(f"{policy.replace(':', '')}-{name}", policy,
                                    workload(round(share * top, 2), n, seed + j, engine)))
     return runs

@@ -1,0 +1,134 @@
+"""A GPU instance's serving speed: a corrected table rescaled per kind by what a few serving runs on that GPU paid.
+
+`python -m calibrate --from-runs RUN_DIR ... --table T --rescale --out T2` (no GPU), and `python -m calibrate
+--refresh T --serving-probe --out T2` (a short serving run per prefill policy on this GPU, then the same).
+
+Near capacity TTFT moves by tens of percent per percent of step speed, and GPUs of one name differ in serving speed
+by about 1% (prefill more than decode). A closed refresh's readings did not follow that (README, validation v29:
+across four H100s its decode reading correlated -0.29 with the GPU's serving speed, its prefill reading +0.41),
+while a GPU's runs agree with each other on it: on one H100 each run's summed time over its price sat within about
+0.3% (decode) and 0.7% (prefill) of the others', whatever the trace or policy. So the speed is read where it shows,
+in serving: per kind (prefill, every step that computes prompt positions: prefill, chunk and fused steps; decode
+per backend), the runs' summed step time over the price T gives those steps in their serving context, less what
+the price holds that does not scale with the GPU's speed (retirement and a decode stretch's end: host work), the
+1% of steps at either end of real / price left out (a rare stall), as a correction's class factor is. Steps are
+priced at the correction's reference clock, as the simulator prices them: a GPU whose clock sags in serving is
+that much slower.
+
+T's points are multiplied by the factors and refitted (servecap/calibrate/refresh.py's `rescaled`); its
+serving-context correction, a set of ratios to that surface, is kept as it is. Every factor is applied (a
+serving reading is what serving pays, prefill included), and the table records them, each run's own, and the runs.
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import numpy as np
+
+from servecap.costs.context import Correction
+from servecap.costs.recorded import contextual, stretch_end_prices
+from servecap.costs.table import load_cost_table, save_cost_table
+from servecap.traces.errors import InputError
+from servecap.traces.provenance import git_commit, now_iso
+
+from .from_runs import class_factor, load_runs
+from .refresh import rescaled
+
+PREFILL = "prefill"
+
+
+def speed_key(steps, backend: str) -> np.ndarray:
+    """Each priced step's refresh kind: `prefill` for a step that computes prompt positions, else `decode BACKEND`."""
+    return np.where(steps.step_kind.to_numpy() == "decode", f"decode {backend}", PREFILL)
+
+
+def _parts(steps, correction: Correction | None) -> tuple[np.ndarray, np.ndarray]:
+    """(time the GPU's speed scales, its price) per step: the real time less retirement and the stretch end, and the
+    contextual price at the reference clock less the same."""
+    at_ref = steps.assign(clock_mhz=np.nan)
+    fixed = at_ref.retire_s.to_numpy() + (stretch_end_prices(at_ref, correction) if correction else 0.0)
+    return at_ref.real_s.to_numpy() - fixed, contextual(at_ref, correction) - fixed
+
+
+def speed_factors(runs: dict[Path, dict], correction: Correction | None) -> dict:
+    """{"factors": {kind: factor}, "steps": {kind: n}, "runs": {run: {kind: factor}}} over `runs` (load_runs')."""
+    keys, real, price, per_run = [], [], [], {}
+    for path, r in runs.items():
+        k = speed_key(r["steps"], r["meta"]["backend"])
+        own, priced = _parts(r["steps"], correction)
+        keys.append(k), real.append(own), price.append(priced)
+        per_run[str(path)] = {kind: class_factor(own[k == kind], priced[k == kind]) for kind in np.unique(k)}
+    k, real, price = np.concatenate(keys), np.concatenate(real), np.concatenate(price)
+    kinds = sorted(np.unique(k))
+    return {"factors": {kind: class_factor(real[k == kind], price[k == kind]) for kind in kinds},
+            "steps": {kind: int((k == kind).sum()) for kind in kinds}, "runs": per_run}
+
+
+def rescale_from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], force: bool = False,
+                      extra: dict | None = None) -> tuple[str, dict]:
+    """Write `table_path` rescaled per kind by the speed of the runs under `paths` to `out`; return its id and the
+    measurement (speed_factors'). `extra` joins the table's `refresh` record (a serving probe's own details)."""
+    if out.exists() and not force:
+        raise InputError("already exists; pass --force to replace it", path=out)
+    table = load_cost_table(table_path, allow_nonstationary=True)
+    if table.version < 2:
+        raise InputError("is a version-1 table; rebuild it with --refit first", path=table_path)
+    runs = load_runs(paths, table)
+    if not any(len(r["steps"]) for r in runs.values()):
+        raise InputError("no step of these runs could be priced (no decode step, no prefill step of a known shape)")
+    measured = speed_factors(runs, Correction(table.correction) if table.correction else None)
+    factors = measured["factors"]
+    raw = rescaled({k: v for k, v in table.raw.items() if k != "table_id"}, factors)
+    gpus = sorted({u for r in runs.values() if (u := (r["meta"].get("device") or {}).get("uuid"))})
+    if len(gpus) == 1:  # the table now prices that GPU, as a refresh on it would
+        raw["device"] = next(r["meta"]["device"] for r in runs.values())
+    raw.update(name=f"{table.raw.get('name', table.table_id)} (rescaled to the serving speed of {len(runs)} run(s))",
+               created_at=now_iso(), git_commit=git_commit(),
+               refreshed_from={"table_id": table.table_id, "device": table.device, "created_at": table.created_at},
+               refresh={"method": "serving speed: summed step time over the table's price in context, per kind "
+                                  "(servecap/calibrate/speed.py)",
+                        "factors": factors, "applied": factors, "steps": measured["steps"],
+                        "per_run": measured["runs"], "gpus": gpus, **(extra or {}),
+                        "command": shlex.join(["python", "-m", "calibrate", *argv])})
+    return save_cost_table(raw, out), measured
+
+
+def describe(measured: dict) -> str:
+    """The measurement as text: each kind's factor and steps, and the spread of the runs' own factors."""
+    lines = ["serving speed, summed real / price in context (1% trimmed):"]
+    for kind, f in measured["factors"].items():
+        own = [r[kind] for r in measured["runs"].values() if kind in r]
+        spread = f", runs {min(own):.4f}-{max(own):.4f}" if len(own) > 1 else ""
+        lines.append(f"  {kind:14s} {f:.4f} over {measured['steps'][kind]} steps of {len(own)} run(s){spread}")
+    return "\n".join(lines)
+
+
+def serving_probe(table_path: Path, out: Path, cfg, policies: list[str], backend: str, argv: list[str], n: int,
+                  telemetry=None) -> int:
+    """Serve the calibration serving phase's near-capacity trace of n requests for each policy on this GPU
+    (servecap/calibrate/serving.py, PROBE_LOADS; records in OUT.runs/) and write `table_path` rescaled to their speed
+    to `out`."""
+    import time
+
+    from tqdm import tqdm
+
+    from servecap.engine.engine import Engine
+
+    from .serving import PROBE_LOADS, serve_runs, serving_runs
+
+    t0 = time.perf_counter()
+    engine = Engine(cfg)
+    runs = serving_runs(table_path, policies, backend, cfg, n, PROBE_LOADS)
+    folder = out.with_name(out.name + ".runs")
+    with tqdm(total=len(runs), unit="run", desc="serving probe", dynamic_ncols=True) as bar:
+        dirs = serve_runs(engine, runs, folder, backend, lambda run: (bar.set_postfix_str(run.name, refresh=False),
+                                                                     bar.update()))
+    probe = {"probe": {"runs": str(folder), "requests": n, "loads": dict(PROBE_LOADS), "policies": policies,
+                       "wall_s": round(time.perf_counter() - t0, 1),
+                       **({"telemetry": telemetry.summary()} if telemetry is not None else {})}}
+    tid, measured = rescale_from_runs(dirs, table_path, out, argv, force=True, extra=probe)
+    print(describe(measured))
+    print(f"wrote cost table {tid} to {out} (rescaled from {table_path} by a serving probe of {len(dirs)} runs in "
+          f"{folder}, {time.perf_counter() - t0:.0f} s)")
+    return 0
