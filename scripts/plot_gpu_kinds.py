@@ -1,5 +1,5 @@
 """One plan's traffic on several GPUs, for a planner choosing one: per trace, the served rate and the TTFT p50 against
-the arrival rate, each validation directory's GPU in its own colour, each prefill policy its own marker; filled, the
+the arrival rate, each validation directory in its own colour, each prefill policy its own marker; filled, the
 mean of the point's real runs (the directory's points.csv, from `validate report`); open, the directory's plan's
 prediction, also at points not run. Directories of one plan's points (`validate plan --points-from`) on different
 GPU kinds show what one kind serves against another at the same arrival rates.
@@ -58,18 +58,19 @@ def gathered(validation: Path) -> tuple[str, list[dict]]:
 def plot(by_dir: dict[str, tuple[str, list[dict]]], out: Path) -> None:
     traces = [t for t in TRACES if any(r["trace"] == t for _, rows in by_dir.values() for r in rows)]
     fig, axes = plt.subplots(2, len(traces), figsize=(6.2 * len(traces), 8.4), squeeze=False)
-    colours = dict(zip(dict.fromkeys(g for g, _ in by_dir.values()), plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    # a colour a directory, so that two plans of one GPU (a closed and a serving refresh) are told apart too
+    colours = dict(zip(by_dir, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for col, trace in enumerate(traces):
         served, ttft = axes[0, col], axes[1, col]
-        for gpu, rows in by_dir.values():
+        for name, (_, rows) in by_dir.items():
             for r in (r for r in rows if r["trace"] == trace):
                 marker = MARKERS.get(r["policy"], "x")
-                predicted = {"facecolors": "none", "edgecolors": colours[gpu], "marker": marker, "s": 36}
+                predicted = {"facecolors": "none", "edgecolors": colours[name], "marker": marker, "s": 36}
                 served.scatter(r["rate"], r["served_sim"], **predicted)
                 ttft.scatter(r["rate"], r["ttft_sim_ms"], **predicted)
                 if r["served_real"] is not None:
-                    served.scatter(r["rate"], r["served_real"], color=colours[gpu], marker=marker, s=36)
-                    ttft.scatter(r["rate"], r["ttft_real_ms"], color=colours[gpu], marker=marker, s=36)
+                    served.scatter(r["rate"], r["served_real"], color=colours[name], marker=marker, s=36)
+                    ttft.scatter(r["rate"], r["ttft_real_ms"], color=colours[name], marker=marker, s=36)
         top = max(r["rate"] for _, rows in by_dir.values() for r in rows if r["trace"] == trace)
         served.plot([0, top], [0, top], ":", color="grey")
         served.set(title=f"{TRACES[trace]}: served rate", xlabel="arrival rate (req/s)", ylabel="served (req/s)")
@@ -77,7 +78,8 @@ def plot(by_dir: dict[str, tuple[str, list[dict]]], out: Path) -> None:
                  yscale="log")
         for ax in (served, ttft):
             ax.grid(alpha=0.3)
-    handles = [plt.Line2D([], [], color=c, marker="o", linestyle="", label=g) for g, c in colours.items()]
+    handles = [plt.Line2D([], [], color=c, marker="o", linestyle="", label=f"{n} ({by_dir[n][0]})")
+               for n, c in colours.items()]
     handles += [plt.Line2D([], [], color="black", marker=m, linestyle="", markerfacecolor="none", label=p)
                 for p, m in MARKERS.items()]
     handles += [plt.Line2D([], [], color="grey", linestyle=":", label="served = offered"),
@@ -85,7 +87,8 @@ def plot(by_dir: dict[str, tuple[str, list[dict]]], out: Path) -> None:
                 plt.Line2D([], [], color="black", marker="o", linestyle="", markerfacecolor="none",
                            label="predicted (the directory's plan)")]
     axes[0, 0].legend(handles=handles, fontsize=8)
-    fig.suptitle("One plan's points on " + " and ".join(colours) + ": " + ", ".join(by_dir))
+    fig.suptitle("Served rate and TTFT p50 by arrival rate, measured and predicted: " + ", ".join(
+        f"{n} on {g}" for n, (g, _) in by_dir.items()), fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
