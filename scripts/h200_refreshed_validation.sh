@@ -10,23 +10,27 @@
 # Where V-GPU/plan.json is already there (a call's directory carried back in, or kept in .device/ by an earlier call
 # on the same GPU, still warm), the call refreshes and plans nothing and resumes that plan's runs (v22's call a2 did
 # so by hand).
-# With SERVING_V (a second plan, committed, of V's points), TABLE is also refreshed by a serving probe
-# (`calibrate --refresh --serving-probe`) and SERVING_V's plan made from that and frozen the same way before any run;
-# the runs are V-GPU's, copied into SERVING_V-GPU at the end, so that one set of runs grades both plans.
+# SERVING_V lists more plans of V's points, committed, each DIR or DIR:TRACE1,TRACE2: for each, TABLE is also
+# refreshed by a serving probe (`calibrate --refresh --serving-probe`, with `--probe-trace TRACE1 TRACE2` where given)
+# and DIR's plan made from that and frozen the same way before any run; the runs are V-GPU's, copied into DIR-GPU at
+# the end, so that one set of runs grades every plan. (v31 ran it with one DIR, its table named TABLE-GPU-probe.json.)
 # Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
-#          [GPU='NVIDIA H100 80GB HBM3'] [SERVING_V=DIR2] bash scripts/h200_refreshed_validation.sh
+#          [GPU='NVIDIA H100 80GB HBM3'] [SERVING_V='DIR2 DIR3:T1,T2'] bash scripts/h200_refreshed_validation.sh
 #          (GPU: the device name expected)
 set -u
 source scripts/gpu_env.sh
 L=logs/call-$CALL; mkdir -p $L; GPU=${GPU:-NVIDIA H200}; END=${END_S:-585}
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,power.limit --format=csv | tee $L/nvidia-smi.txt
 gpu=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | cut -c5-12)
-R=${TABLE%.json}-$gpu.json; VR=$V-$gpu; SV=${SERVING_V:-}; SR=${TABLE%.json}-$gpu-probe.json; SVR=$SV-$gpu
+R=${TABLE%.json}-$gpu.json; VR=$V-$gpu
+probed() { d=${1%%:*}; SVR=$d-$gpu; SR=${TABLE%.json}-$gpu-${d##*validation-}.json; ST=${1#$d}; ST=${ST#:}; }
 # A warm machine keeps git-ignored paths between calls: an earlier call's directory on this GPU comes back from there.
 [ ! -f $VR/plan.json ] && [ -f .device/$VR/plan.json ] && mkdir -p $VR && cp -r .device/$VR/. $VR/ &&
   { [ -f $R ] || cp .device/$R $R; }
-[ -n "$SV" ] && [ ! -f $SVR/plan.json ] && [ -f .device/$SVR/plan.json ] && mkdir -p $SVR && cp -r .device/$SVR/. $SVR/ &&
-  { [ -f $SR ] || cp .device/$SR $SR; }
+for sv in ${SERVING_V:-}; do
+  probed $sv; [ ! -f $SVR/plan.json ] && [ -f .device/$SVR/plan.json ] && mkdir -p $SVR && cp -r .device/$SVR/. $SVR/ &&
+    { [ -f $SR ] || cp .device/$SR $SR; }
+done
 if [ -f $VR/plan.json ]; then  # this GPU's frozen plan, carried in: its interrupted or missing runs resume under it
   echo "== resuming under $VR/plan.json"; (sha256sum $VR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-resumed.txt
 else
@@ -35,12 +39,13 @@ else
   timeout 120 python3 -m validate plan --table $R --out $VR --points-from $V --interval 90 > $L/plan.txt 2>&1
   tail -1 $L/plan.txt; (sha256sum $VR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-frozen.txt
 fi
-if [ -n "$SV" ] && [ ! -f $SVR/plan.json ]; then
-  timeout 180 python3 -m calibrate --refresh $TABLE --serving-probe --backend paged --out $SR --expect-gpu "$GPU" \
-    > $L/refresh-probe.txt 2>&1; tail -4 $L/refresh-probe.txt
-  timeout 120 python3 -m validate plan --table $SR --out $SVR --points-from $SV --interval 90 > $L/plan-probe.txt 2>&1
-  tail -1 $L/plan-probe.txt; (sha256sum $SVR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-probe-frozen.txt
-fi
+for sv in ${SERVING_V:-}; do
+  probed $sv; n=$(basename $d); [ -f $SVR/plan.json ] && continue
+  timeout 180 python3 -m calibrate --refresh $TABLE --serving-probe ${ST:+--probe-trace ${ST//,/ }} --backend paged \
+    --out $SR --expect-gpu "$GPU" > $L/refresh-$n.txt 2>&1; tail -4 $L/refresh-$n.txt
+  timeout 120 python3 -m validate plan --table $SR --out $SVR --points-from $d --interval 90 > $L/plan-$n.txt 2>&1
+  tail -1 $L/plan-$n.txt; (sha256sum $SVR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-$n-frozen.txt
+done
 left=$((END - 40 - SECONDS)); [ -n "${PROBE:-}" ] && left=$((left < 300 ? left : 300))
 echo "== validate real $VR --only $POINTS, $left s ($(date -u +%T))"
 timeout $left python3 -m validate real --out $VR --only "$POINTS" --expect-gpu "$GPU" > $L/real.txt 2>&1
@@ -52,9 +57,10 @@ for run in chunked512-azure-conv-past:chunked:512 sharegpt-past:padded; do
 done
 mkdir -p .device/$(dirname $VR) .device/$(dirname $R) && rm -rf .device/$VR && cp -r $VR .device/$VR && cp $R .device/$R
 keep="$R $VR"
-if [ -n "$SV" ] && [ -f $SVR/plan.json ]; then
+for sv in ${SERVING_V:-}; do
+  probed $sv; [ -f $SVR/plan.json ] || continue
   rm -rf $SVR/real && cp -r $VR/real $SVR/real; rm -rf .device/$SVR && cp -r $SVR .device/$SVR && cp $SR .device/$SR
   keep="$keep $SR $SVR"; [ -d $SR.runs ] && keep="$keep $SR.runs"
-fi
+done
 tar czf $OUT/out.tgz $keep logs
 ls -la $OUT; echo "elapsed $SECONDS s"

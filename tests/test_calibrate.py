@@ -377,6 +377,21 @@ def test_tiny_calibration_end_to_end(tmp_path, capsys, monkeypatch, progress):
     assert "serving probe of 4 runs" in printed
     assert rescaled["refreshed_from"]["table_id"] == served["table_id"] and rescaled["correction"] == served["correction"]
     assert set(rescaled["refresh"]["factors"]) == {"prefill", "decode paged"} and rescaled["refresh"]["probe"]["requests"] == 8
+    # ... or of the first requests of a trace of the user's, at the capacity the table predicts for it
+    from servecap.traces.trace_io import write_trace
+    from servecap.traces.workload import poisson_trace
+    mine = write_trace(poisson_trace(5.0, 30, seed=3), tmp_path / "mine.csv")
+    assert main(["--refresh", str(corrected), "--serving-probe", "--probe-trace", str(mine), "--out",
+                 str(tmp_path / "tiny-probed-mine.json"), "--device", device, "--model", "tiny", "--quick",
+                 "--backend", "paged"]) == 0
+    probe = load_cost_table(tmp_path / "tiny-probed-mine.json", allow_nonstationary=True).raw["refresh"]["probe"]
+    assert probe["traces"]["mine"]["path"] == str(mine)
+    served_runs = sorted((tmp_path / "tiny-probed-mine.json.runs").iterdir())
+    assert [d.name for d in served_runs] == [r.replace("near", "mine-near") for r in probe_runs]
+    for d in served_runs:  # its first 8 requests, scaled to a rate
+        meta = json.loads((d / "meta.json").read_text())
+        assert meta["trace"]["scaled_from"] and meta["trace"]["rate"] > 0
+        assert len((d / "requests.csv").read_text().splitlines()) == 1 + 8
 
 
 def test_the_serving_phase_loads_each_policy_below_near_and_past_the_capacity_its_table_predicts(tmp_path):

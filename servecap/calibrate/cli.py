@@ -72,6 +72,9 @@ def parser() -> argparse.ArgumentParser:
                    help="with --refresh: read this GPU's speed from a short serving run per prefill policy near the "
                         "capacity TABLE predicts (about a minute) instead of closed shapes, and rescale TABLE per kind "
                         "to what those runs paid, its serving correction kept (servecap/calibrate/speed.py)")
+    p.add_argument("--probe-trace", type=Path, nargs="+", metavar="CSV",
+                   help="with --serving-probe: serve the first requests of these traces (traffic like yours, a window "
+                        "of its own) instead of the serving phase's synthetic one, each with every policy")
     p.add_argument("--refit", type=Path, metavar="TABLE",
                    help="no GPU: rebuild TABLE from its measured runs (TABLE.points.jsonl, or --points) with this "
                         "version's cost model, into --out")
@@ -150,6 +153,11 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         raise InputError("--rescale goes with --from-runs (a table rescaled to those runs' speed)")
     if args.serving_probe and args.refresh is None:
         raise InputError("--serving-probe goes with --refresh TABLE (the table to rescale to this GPU)")
+    if args.probe_trace and not args.serving_probe:
+        raise InputError("--probe-trace goes with --refresh TABLE --serving-probe (the traces the probe serves)")
+    names = [t.stem for t in args.probe_trace or []]
+    if len(set(names)) < len(names):
+        raise InputError(f"--probe-trace names two traces alike ({', '.join(names)}): their runs would share a folder")
     from servecap.engine.engine import Engine, EngineConfig  # torch: only once the options are known to be good
 
     from .measure import identity, measure, telemetry, telemetry_path
@@ -184,7 +192,8 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
                 from .serving import QUICK_REQUESTS, REQUESTS
                 from .speed import serving_probe
                 return serving_probe(args.refresh, args.out, cfg, [str(p) for p in every_policy(plan.chunk)],
-                                     args.backend[0], argv, QUICK_REQUESTS if plan is QUICK else REQUESTS, rec)
+                                     args.backend[0], argv, QUICK_REQUESTS if plan is QUICK else REQUESTS, rec,
+                                     {t.stem: t for t in args.probe_trace or []})
             return refresh(source, args.out, cfg, argv, rec)
     if args.check_stationary:
         with tempfile.TemporaryDirectory(prefix="stationarity-") as tmp, \

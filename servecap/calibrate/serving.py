@@ -19,7 +19,7 @@ from servecap.core.config import ServingConfig
 from servecap.costs.model import CostModel
 from servecap.costs.table import load_cost_table
 from servecap.traces.records import is_complete
-from servecap.traces.workload import Request, Trace, synthetic_trace
+from servecap.traces.workload import Request, Trace, at_rate, synthetic_trace
 
 if TYPE_CHECKING:
     from servecap.engine.engine import EngineConfig
@@ -42,36 +42,48 @@ class ServingRun:
     trace: Trace
 
 
+def clipped(trace: Trace, engine: EngineConfig) -> Trace:
+    """The trace with its requests' lengths clipped to what `engine` serves."""
+    reqs = [Request(r.request_id, r.arrival, min(r.prompt_tokens, engine.max_prompt), min(r.budget, engine.max_budget))
+            for r in trace.requests]
+    return Trace(reqs, {**trace.meta, "max_prompt": engine.max_prompt, "max_budget": engine.max_budget})
+
+
 def workload(rate: float, n: int, seed: int, engine: EngineConfig) -> Trace:
     """The phase's trace at `rate`: n synthetic requests, their lengths clipped to what `engine` serves."""
-    t = synthetic_trace(rate, n, seed, PROMPTS, BUDGETS)
-    reqs = [Request(r.request_id, r.arrival, min(r.prompt_tokens, engine.max_prompt), min(r.budget, engine.max_budget))
-            for r in t.requests]
-    return Trace(reqs, {**t.meta, "max_prompt": engine.max_prompt, "max_budget": engine.max_budget})
+    return clipped(synthetic_trace(rate, n, seed, PROMPTS, BUDGETS), engine)
 
 
-def capacity(cost: CostModel, serving: ServingConfig, n: int, seed: int, engine: EngineConfig) -> float:
-    """The policy's saturated served rate on the phase's workload, simulated on `cost`: the trace offered at once."""
+def capacity(cost: CostModel, serving: ServingConfig, saturated: Trace) -> float:
+    """The policy's saturated served rate on a trace offered at once, simulated on `cost`."""
     from servecap.sim.simulator import SimConfig, simulate
     from servecap.traces.metrics import served_rate
 
-    trace = workload(SATURATED_RATE, n, seed, engine)
-    return served_rate(simulate(trace, cost, SimConfig(serving, detail="summary")).record)
+    return served_rate(simulate(saturated, cost, SimConfig(serving, detail="summary")).record)
 
 
 def serving_runs(table_path: Path, policies: list[str], backend: str, engine: EngineConfig,
-                 n: int = REQUESTS, loads: tuple[tuple[str, float], ...] = LOADS) -> list[ServingRun]:
-    """The phase's runs of n requests, each policy at `loads` of its capacity on the table at `table_path`, a seed per
-    run, lengths clipped to what `engine` serves."""
+                 n: int = REQUESTS, loads: tuple[tuple[str, float], ...] = LOADS,
+                 traces: dict[str, Trace] | None = None) -> list[ServingRun]:
+    """The phase's runs of n requests, each policy at `loads` of its capacity on the table at `table_path`, lengths
+    clipped to what `engine` serves: synthetic, a seed per run, or with `traces` (name -> trace) the first n
+    requests of each, its time scaled to each load."""
     cost = CostModel(load_cost_table(table_path, allow_nonstationary=True))
     runs = []
     for i, policy in enumerate(policies):
         serving = engine.serving.but(backend=backend, prefill=policy)
-        seed = SEED + 10 * i
-        top = capacity(cost, serving, n, seed, engine)
-        for j, (name, share) in enumerate(loads):
-            runs.append(ServingRun(f"{policy.replace(':', '')}-{name}", policy,
-                                   workload(round(share * top, 2), n, seed + j, engine)))
+        tag = policy.replace(":", "")
+        if traces is None:
+            seed = SEED + 10 * i
+            top = capacity(cost, serving, workload(SATURATED_RATE, n, seed, engine))
+            runs += [ServingRun(f"{tag}-{name}", policy, workload(round(share * top, 2), n, seed + j, engine))
+                     for j, (name, share) in enumerate(loads)]
+            continue
+        for trace_name, trace in traces.items():
+            base = clipped(Trace(trace.requests[:n], trace.meta), engine)
+            top = capacity(cost, serving, at_rate(base, SATURATED_RATE))
+            runs += [ServingRun(f"{tag}-{trace_name}-{name}", policy, at_rate(base, round(share * top, 2)))
+                     for name, share in loads]
     return runs
 
 

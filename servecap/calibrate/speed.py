@@ -105,26 +105,31 @@ def describe(measured: dict) -> str:
 
 
 def serving_probe(table_path: Path, out: Path, cfg, policies: list[str], backend: str, argv: list[str], n: int,
-                  telemetry=None) -> int:
-    """Serve the calibration serving phase's near-capacity trace of n requests for each policy on this GPU
-    (servecap/calibrate/serving.py, PROBE_LOADS; records in OUT.runs/) and write `table_path` rescaled to their speed
-    to `out`."""
+                  telemetry=None, traces: dict[str, Path] | None = None) -> int:
+    """Serve n requests near capacity with each policy on this GPU (servecap/calibrate/serving.py, PROBE_LOADS;
+    records in OUT.runs/): the calibration serving phase's synthetic trace, or the first n of each of `traces`
+    (name -> trace file: traffic like the one planned for, its own window); then write `table_path` rescaled to
+    their speed to `out`."""
     import time
 
     from tqdm import tqdm
 
     from servecap.engine.engine import Engine
+    from servecap.traces.trace_io import read_trace
 
     from .serving import PROBE_LOADS, serve_runs, serving_runs
 
     t0 = time.perf_counter()
+    given = {name: read_trace(path) for name, path in (traces or {}).items()}  # a bad file refused before the engine
     engine = Engine(cfg)
-    runs = serving_runs(table_path, policies, backend, cfg, n, PROBE_LOADS)
+    runs = serving_runs(table_path, policies, backend, cfg, n, PROBE_LOADS, given or None)
     folder = out.with_name(out.name + ".runs")
     with tqdm(total=len(runs), unit="run", desc="serving probe", dynamic_ncols=True) as bar:
         dirs = serve_runs(engine, runs, folder, backend, lambda run: (bar.set_postfix_str(run.name, refresh=False),
                                                                      bar.update()))
     probe = {"probe": {"runs": str(folder), "requests": n, "loads": dict(PROBE_LOADS), "policies": policies,
+                       "traces": {name: {"path": str(path), "trace_id": given[name].trace_id}
+                                  for name, path in (traces or {}).items()} or "synthetic (the serving phase's)",
                        "wall_s": round(time.perf_counter() - t0, 1),
                        **({"telemetry": telemetry.summary()} if telemetry is not None else {})}}
     tid, measured = rescale_from_runs(dirs, table_path, out, argv, force=True, extra=probe)
