@@ -394,6 +394,25 @@ def test_tiny_calibration_end_to_end(tmp_path, capsys, monkeypatch, progress):
         assert len((d / "requests.csv").read_text().splitlines()) == 1 + 8
 
 
+def test_a_serving_run_is_kept_only_where_this_gpu_served_this_trace(tmp_path):
+    from servecap.calibrate.serving import ServingRun, kept
+    from servecap.traces.workload import poisson_trace
+    run = ServingRun("padded-near", "padded", poisson_trace(5.0, 10, seed=1))
+    d = tmp_path / "padded-near"
+    d.mkdir()
+
+    def record(status="complete", trace_id=run.trace.trace_id, uuid="GPU-a"):
+        (d / "meta.json").write_text(json.dumps({"status": status, "trace_id": trace_id, "device": {"uuid": uuid}}))
+    record()
+    assert kept(d, run, "GPU-a")
+    assert not kept(d, run, "GPU-b")  # another GPU's probe: its speed is not this one's
+    record(trace_id="0123456789abcdef")
+    assert not kept(d, run, "GPU-a")  # a run for another table: its capacity scaled the trace otherwise
+    record(status="running")
+    assert not kept(d, run, "GPU-a")  # interrupted
+    assert not kept(tmp_path / "none", run, "GPU-a")
+
+
 def test_the_serving_phase_loads_each_policy_below_near_and_past_the_capacity_its_table_predicts(tmp_path):
     from servecap.calibrate.serving import LOADS, serving_runs
     from servecap.core.config import ServingConfig

@@ -10,6 +10,7 @@ seeds of their own), so a table corrected here knows nothing of the traffic a va
 """
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,13 +88,23 @@ def serving_runs(table_path: Path, policies: list[str], backend: str, engine: En
     return runs
 
 
+def kept(d: Path, run: ServingRun, uuid: str | None) -> bool:
+    """Whether folder d holds this run already: a complete record of the same trace on the same GPU (a record left
+    by a run for another table, whose capacity scaled the trace otherwise, or on another GPU, is made again)."""
+    if not is_complete(d):
+        return False
+    meta = json.loads((d / "meta.json").read_text())
+    return meta.get("trace_id") == run.trace.trace_id and (meta.get("device") or {}).get("uuid") == uuid
+
+
 def serve_runs(engine, runs: list[ServingRun], folder: Path, backend: str, progress=None) -> list[Path]:
-    """Serve each run on `engine` into folder/NAME (a complete record is kept, an interrupted one made again);
+    """Serve each run on `engine` into folder/NAME (a record this run made is kept, any other made again: kept);
     returns the runs' directories."""
     dirs = []
+    uuid = engine.metadata()["device"].get("uuid")
     for run in runs:
         d = folder / run.name
-        if not is_complete(d):
+        if not kept(d, run, uuid):
             if d.exists():
                 shutil.rmtree(d)
             engine.run(run.trace, d, backend, tokens=False, policy=run.policy, progress=False,
