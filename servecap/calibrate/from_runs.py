@@ -314,6 +314,17 @@ def load_runs(paths: list[Path], table: CostTable) -> dict[Path, dict]:
     return runs
 
 
+def table_and_runs(paths: list[Path], table_path: Path, out: Path, force: bool) -> tuple[CostTable, dict[Path, dict]]:
+    """The table at `table_path` and the runs under `paths` priced by it (load_runs), once `out` is known free (or
+    `force`) and the table is of version 2 or later."""
+    if out.exists() and not force:
+        raise InputError("already exists; pass --force to replace it", path=out)
+    table = load_cost_table(table_path, allow_nonstationary=True)
+    if table.version < 2:
+        raise InputError("is a version-1 table; rebuild it with --refit first", path=table_path)
+    return table, load_runs(paths, table)
+
+
 HOLDOUTS = ("run", "point", "gpu")
 
 
@@ -323,12 +334,7 @@ def from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], f
     the module docstring's two ways of holding runs out)."""
     import pandas as pd
 
-    if out.exists() and not force:
-        raise InputError("already exists; pass --force to replace it", path=out)
-    table = load_cost_table(table_path, allow_nonstationary=True)
-    if table.version < 2:
-        raise InputError("is a version-1 table; rebuild it with --refit first", path=table_path)
-    runs = load_runs(paths, table)
+    table, runs = table_and_runs(paths, table_path, out, force)
     if holdout in GROUPS:
         correction, own = leave_one_out(runs, holdout)
         fitted, held = sorted(runs), sorted(runs)

@@ -28,11 +28,11 @@ import numpy as np
 
 from servecap.costs.context import Correction
 from servecap.costs.recorded import contextual, stretch_end_prices
-from servecap.costs.table import load_cost_table, save_cost_table
+from servecap.costs.table import save_cost_table
 from servecap.traces.errors import InputError
 from servecap.traces.provenance import git_commit, now_iso
 
-from .from_runs import class_factor, load_runs
+from .from_runs import class_factor, table_and_runs
 from .refresh import rescaled
 
 PREFILL = "prefill"
@@ -69,12 +69,7 @@ def rescale_from_runs(paths: list[Path], table_path: Path, out: Path, argv: list
                       extra: dict | None = None) -> tuple[str, dict]:
     """Write `table_path` rescaled per kind by the speed of the runs under `paths` to `out`; return its id and the
     measurement (speed_factors'). `extra` joins the table's `refresh` record (a serving probe's own details)."""
-    if out.exists() and not force:
-        raise InputError("already exists; pass --force to replace it", path=out)
-    table = load_cost_table(table_path, allow_nonstationary=True)
-    if table.version < 2:
-        raise InputError("is a version-1 table; rebuild it with --refit first", path=table_path)
-    runs = load_runs(paths, table)
+    table, runs = table_and_runs(paths, table_path, out, force)
     if not any(len(r["steps"]) for r in runs.values()):
         raise InputError("no step of these runs could be priced (no decode step, no prefill step of a known shape)")
     measured = speed_factors(runs, Correction(table.correction) if table.correction else None)
