@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from servecap.costs.context import Correction
-from servecap.costs.recorded import contextual, stretch_end_prices
+from servecap.costs.recorded import scaled_price, stretch_end_prices
 from servecap.costs.table import save_cost_table
 from servecap.traces.errors import InputError
 from servecap.traces.provenance import git_commit, now_iso
@@ -48,7 +48,7 @@ def _parts(steps, correction: Correction | None) -> tuple[np.ndarray, np.ndarray
     contextual price at the reference clock less the same."""
     at_ref = steps.assign(clock_mhz=np.nan)
     fixed = at_ref.retire_s.to_numpy() + (stretch_end_prices(at_ref, correction) if correction else 0.0)
-    return at_ref.real_s.to_numpy() - fixed, contextual(at_ref, correction) - fixed
+    return at_ref.real_s.to_numpy() - fixed, scaled_price(at_ref, correction)
 
 
 def speed_factors(runs: dict[Path, dict], correction: Correction | None) -> dict:

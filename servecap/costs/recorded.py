@@ -167,17 +167,23 @@ def priced_steps(rec, cost: CostModel, telemetry=None):
 
 
 def contextual(steps, correction, typical: bool = False) -> np.ndarray:
-    """The price of each priced step (priced_steps) in its serving context: model_s x the factor of `correction`
-    (a costs.context.Correction, e.g. CostModel.correction; None: model_s as it is), plus its retirement and the
-    end of the stretch it ends.
+    """The price of each priced step (priced_steps) in its serving context: its scaled part (scaled_price) plus its
+    retirement and the end of the stretch it ends (host work, which no step factor scales)."""
+    fixed = steps.retire_s.to_numpy() + (stretch_end_prices(steps, correction) if correction is not None else 0.0)
+    return scaled_price(steps, correction, typical) + fixed
+
+
+def scaled_price(steps, correction, typical: bool = False) -> np.ndarray:
+    """Each priced step's model_s x the factor of `correction` (a costs.context.Correction, e.g.
+    CostModel.correction; None: model_s as it is): the part of its price that scales with the step.
     `typical`: a typical step's price, the class's median factor (what a median of real / price is graded
     against); else the summed one, whose sum over a run is the run's price."""
     if correction is None or not len(steps):
-        return steps.model_s.to_numpy() + steps.retire_s.to_numpy()
+        return steps.model_s.to_numpy()
     columns = (steps[c].tolist() for c in ("kind", "prev_kind", "idle_s", "rows", "kv_max", "tokens", "kv_tokens"))
     f = [correction.factor(k, p, i, r, c if c == c else None, m, t, typical, v) for k, p, i, r, m, t, v, c in
          zip(*columns, steps.clock_mhz.astype(float).tolist())]
-    return steps.model_s.to_numpy() * np.asarray(f) + steps.retire_s.to_numpy() + stretch_end_prices(steps, correction)
+    return steps.model_s.to_numpy() * np.asarray(f)
 
 
 def stretch_end_prices(steps, correction) -> np.ndarray:
