@@ -1,7 +1,7 @@
 """The README's grading of a validation's real runs against its frozen plan, per the issues' targets.
 
 Usage: PYTHONPATH=. python scripts/grade_validation.py VALIDATION [VALIDATION ...] [--by CONTEXT] [--segments]
-         [--replan TABLE [--work DIR]]
+         [--replan TABLE [--work DIR] | --against PLAN_DIR]
 
 For each validation directory (plan.json and real/POINT/run-K, as `python -m validate plan` and `real` make them),
 compared with its plan under the protocol checks of servecap/validate/comparison.py, on the plan's own table:
@@ -27,6 +27,9 @@ the next 25% and the second half: whether a run's speed drifts through it (a war
 With --replan TABLE, each validation is graded against a plan re-made from TABLE on its points and traces, with 90%
 bands (in --work, else a temporary directory): what another table would have predicted. A retrospective, never
 blind: that plan is made after the runs (the protocol checks stay the validation's own plan's).
+With --against PLAN_DIR, each validation is graded against that committed plan of the same points instead, on its
+table: a refreshed validation's runs against the unrefreshed plan it was made from (`--points-from`), blind where
+PLAN_DIR was committed before the runs (git log says so; README, validations v32 and v34).
 """
 from __future__ import annotations
 
@@ -242,6 +245,21 @@ def replan(validation: Path, table: Path, out: Path) -> tuple[Path, Path]:
     return out, table
 
 
+def against(validation: Path, plan_dir: Path) -> tuple[Path, Path]:
+    """The committed plan in `plan_dir` and its table, for grade's `replanned`, once it is known to plan every point
+    of `validation`'s."""
+    try:
+        plan = json.loads((plan_dir / "plan.json").read_text())
+    except (OSError, ValueError):
+        raise InputError("holds no readable plan.json", path=plan_dir) from None
+    own = json.loads((validation / "plan.json").read_text())["predictions"]
+    missing = sorted(set(own) - set(plan["predictions"]))
+    if missing:
+        raise InputError(f"does not plan {len(missing)} of {validation}'s points ({', '.join(missing[:3])}"
+                         f"{', ...' if len(missing) > 3 else ''})", path=plan_dir)
+    return plan_dir, Path(plan["table"]["path"])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("validations", type=Path, nargs="+")
@@ -251,7 +269,11 @@ def main(argv: list[str] | None = None) -> int:
                    "(retrospective)")
     p.add_argument("--work", type=Path, help="with --replan: where its plans go (default: a temporary directory of "
                    "this run's own, removed after)")
+    p.add_argument("--against", type=Path, metavar="PLAN_DIR", help="grade against this committed plan of the same "
+                   "points, on its own table (e.g. the unrefreshed plan a refreshed one was made from)")
     args = p.parse_args(argv)
+    if args.against and args.replan:
+        p.error("--against and --replan are two different plans: give one")
     warnings.simplefilter("ignore")  # extrapolation notes about a few long steps; the grading reads every step
     try:
         # --replan without --work: a scratch directory of this run's own, so that two replans at once never grade
@@ -270,7 +292,8 @@ def _graded(args: argparse.Namespace, work: Path | None) -> int:
     for v in args.validations:
         if not (v / "plan.json").is_file():
             raise InputError("holds no plan.json", path=v)
-        replanned = None if args.replan is None else replan(v, args.replan, work / v.name)
+        replanned = against(v, args.against) if args.against else \
+            None if args.replan is None else replan(v, args.replan, work / v.name)
         runs[v], bands[v] = grade(v, args.by, replanned, segments=args.segments)
     if len(runs) > 1:
         print(pooled(runs, bands))

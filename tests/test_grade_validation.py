@@ -181,6 +181,19 @@ def test_replanning_from_the_validations_own_table_reproduces_its_grades_and_ano
         "8670d17e692cfa0c"
 
 
+def test_grading_against_the_unrefreshed_plan_takes_its_predictions_and_table_and_refuses_one_of_other_points(
+        capsys, script):
+    grade = script("grade_validation")
+    v, static = "results/validation-v16-71520d56", "results/validation-v16"
+    assert grade.main([v, "--against", static]) == 0
+    out = capsys.readouterr().out.splitlines()
+    plan = json.loads(Path(static, "plan.json").read_text())
+    assert f"(table {plan['table']['id']})" in out[0] and plan["table"]["id"] not in Path(v, "grade.txt").read_text()
+    assert grade.main([v, "--against", "results/validation-v32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not plan 2 of results/validation-v16-71520d56's points" in err
+
+
 def test_rebanded_one_factor_keeps_the_whole_runs_sigma_and_draws_no_kind_apart(script, tmp_path):
     from servecap.sim.inputs import load_table
     from servecap.sim.intervals import cost_sigma
