@@ -437,3 +437,21 @@ def test_the_serving_phase_loads_each_policy_below_near_and_past_the_capacity_it
     from servecap.calibrate.from_runs import split
     fake = {tmp_path / r.name: {"meta": {"prefill": r.policy}} for r in runs}
     assert sorted(p.name for p in split(fake)[1]) == ["chunked256-3-near", "padded-3-near"]
+
+
+def test_refreshing_a_table_whose_correction_spans_three_gpus_or_more_warns_and_one_of_two_does_not():
+    import warnings
+    from types import SimpleNamespace
+
+    from servecap.calibrate.refresh import SPANNED_GPUS, source_table
+    from servecap.core.config import ServingConfig
+    cfg = SimpleNamespace(serving=ServingConfig(model="qwen2.5-1.5b", dtype="float16"))
+    for name, gpus in (("h100-t10-v29", 4), ("h100-t10-v27", 2)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            source_table(Path(f"results/calibration/h100/{name}.json"), cfg)
+        said = [str(w.message) for w in caught if "already prices serving" in str(w.message)]
+        assert said == ([f"results/calibration/h100/{name}.json's correction already prices serving on {gpus} GPUs "
+                         f"of its kind; such a table predicted better as it was than refreshed on four fresh H100s, "
+                         f"as well on 25 H200 sessions (README, validation v32): refresh it for another GPU kind or "
+                         f"driver, or plan with both"] if gpus >= SPANNED_GPUS else [])
