@@ -357,7 +357,7 @@ def test_tiny_calibration_end_to_end(tmp_path, capsys, monkeypatch, progress):
     assert again["prefill"]["points"] == table["prefill"]["points"] and again["decode"] == table["decode"]
     served = load_cost_table(corrected, allow_nonstationary=True).raw
     runs = sorted(p.name for p in (tmp_path / "tiny-serving.json.runs").iterdir())
-    assert len(runs) == 12 and f"serving phase's 12 runs" in printed
+    assert len(runs) == 12 and "serving phase's 12 runs" in printed
     assert all(json.loads((tmp_path / "tiny-serving.json.runs" / r / "meta.json").read_text())["status"] == "complete"
                for r in runs)
     assert served["corrected_from"]["table_id"] == again["table_id"] and served["correction"]["factors"]
