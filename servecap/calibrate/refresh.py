@@ -9,10 +9,10 @@ On a GPU of the table's own name the prefill factor is recorded and not applied:
 such GPUs the closed prefill shapes' reading did not follow the GPU's serving prefill speed, where the decode
 reading did (README, validation v22; `scripts/refresh_retro.py`). On another GPU the prefill factor is applied too.
 
-A table corrected from serving runs on SPANNED_GPUS or more GPUs of its kind is refreshed with a warning: such a
-table predicted better as it was than refreshed on four fresh H100s (by closed shapes or by a serving probe), and as
-well on 25 H200 sessions, each unrefreshed plan frozen before the same runs (README, validation v32): its correction
-already prices the kind's spread in serving, to which a reading on one GPU adds its own error.
+A table corrected from serving runs on SPANNED_GPUS or more GPUs of its kind is refreshed with a warning: graded
+blind against the same runs, such tables predicted as well or better unrefreshed, on either GPU kind, whether
+refreshed by closed shapes or by a serving probe (README, validation v32): the correction already prices the kind's
+spread in serving, to which a reading on one GPU adds its own error.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from servecap.traces.errors import InputError
 from .plan import Run
 from .points import prefill_steps, usable_steps
 
-SPANNED_GPUS = 3  # v29's table spanned three H100s, v30's and v32's four; v28's two predicted as well refreshed
+SPANNED_GPUS = 3  # from three GPUs on, unrefreshed won (H100 v29, v30, v32); from two it tied (v28)
 DECODE_ROWS, DECODE_LENGTHS = (1, 8, 16, 32), (256, 2048)
 REFRESH_BUDGET = 64  # tokens a decode run generates: 63 decode steps
 PREFILL_SHAPES = ((1, 256), (8, 1024), (32, 256), (4, 4096))
@@ -99,10 +99,9 @@ def source_table(path: Path, cfg) -> CostTable:
                          f"this engine anew", path=path)
     gpus = ((old.correction or {}).get("held_out_gpus") or {}).get("n", 0)
     if gpus >= SPANNED_GPUS:
-        warnings.warn(f"{path}'s correction already prices serving on {gpus} GPUs of its kind; such a table "
-                      "predicted better as it was than refreshed on four fresh H100s, as well on 25 H200 sessions "
-                      "(README, validation v32): refresh it for another GPU kind or driver, or plan with both",
-                      stacklevel=2)
+        warnings.warn(f"{path}'s correction already prices serving on {gpus} GPUs of its kind, and such tables "
+                      "predicted as well or better unrefreshed (README, validation v32): refresh it for another GPU "
+                      "kind or driver, or plan with both", stacklevel=2)
     return old
 
 
