@@ -14,8 +14,10 @@
 # refreshed by a serving probe (`calibrate --refresh --serving-probe`, with `--probe-trace TRACE1 TRACE2` where given)
 # and DIR's plan made from that and frozen the same way before any run; the runs are V-GPU's, copied into DIR-GPU at
 # the end, so that one set of runs grades every plan. (v31 ran it with one DIR, its table named TABLE-GPU-probe.json.)
+# REFRESH=none runs V's own plan as committed (the table unrefreshed, README validation v32), in V-GPU as the others.
 # Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
-#          [GPU='NVIDIA H100 80GB HBM3'] [SERVING_V='DIR2 DIR3:T1,T2'] bash scripts/h200_refreshed_validation.sh
+#          [GPU='NVIDIA H100 80GB HBM3'] [SERVING_V='DIR2 DIR3:T1,T2'] [REFRESH=none] \
+#          bash scripts/h200_refreshed_validation.sh
 #          (GPU: the device name expected)
 set -u
 source scripts/gpu_env.sh
@@ -33,6 +35,9 @@ for sv in ${SERVING_V:-}; do
 done
 if [ -f $VR/plan.json ]; then  # this GPU's frozen plan, carried in: its interrupted or missing runs resume under it
   echo "== resuming under $VR/plan.json"; (sha256sum $VR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-resumed.txt
+elif [ "${REFRESH:-closed}" = none ]; then  # V's own plan, committed before the call, run as it is
+  mkdir -p $VR && cp -r $V/plan.json $V/traces $VR/ && cp $TABLE $R
+  (sha256sum $VR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-frozen.txt
 else
   timeout 120 python3 -m calibrate --refresh $TABLE --backend paged --out $R --expect-gpu "$GPU" \
     > $L/refresh.txt 2>&1; tail -2 $L/refresh.txt
