@@ -111,6 +111,29 @@ def _binned(steps, by: str) -> list[str]:
             for (kind, b), row in g.iterrows()]
 
 
+def planned(validation: Path, replanned: tuple[Path, Path] | None = None) -> tuple[dict, list, Path]:
+    """The plan, each point's prediction beside its real runs (servecap/validate/comparison.py) and the plan's table
+    path: the validation's own plan's, or with `replanned` (a plan directory of its points, its table) that plan's
+    predictions against the same runs."""
+    table_path = plan_table(validation)
+    plan, results = compare(validation, table_path)
+    if replanned is not None:
+        plan_dir, table_path = replanned
+        plan = json.loads((plan_dir / "plan.json").read_text())
+        results = [replace(c, sim=plan["predictions"][c.point.id]) for c in results]
+    return plan, results, table_path
+
+
+def target(c) -> tuple[str, float, float, float, bool]:
+    """An arrival point's grade: (id, served rate error, TTFT p50 error, the repeats' TTFT spread, whether the TTFT
+    error is within max(10%, spread)), errors of the prediction against the mean of the repeats."""
+    served = float(np.mean([m["served_rate"] for m in c.real]))
+    ttft = [m["ttft_p50"] for m in c.real]
+    spread = (max(ttft) - min(ttft)) / float(np.median(ttft)) if len(ttft) > 1 else 0.0
+    e_ttft = c.sim["ttft_p50"] / float(np.mean(ttft)) - 1
+    return c.point.id, c.sim["served_rate"] / served - 1, e_ttft, spread, abs(e_ttft) <= max(0.10, spread)
+
+
 def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] | None = None,
           segments: bool = False) -> tuple[pd.DataFrame, dict]:
     """Print the validation's grading (module docstring); return each run's summed real / price in context (`total`;
@@ -118,12 +141,7 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
     (servecap/validate/coverage.py) over every point (`all`) and over the near and the past capacity points.
     `replanned` (a plan directory of the same points and the table it was made from): grade the runs against that
     plan instead, one made after them (a retrospective: the protocol checks are the validation's own plan's)."""
-    table_path = plan_table(validation)
-    plan, results = compare(validation, table_path)
-    if replanned is not None:
-        plan_dir, table_path = replanned
-        plan = json.loads((plan_dir / "plan.json").read_text())
-        results = [replace(c, sim=plan["predictions"][c.point.id]) for c in results]
+    plan, results, table_path = planned(validation, replanned)
     cost = CostModel(inputs.load_table(table_path))
     targets, runs, kinds, per_run, every = [], [], {}, [], []
     for c in results:
@@ -153,12 +171,7 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
                 kinds.setdefault(kind, []).extend(r.tolist())
         if c.point.trace.get("kind") == "closed-mixed":
             continue
-        served = float(np.mean([m["served_rate"] for m in c.real]))
-        ttft = [m["ttft_p50"] for m in c.real]
-        spread = (max(ttft) - min(ttft)) / float(np.median(ttft)) if len(ttft) > 1 else 0.0
-        e_served = c.sim["served_rate"] / served - 1
-        e_ttft = c.sim["ttft_p50"] / float(np.mean(ttft)) - 1
-        targets.append((c.point.id, e_served, e_ttft, spread, abs(e_ttft) <= max(0.10, spread)))
+        targets.append(target(c))
     print(f"{validation} (table {plan['table']['id']}): {len(targets)} arrival points; served within 2%: "
           f"{sum(abs(t[1]) <= 0.02 for t in targets)}, within 3%: {sum(abs(t[1]) <= 0.03 for t in targets)}; "
           f"TTFT p50 within max(10%, spread): {sum(t[4] for t in targets)}")
