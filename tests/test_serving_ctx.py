@@ -333,6 +333,45 @@ def test_rescale_reads_each_kinds_speed_from_runs_and_keeps_the_correction(tmp_p
     assert "already exists" in capsys.readouterr().err
 
 
+def test_rescale_by_the_median_gpu_takes_each_kinds_middle_gpu_and_needs_three(tmp_path, capsys):
+    import shutil
+
+    import servecap.calibrate.cli
+    from servecap import calibrate
+    from servecap.calibrate.refresh import rescaled
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import load_cost_table
+    from tests.helpers import write_table
+    context = _corrected(linear_table(), {"decode paged padded|prefill": 1.2, "prefill padded": 1.1})
+    table = write_table(context, tmp_path / "table.json")
+    # three GPUs: one slow in prefill with many runs, which pooling would follow; the median GPU is the middle one
+    speeds = {"GPU-a": ({"prefill": 1.03, "decode paged": 1.00}, [20, 30, 40, 50]),
+              "GPU-b": ({"prefill": 0.99, "decode paged": 1.01}, [25]),
+              "GPU-c": ({"prefill": 0.98, "decode paged": 0.99}, [35])}
+    for uuid, (speed, rates) in speeds.items():
+        truth = write_table(rescaled(context, speed), tmp_path / f"truth-{uuid}.json")
+        for d in _engine_like_runs(tmp_path / uuid, truth, rates):
+            meta = json.loads((d / "meta.json").read_text())
+            (d / "meta.json").write_text(json.dumps({**meta, "device": {**meta["device"], "uuid": uuid}}))
+            (tmp_path / "all" / uuid).mkdir(parents=True, exist_ok=True)
+            shutil.move(d, tmp_path / "all" / uuid / d.name)
+    args = ["--from-runs", str(tmp_path / "all"), "--table", str(table), "--rescale"]
+    assert calibrate.cli.main([*args, "--median-gpu", "--out", str(tmp_path / "median.json")]) == 0
+    r = load_cost_table(tmp_path / "median.json").raw["refresh"]
+    assert r["factors"] == pytest.approx({"prefill": 0.99, "decode paged": 1.00}, rel=1e-6)
+    assert r["per_gpu"]["GPU-a"] == pytest.approx(speeds["GPU-a"][0], rel=1e-6) and "median" in r["method"]
+    assert calibrate.cli.main([*args, "--out", str(tmp_path / "pooled.json")]) == 0
+    pooled = load_cost_table(tmp_path / "pooled.json").raw["refresh"]["factors"]["prefill"]
+    assert pooled > 1.0  # the slow GPU's four runs carry the pooled reading
+    capsys.readouterr()
+    shutil.rmtree(tmp_path / "all" / "GPU-c")
+    assert calibrate.cli.main([*args, "--median-gpu", "--out", str(tmp_path / "two.json")]) == 2
+    assert "the median over 3 or more GPUs; these runs are from 2" in capsys.readouterr().err
+    assert calibrate.cli.main(["--from-runs", str(tmp_path / "all"), "--table", str(table), "--median-gpu",
+                               "--out", str(tmp_path / "x.json")]) == 2
+    assert "--median-gpu goes with" in capsys.readouterr().err
+
+
 def test_holdout_by_point_grades_each_run_by_a_correction_fitted_without_its_point(tmp_path):
     import servecap.calibrate.cli
     from servecap import calibrate

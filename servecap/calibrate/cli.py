@@ -87,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
                    help="with --from-runs: keep --table's correction and only rescale its step costs per kind "
                         "(prefill; decode per backend) to these runs' summed time over its price: a GPU instance's "
                         "serving speed, from a few of its runs (servecap/calibrate/speed.py; --holdout does not apply)")
+    p.add_argument("--median-gpu", action="store_true",
+                   help="with --rescale: each kind's factor the median over the runs' GPUs (three or more) of each "
+                        "GPU's own, not the runs pooled: a typical GPU's speed, for planning one not yet seen")
     p.add_argument("--holdout", choices=HOLDOUTS, default="run",
                    help="with --from-runs: grade the correction on every third run of each policy, left out of the "
                         "fit (run, the default), or on every point (a trace on one configuration, its repeats "
@@ -128,6 +131,8 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     if args.out is not None:
         check_out_file(args.out)  # a table that cannot be written would throw the whole calibration away
         refuse_special(args.out)  # nor would --force let it replace a symlink or a device
+    if args.median_gpu and not args.rescale:
+        raise InputError("--median-gpu goes with --from-runs RUNS --table T --rescale")
     if args.refit is not None:
         if args.out is None or (args.out.exists() and not args.force):
             raise InputError("--refit needs --out NEW.json (a new file, or --force)")
@@ -139,7 +144,8 @@ def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
             raise InputError("--from-runs needs --table TABLE (to correct) and --out NEW.json")
         if args.rescale:
             from . import speed
-            tid, measured = speed.rescale_from_runs(args.from_runs, args.table, args.out, argv, args.force)
+            tid, measured = speed.rescale_from_runs(args.from_runs, args.table, args.out, argv, args.force,
+                                                    median_gpu=args.median_gpu)
             print(speed.describe(measured))
             print(f"wrote cost table {tid} to {args.out} (rescaled from {args.table})")
             return 0

@@ -15,6 +15,11 @@ the price holds that does not scale with the GPU's speed (retirement and a decod
 priced at the correction's reference clock, as the simulator prices them: a GPU whose clock sags in serving is
 that much slower.
 
+With `--median-gpu` (runs from MEDIAN_GPUS or more GPUs), each kind's factor is the median over the GPUs of each
+GPU's own, not the runs pooled: the speed of a typical GPU of the kind, for a GPU not yet seen. A correction pools
+its runs' steps, so GPUs with more runs, or a few slow ones, move its level: on six H100s the prefill of two sat
+2-3% slower than the four others (README, validation v32).
+
 T's points are multiplied by the factors and refitted (servecap/calibrate/refresh.py's `rescaled`); its
 serving-context correction, a set of ratios to that surface, is kept as it is. Every factor is applied (a
 serving reading is what serving pays, prefill included), and the table records them, each run's own, and the runs.
@@ -36,6 +41,7 @@ from .from_runs import class_factor, table_and_runs
 from .refresh import rescaled
 
 PREFILL = "prefill"
+MEDIAN_GPUS = 3  # a median over fewer is one GPU's reading or the mean of two
 
 
 def speed_key(steps, backend: str) -> np.ndarray:
@@ -51,28 +57,42 @@ def _parts(steps, correction: Correction | None) -> tuple[np.ndarray, np.ndarray
     return at_ref.real_s.to_numpy() - fixed, scaled_price(at_ref, correction)
 
 
-def speed_factors(runs: dict[Path, dict], correction: Correction | None) -> dict:
-    """{"factors": {kind: factor}, "steps": {kind: n}, "runs": {run: {kind: factor}}} over `runs` (load_runs')."""
-    keys, real, price, per_run = [], [], [], {}
+def speed_factors(runs: dict[Path, dict], correction: Correction | None, median_gpu: bool = False) -> dict:
+    """{"factors": {kind: factor}, "steps": {kind: n}, "runs": {run: {kind: factor}}} over `runs` (load_runs').
+    `median_gpu`: each kind's factor is the median over the runs' GPUs of each GPU's own (its runs pooled), given
+    too ({"gpus": {uuid: {kind: factor}}}), where pooled it is the runs' (module docstring)."""
+    keys, real, price, per_run, gpu = [], [], [], {}, []
     for path, r in runs.items():
         k = speed_key(r["steps"], r["meta"]["backend"])
         own, priced = _parts(r["steps"], correction)
         keys.append(k), real.append(own), price.append(priced)
+        gpu.append(np.full(len(k), (r["meta"].get("device") or {}).get("uuid") or "unknown"))
         per_run[str(path)] = {kind: class_factor(own[k == kind], priced[k == kind]) for kind in np.unique(k)}
-    k, real, price = np.concatenate(keys), np.concatenate(real), np.concatenate(price)
+    k, real, price, gpu = (np.concatenate(x) for x in (keys, real, price, gpu))
     kinds = sorted(np.unique(k))
-    return {"factors": {kind: class_factor(real[k == kind], price[k == kind]) for kind in kinds},
-            "steps": {kind: int((k == kind).sum()) for kind in kinds}, "runs": per_run}
+    out = {"factors": {kind: class_factor(real[k == kind], price[k == kind]) for kind in kinds},
+           "steps": {kind: int((k == kind).sum()) for kind in kinds}, "runs": per_run}
+    if median_gpu:
+        gpus = sorted(np.unique(gpu))
+        if len(gpus) < MEDIAN_GPUS:
+            raise InputError(f"--median-gpu takes the median over {MEDIAN_GPUS} or more GPUs; these runs are from "
+                             f"{len(gpus)}")
+        out["gpus"] = {g: {kind: class_factor(real[m], price[m]) for kind in kinds
+                           if (m := (k == kind) & (gpu == g)).any()} for g in gpus}
+        out["factors"] = {kind: float(np.median([f[kind] for f in out["gpus"].values() if kind in f]))
+                          for kind in kinds}
+    return out
 
 
 def rescale_from_runs(paths: list[Path], table_path: Path, out: Path, argv: list[str], force: bool = False,
-                      extra: dict | None = None) -> tuple[str, dict]:
+                      extra: dict | None = None, median_gpu: bool = False) -> tuple[str, dict]:
     """Write `table_path` rescaled per kind by the speed of the runs under `paths` to `out`; return its id and the
-    measurement (speed_factors'). `extra` joins the table's `refresh` record (a serving probe's own details)."""
+    measurement (speed_factors', `median_gpu` as there). `extra` joins the table's `refresh` record (a serving
+    probe's own details)."""
     table, runs = table_and_runs(paths, table_path, out, force)
     if not any(len(r["steps"]) for r in runs.values()):
         raise InputError("no step of these runs could be priced (no decode step, no prefill step of a known shape)")
-    measured = speed_factors(runs, Correction(table.correction) if table.correction else None)
+    measured = speed_factors(runs, Correction(table.correction) if table.correction else None, median_gpu)
     factors = measured["factors"]
     raw = rescaled({k: v for k, v in table.raw.items() if k != "table_id"}, factors)
     gpus = sorted({u for r in runs.values() if (u := (r["meta"].get("device") or {}).get("uuid"))})
@@ -81,9 +101,11 @@ def rescale_from_runs(paths: list[Path], table_path: Path, out: Path, argv: list
     raw.update(name=f"{table.raw.get('name', table.table_id)} (rescaled to the serving speed of {len(runs)} run(s))",
                created_at=now_iso(), git_commit=git_commit(),
                refreshed_from={"table_id": table.table_id, "device": table.device, "created_at": table.created_at},
-               refresh={"method": "serving speed: summed step time over the table's price in context, per kind "
-                                  "(servecap/calibrate/speed.py)",
+               refresh={"method": "serving speed: summed step time over the table's price in context, per kind" +
+                                  (", the median over the runs' GPUs of each GPU's own" if median_gpu else "") +
+                                  " (servecap/calibrate/speed.py)",
                         "factors": factors, "applied": factors, "steps": measured["steps"],
+                        **({"per_gpu": measured["gpus"]} if median_gpu else {}),
                         "per_run": measured["runs"], "gpus": gpus, **(extra or {}),
                         "command": shlex.join(["python", "-m", "calibrate", *argv])})
     return save_cost_table(raw, out), measured
