@@ -357,6 +357,7 @@ def test_rescale_by_the_median_gpu_takes_each_kinds_middle_gpu_and_needs_three(t
             shutil.move(d, tmp_path / "all" / uuid / d.name)
     args = ["--from-runs", str(tmp_path / "all"), "--table", str(table), "--rescale"]
     assert calibrate.cli.main([*args, "--median-gpu", "--out", str(tmp_path / "median.json")]) == 0
+    assert "prefill        the median of 3 GPUs' own: 0.9800, 0.9900, 1.0300" in capsys.readouterr().out
     r = load_cost_table(tmp_path / "median.json").raw["refresh"]
     assert r["factors"] == pytest.approx({"prefill": 0.99, "decode paged": 1.00}, rel=1e-6)
     assert r["per_gpu"]["GPU-a"] == pytest.approx(speeds["GPU-a"][0], rel=1e-6) and "median" in r["method"]

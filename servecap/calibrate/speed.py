@@ -118,6 +118,9 @@ def describe(measured: dict) -> str:
         own = [r[kind] for r in measured["runs"].values() if kind in r]
         spread = f", runs {min(own):.4f}-{max(own):.4f}" if len(own) > 1 else ""
         lines.append(f"  {kind:14s} {f:.4f} over {measured['steps'][kind]} steps of {len(own)} run(s){spread}")
+    for kind in measured["factors"] if "gpus" in measured else ():
+        each = sorted(g[kind] for g in measured["gpus"].values() if kind in g)
+        lines.append(f"  {kind:14s} the median of {len(each)} GPUs' own: " + ", ".join(f"{x:.4f}" for x in each))
     return "\n".join(lines)
 
 
