@@ -11,7 +11,6 @@ RUNS_DIR holds the real runs (real/POINT/run-K) and its own plan; each PLAN_DIR 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import warnings
 from pathlib import Path
@@ -21,27 +20,22 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grade_validation import against, planned, target  # noqa: E402
+
 from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.outpath import check_new_file  # noqa: E402
 
 MARKERS = ("o", "s", "D", "^", "v")
 
 
-def _grade():
-    spec = importlib.util.spec_from_file_location("grade_validation", Path(__file__).with_name("grade_validation.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def errors(runs: Path, plans: dict[str, Path]) -> dict[str, list[tuple]]:
-    """Per plan label, each arrival point's grade (grade_validation.target) against the runs in `runs`."""
-    grade = _grade()
+    """Per plan label, each arrival point's grade (grade_validation.target) against the runs in `runs` (the runs'
+    own plan among them where RUNS_DIR is given as a PLAN_DIR)."""
     out = {}
     for label, plan_dir in plans.items():
-        own = Path(plan_dir).resolve() == Path(runs).resolve()
-        _, results, _ = grade.planned(runs, None if own else grade.against(runs, plan_dir))
-        out[label] = [grade.target(c) for c in results if c.point.trace.get("kind") != "closed-mixed"]
+        _, results, _ = planned(runs, against(runs, plan_dir))
+        out[label] = [target(c) for c in results if c.point.trace.get("kind") != "closed-mixed"]
     return out
 
 
@@ -61,8 +55,7 @@ def plot(sessions: dict[str, dict[str, list[tuple]]], out: Path) -> None:
             rows = by_plan.get(label)
             if rows:
                 ax.scatter([x0 + i for i in range(len(rows))], [100 * r[2] for r in rows], marker=MARKERS[j % 5],
-                           color=colours[j % len(colours)], s=30, label=label if x0 == 0 or label not in
-                           [t.get_label() for t in ax.collections] else None, zorder=3)
+                           color=colours[j % len(colours)], s=30, label=label, zorder=3)
         ax.axvline(x0 + len(first) - 0.5, color="grey", lw=0.6)
         ax.text(x0 + (len(first) - 1) / 2, 1.01, session, transform=ax.get_xaxis_transform(), ha="center",
                 fontsize=8)
@@ -73,8 +66,8 @@ def plot(sessions: dict[str, dict[str, list[tuple]]], out: Path) -> None:
     ax.set_title(f"TTFT p50 error per arrival point, {len(sessions)} GPU session(s) of real runs, each plan frozen "
                  "before them; shaded: max(10%, the repeats' spread)", fontsize=10, pad=16)
     handles, names = ax.get_legend_handles_labels()
-    keep = dict(zip(names, handles))
-    ax.legend(keep.values(), keep.keys(), fontsize=8, loc="upper left")
+    once = dict(zip(names, handles))  # a plan's label once, though each session draws it
+    ax.legend(once.values(), once.keys(), fontsize=8, loc="upper left")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=130)

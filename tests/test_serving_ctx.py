@@ -368,6 +368,11 @@ def test_rescale_by_the_median_gpu_takes_each_kinds_middle_gpu_and_needs_three(t
     shutil.rmtree(tmp_path / "all" / "GPU-c")
     assert calibrate.cli.main([*args, "--median-gpu", "--out", str(tmp_path / "two.json")]) == 2
     assert "the median over 3 or more GPUs; these runs are from 2" in capsys.readouterr().err
+    one = next((tmp_path / "all" / "GPU-b").iterdir()) / "meta.json"  # a run that names no GPU is not one of them
+    meta = json.loads(one.read_text())
+    one.write_text(json.dumps({**meta, "device": {k: v for k, v in meta["device"].items() if k != "uuid"}}))
+    assert calibrate.cli.main([*args, "--median-gpu", "--out", str(tmp_path / "none.json")]) == 2
+    assert "--median-gpu needs every run's GPU UUID; this run records none" in capsys.readouterr().err
     assert calibrate.cli.main(["--from-runs", str(tmp_path / "all"), "--table", str(table), "--median-gpu",
                                "--out", str(tmp_path / "x.json")]) == 2
     assert "--median-gpu goes with" in capsys.readouterr().err

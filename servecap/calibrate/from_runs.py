@@ -231,11 +231,11 @@ def evaluate(by_run: dict[Path, "object"], correction: dict | None, own: dict[Pa
     return {"kinds": medians("kind"), "contexts": medians(["kind", "prev"]), "runs": runs, "residual_sigma": sigma}
 
 
-def gpu_key(meta: dict) -> str:
-    """The GPU a run ran on: its device's UUID."""
+def gpu_key(meta: dict, option: str = "--holdout gpu") -> str:
+    """The GPU a run ran on: its device's UUID, refused (naming `option`, what groups runs by GPU) where it has none."""
     uuid = (meta.get("device") or {}).get("uuid")
     if not uuid:
-        raise InputError("--holdout gpu needs every run's GPU UUID; this run records none (device.uuid)")
+        raise InputError(f"{option} needs every run's GPU UUID; this run records none (device.uuid)")
     return uuid
 
 

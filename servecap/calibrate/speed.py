@@ -37,7 +37,7 @@ from servecap.costs.table import save_cost_table
 from servecap.traces.errors import InputError
 from servecap.traces.provenance import git_commit, now_iso
 
-from .from_runs import class_factor, table_and_runs
+from .from_runs import class_factor, gpu_key, table_and_runs
 from .refresh import rescaled
 
 PREFILL = "prefill"
@@ -61,26 +61,29 @@ def speed_factors(runs: dict[Path, dict], correction: Correction | None, median_
     """{"factors": {kind: factor}, "steps": {kind: n}, "runs": {run: {kind: factor}}} over `runs` (load_runs').
     `median_gpu`: each kind's factor is the median over the runs' GPUs of each GPU's own (its runs pooled), given
     too ({"gpus": {uuid: {kind: factor}}}), where pooled it is the runs' (module docstring)."""
-    keys, real, price, per_run, gpu = [], [], [], {}, []
-    for path, r in runs.items():
-        k = speed_key(r["steps"], r["meta"]["backend"])
-        own, priced = _parts(r["steps"], correction)
-        keys.append(k), real.append(own), price.append(priced)
-        gpu.append(np.full(len(k), (r["meta"].get("device") or {}).get("uuid") or "unknown"))
-        per_run[str(path)] = {kind: class_factor(own[k == kind], priced[k == kind]) for kind in np.unique(k)}
-    k, real, price, gpu = (np.concatenate(x) for x in (keys, real, price, gpu))
-    kinds = sorted(np.unique(k))
-    out = {"factors": {kind: class_factor(real[k == kind], price[k == kind]) for kind in kinds},
-           "steps": {kind: int((k == kind).sum()) for kind in kinds}, "runs": per_run}
+    parts = {path: (speed_key(r["steps"], r["meta"]["backend"]), *_parts(r["steps"], correction))
+             for path, r in runs.items()}
+
+    def pooled(paths) -> tuple[np.ndarray, dict[str, float]]:
+        k, real, price = (np.concatenate(x) for x in zip(*(parts[p] for p in paths)))
+        return k, {kind: class_factor(real[k == kind], price[k == kind]) for kind in sorted(np.unique(k))}
+
+    k, factors = pooled(runs)
+    out = {"factors": factors, "steps": {kind: int((k == kind).sum()) for kind in factors},
+           "runs": {str(path): pooled([path])[1] for path in runs}}
     if median_gpu:
-        gpus = sorted(np.unique(gpu))
-        if len(gpus) < MEDIAN_GPUS:
+        by_gpu: dict[str, list[Path]] = {}
+        for path, r in runs.items():
+            try:
+                by_gpu.setdefault(gpu_key(r["meta"], "--median-gpu"), []).append(path)
+            except InputError as e:
+                raise InputError(str(e), path=path) from None
+        if len(by_gpu) < MEDIAN_GPUS:
             raise InputError(f"--median-gpu takes the median over {MEDIAN_GPUS} or more GPUs; these runs are from "
-                             f"{len(gpus)}")
-        out["gpus"] = {g: {kind: class_factor(real[m], price[m]) for kind in kinds
-                           if (m := (k == kind) & (gpu == g)).any()} for g in gpus}
+                             f"{len(by_gpu)}")
+        out["gpus"] = {g: pooled(paths)[1] for g, paths in sorted(by_gpu.items())}
         out["factors"] = {kind: float(np.median([f[kind] for f in out["gpus"].values() if kind in f]))
-                          for kind in kinds}
+                          for kind in factors}
     return out
 
 
