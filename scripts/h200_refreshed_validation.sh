@@ -15,6 +15,8 @@
 # and DIR's plan made from that and frozen the same way before any run; the runs are V-GPU's, copied into DIR-GPU at
 # the end, so that one set of runs grades every plan. (v31 ran it with one DIR, its table named TABLE-GPU-probe.json.)
 # REFRESH=none runs V's own plan as committed (the table unrefreshed, README validation v32), in V-GPU as the others.
+# The call ends by printing the runs still to make and the --only that makes them (`validate real --pending`), for
+# POINTS of the next call on the same warm GPU.
 # Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
 #          [GPU='NVIDIA H100 80GB HBM3'] [SERVING_V='DIR2 DIR3:T1,T2'] [REFRESH=none] \
 #          bash scripts/h200_refreshed_validation.sh
@@ -55,6 +57,7 @@ left=$((END - 40 - SECONDS)); [ -n "${PROBE:-}" ] && left=$((left < 300 ? left :
 echo "== validate real $VR --only $POINTS, $left s ($(date -u +%T))"
 timeout $left python3 -m validate real --out $VR --only "$POINTS" --expect-gpu "$GPU" > $L/real.txt 2>&1
 tail -1 $L/real.txt
+python3 -m validate real --out $VR --pending > $L/pending.txt 2>&1; head -1 $L/pending.txt; tail -1 $L/pending.txt
 for run in chunked512-azure-conv-past:chunked:512 sharegpt-past:padded; do
   [ -n "${PROBE:-}" ] && [ $((END - 20 - SECONDS)) -ge 50 ] || break
   timeout $((END - 20 - SECONDS)) python3 scripts/prefill_probe.py --trace $V/traces/${run%%:*}.csv \

@@ -161,6 +161,9 @@ def parser() -> argparse.ArgumentParser:
     real.add_argument("--fleet", metavar="DEV1,DEV2", type=lambda t: t.split(","),
                       help="run the plan's fleet points instead, one replica on each of these CUDA devices (repeat a "
                            "device to put two replicas on one GPU)")
+    real.add_argument("--pending", action="store_true",
+                      help="run nothing: list the single-engine runs still to make (missing or interrupted) and the "
+                           "--only that makes them (CPU)")
 
     pol = sub.add_parser("policies", parents=[common], help="the prefill policies: blind, re-calibrated, measured (CPU)")
     pol.add_argument("--predictions", type=Path, default=Path("results/predictions"),
@@ -272,7 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {write(args.out, args.predictions, args.table, args.allow_nonstationary, args.force)}")
     elif args.step == "real":
         from .real import run_real
-        if args.fleet:
+        if args.pending:
+            if args.fleet:
+                raise InputError("--pending lists the single-engine runs; it does not go with --fleet")
+            from .real import describe_pending, pending
+            print(describe_pending(*pending(args.out, args.only, args.shard)))
+        elif args.fleet:
             from .real import run_fleet
             run_fleet(args.out, args.fleet, args.expect_gpu, args.only)
         else:

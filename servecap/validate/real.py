@@ -15,6 +15,8 @@ from servecap.traces.errors import InputError
 
 from .points import Point, build_trace, is_complete, load_plan, run_dir, select
 
+NOTHING_LEFT = "every point of this shard already has its real records"
+
 
 def engine_batches(points: list[Point]) -> list[list[Point]]:
     """Points grouped by the engine that runs them: each fresh point opens a new engine (one per repeat, so that
@@ -56,23 +58,49 @@ def shares(batches: list[list[Point]], n: int, predictions: dict) -> list[list[l
     return out
 
 
-def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = None,
-             shard: tuple[int, int] = (0, 1)) -> None:
-    """Every point (and repeat) of this shard on the engine."""
-    from servecap.engine.engine import Engine, EngineConfig  # the GPU side only
-    from tqdm import tqdm
-
+def pending(out: Path, only: list[str] | None = None,
+            shard: tuple[int, int] = (0, 1)) -> tuple[dict, list[Point], list[list[tuple[Point, int]]]]:
+    """The plan, this shard's single-engine points, and the (point, repeat) runs it has still to make (missing, or
+    interrupted: no complete record), one list per engine. CPU only: what a GPU call has left, before it is made."""
     plan, points = load_plan(out)
     points = [p for p in points if p.serving.replicas == 1]
     if only:
         points, _ = select(points, only)
     i, n = shard
     batches = shares(engine_batches(points), n, plan["predictions"])[i]
-    todo = [t for b in batches for t in engine_runs(b, out)]
-    todo = [t for t in todo if t]
+    return plan, [p for b in batches for p in b], [runs for b in batches for runs in engine_runs(b, out)]
+
+
+def describe_pending(plan: dict, points: list[Point], engines: list[list[tuple[Point, int]]]) -> str:
+    """`validate real --pending`: how many runs are made, which are left by point, the serving time they will take
+    by the plan's predicted wall times (a point's warm-up passes go with its first repeat), and the --only that
+    runs them."""
+    runs = [run for engine in engines for run in engine]
+    if not runs:
+        return NOTHING_LEFT
+    left: dict[str, list[int]] = {}
+    for p, k in runs:
+        left.setdefault(p.id, []).append(k)
+    seconds = sum((plan["predictions"][p.id].get("wall_time_s") or 0.0) * (1 + (p.warmup if k == 1 else 0))
+                  for p, k in runs)
+    total = sum(p.repeats for p in points)
+    return "\n".join([f"{total - len(runs)} of {total} runs made; {len(runs)} left on {len(engines)} engine(s), about "
+                      f"{seconds:.0f} s of serving by the plan's predicted wall times (engine starts not counted):",
+                      *(f"  {pid:40s} run {', '.join(map(str, ks))}" for pid, ks in left.items()),
+                      "--only " + ",".join(left)])
+
+
+def run_real(out: Path, expect_gpu: str | None = None, only: list[str] | None = None,
+             shard: tuple[int, int] = (0, 1)) -> None:
+    """Every point (and repeat) of this shard on the engine."""
+    from servecap.engine.engine import Engine, EngineConfig  # the GPU side only
+    from tqdm import tqdm
+
+    plan, _, todo = pending(out, only, shard)
     if not todo:
-        print("every point of this shard already has its real records")
+        print(NOTHING_LEFT)
         return
+    i, n = shard
     bar = tqdm(total=sum(map(len, todo)), desc=f"real runs (shard {i + 1}/{n})", unit="run")
     for runs in todo:
         traces = {p.id: build_trace(p.trace, out) for p, _ in runs}
