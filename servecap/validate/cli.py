@@ -274,7 +274,6 @@ def main(argv: list[str] | None = None) -> int:
         from .policies import write
         print(f"wrote {write(args.out, args.predictions, args.table, args.allow_nonstationary, args.force)}")
     elif args.step == "real":
-        from .real import run_real
         if args.pending:
             if args.fleet:
                 raise InputError("--pending lists the single-engine runs; it does not go with --fleet")
@@ -284,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             from .real import run_fleet
             run_fleet(args.out, args.fleet, args.expect_gpu, args.only)
         else:
+            from .real import run_real
             run_real(args.out, args.expect_gpu, args.only, args.shard)
     else:
         from .report import write_report
