@@ -51,6 +51,19 @@ def test_each_repeat_of_a_fresh_point_is_the_first_thing_its_own_engine_serves(p
     assert all(len(engine) == 1 for engine in engines)
 
 
+def test_points_that_need_no_fresh_engine_ride_after_a_fresh_run_once_each(tmp_path):
+    out = tmp_path / "v4"
+    out.mkdir()
+    shutil.copy(Path("results/validation-v4/plan.json"), out / "plan.json")  # two closed points, not fresh
+    shutil.copytree(Path("results/validation-v4/traces"), out / "traces")
+    _, points, engines = pending(out)
+    assert {p.fresh for p in points} == {True, False}
+    runs = _runs(engines)
+    assert runs == sorted((p.id, k) for p in points for k in range(1, p.repeats + 1))
+    assert len(engines) == sum(p.repeats for p in points if p.fresh)
+    assert all(engine[0][0].fresh and all(not p.fresh for p, _ in engine[1:]) for engine in engines)
+
+
 def test_shards_split_the_runs_left_without_overlap(plan_dir):
     everything = _runs(pending(plan_dir)[2])
     shares = [_runs(pending(plan_dir, shard=(i, 3))[2]) for i in range(3)]
