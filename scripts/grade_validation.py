@@ -151,9 +151,11 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
             price = contextual(steps, cost.correction)
             steps = steps.assign(price=price)
             decode = steps[steps.step_kind == "decode"]
+            prompt = steps[steps.step_kind != "decode"]  # prefill, chunk and fused steps: the rescale's `prefill`
             runs.append({"point": c.point.id, "policy": c.point.serving.prefill.name, "load": c.point.load,
                          "total": float(steps.real_s.sum() / price.sum()),
-                         "decode": float(decode.real_s.sum() / decode.price.sum()) if len(decode) else np.nan})
+                         "decode": float(decode.real_s.sum() / decode.price.sum()) if len(decode) else np.nan,
+                         "prefill": float(prompt.real_s.sum() / prompt.price.sum()) if len(prompt) else np.nan})
             by_kind = ", ".join(f"{kind} {g.real_s.sum() / g.price.sum():.3f}"
                                 for kind, g in steps.groupby("step_kind"))
             gpu = ("" if telemetry is None or not len(telemetry) else
@@ -201,7 +203,8 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
 
 def pooled(runs: dict[Path, pd.DataFrame], bands: dict[Path, dict] | None = None) -> str:
     """Every run's error over several validations, and how their mean speeds spread (a refreshed validation's
-    directory is one GPU's session): what a band's cost sigma has to cover; each policy's decode steps by load;
+    directory is one GPU's session): what a band's cost sigma has to cover; each policy's decode steps by load; each
+    validation's prompt steps by policy (on H100s they fell in two groups about 3% apart: README, validation v39);
     given each validation's coverage by load (grade's), the bands pooled by load."""
     logs = {v: np.log(r.total.to_numpy()) for v, r in runs.items() if len(r)}
     every = np.concatenate(list(logs.values()))
@@ -214,6 +217,13 @@ def pooled(runs: dict[Path, pd.DataFrame], bands: dict[Path, dict] | None = None
     for (policy, load), d in decode.groupby(["policy", decode.load.fillna("-")]):
         lines.append(f"  decode steps' real / price, {policy:8s} {load:5s} {len(d):4d} runs: mean {d.decode.mean():.4f}"
                      f", median {d.decode.median():.4f}, {d.decode.min():.3f}-{d.decode.max():.3f}")
+    by_policy = pd.concat({Path(v).name: r for v, r in runs.items()}, names=["validation"]).reset_index(level=0)
+    by_policy = by_policy.groupby(["validation", "policy"]).prefill.mean().unstack()
+    lines.append("  each validation's prompt steps (prefill, chunk, fused) real / price, its runs' mean by policy: "
+                 "a GPU's own prefill speed")
+    lines.append(f"    {'':34s}" + "".join(f"{policy:>9s}" for policy in by_policy.columns))
+    lines += [f"    {v:34s}" + "".join(f"{x:9.3f}" if x == x else f"{'-':>9s}" for x in row)
+              for v, row in by_policy.iterrows()]
     for load in ("all", "near", "past") if bands else ():
         covs = [b[load] for b in bands.values()]
         inside, graded = sum(c["inside"] for c in covs), sum(c["graded"] for c in covs)

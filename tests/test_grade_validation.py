@@ -3,6 +3,7 @@ scripts/rebanded.py's re-planned bands."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -54,25 +55,33 @@ def test_several_validations_pool_runs_error_speeds_spread_decode_by_policy_and_
     import math
     import pandas as pd
     pooled = script("grade_validation").pooled
-    runs = {"a": pd.DataFrame({"point": ["p1", "p2"], "policy": ["padded", "mixed"], "load": ["near", "near"],
-                               "total": [1.01, 0.99], "decode": [1.00, 0.98]}),
+    runs = {"a": pd.DataFrame({"point": ["p1", "p2", "p4"], "policy": ["padded", "mixed", "padded"],
+                               "load": ["near", "near", None], "total": [1.01, 0.99, 1.0],
+                               "decode": [1.00, 0.98, np.nan], "prefill": [1.02, 0.97, 1.04]}),
             "b": pd.DataFrame({"point": ["p3"], "policy": ["padded"], "load": ["near"], "total": [1.02],
-                               "decode": [1.03]})}
-    logs = [math.log(x) for x in (1.01, 0.99, 1.02)]
-    rms = math.sqrt(sum(x * x for x in logs) / 3)
-    sd = abs(math.log(1.02) - (math.log(1.01) + math.log(0.99)) / 2) / math.sqrt(2)
+                               "decode": [1.03], "prefill": [np.nan]})}
+    logs = [math.log(x) for x in (1.01, 0.99, 1.0, 1.02)]
+    rms = math.sqrt(sum(x * x for x in logs) / 4)
+    sd = abs(math.log(1.02) - sum(logs[:3]) / 3) / math.sqrt(2)
+    told = math.sqrt(sum((logs[i] - (sum(logs[:3]) - logs[i]) / 2) ** 2 for i in range(3)) / 3)
+    by_policy = math.sqrt(((logs[0] - logs[2]) ** 2 + (logs[2] - logs[0]) ** 2) / 2)
     assert pooled(runs).splitlines() == [
-        f"over 2 validations: every run's summed step time real / price in context, RMS of the log {rms:.2%} (3 runs); "
+        f"over 2 validations: every run's summed step time real / price in context, RMS of the log {rms:.2%} (4 runs); "
         f"the validations' mean log speeds: sd {sd:.2%}",
-        f"  a point's mean speed told by the other points of its validation: RMS of the log error "
-        f"{abs(logs[0] - logs[1]):.2%} (2 points); by those of its policy alone -; by none (1.000) {rms:.2%} (3 points)",
+        f"  a point's mean speed told by the other points of its validation: RMS of the log error {told:.2%} (3 "
+        f"points); by those of its policy alone {by_policy:.2%} (2 points); by none (1.000) {rms:.2%} (4 points)",
         "  decode steps' real / price, mixed    near     1 runs: mean 0.9800, median 0.9800, 0.980-0.980",
-        "  decode steps' real / price, padded   near     2 runs: mean 1.0150, median 1.0150, 1.000-1.030"]
+        "  decode steps' real / price, padded   near     2 runs: mean 1.0150, median 1.0150, 1.000-1.030",
+        "  each validation's prompt steps (prefill, chunk, fused) real / price, its runs' mean by policy: a GPU's own "
+        "prefill speed",
+        f"    {'':34s}    mixed   padded",
+        f"    {'a':34s}    0.970    1.030",  # a run without decode steps still counts its prompt steps
+        f"    {'b':34s}        -        -"]
     near = {"inside": 5, "graded": 6, "width_vs_real_spread": [{"width": 3.0, "real_spread": 1.0}]}
     past = {"inside": 2, "graded": 2, "width_vs_real_spread": [{"width": 1.0, "real_spread": 1.0}]}
     bands = {"a": {"all": {"inside": 7, "graded": 8, "width_vs_real_spread": []}, "near": near, "past": past},
              "b": {"all": near, "near": near, "past": {"inside": 0, "graded": 0, "width_vs_real_spread": []}}}
-    assert pooled(runs, bands).splitlines()[4:] == [
+    assert pooled(runs, bands).splitlines()[8:] == [
         "  90% bands, all points: 12 of 14 inside (85.7%); width within 2x the repeats' spread 0 of 1 (median 3.0x)",
         "  90% bands, near points: 10 of 12 inside (83.3%); width within 2x the repeats' spread 0 of 2 (median 3.0x)",
         "  90% bands, past points: 2 of 2 inside (100.0%); width within 2x the repeats' spread 1 of 1 (median 1.0x)"]
