@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from servecap.costs.context import Correction
-from servecap.costs.recorded import scaled_price, stretch_end_prices
+from servecap.costs.recorded import host_price, scaled_price
 from servecap.costs.table import save_cost_table
 from servecap.traces.errors import InputError
 from servecap.traces.provenance import git_commit, now_iso
@@ -53,8 +53,7 @@ def _parts(steps, correction: Correction | None) -> tuple[np.ndarray, np.ndarray
     """(time the GPU's speed scales, its price) per step: the real time less retirement and the stretch end, and the
     contextual price at the reference clock less the same."""
     at_ref = steps.assign(clock_mhz=np.nan)
-    fixed = at_ref.retire_s.to_numpy() + (stretch_end_prices(at_ref, correction) if correction else 0.0)
-    return at_ref.real_s.to_numpy() - fixed, scaled_price(at_ref, correction)
+    return at_ref.real_s.to_numpy() - host_price(at_ref, correction), scaled_price(at_ref, correction)
 
 
 def speed_factors(runs: dict[Path, dict], correction: Correction | None, median_gpu: bool = False) -> dict:

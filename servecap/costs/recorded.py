@@ -168,9 +168,14 @@ def priced_steps(rec, cost: CostModel, telemetry=None):
 
 def contextual(steps, correction, typical: bool = False) -> np.ndarray:
     """The price of each priced step (priced_steps) in its serving context: its scaled part (scaled_price) plus its
-    retirement and the end of the stretch it ends (host work, which no step factor scales)."""
-    fixed = steps.retire_s.to_numpy() + (stretch_end_prices(steps, correction) if correction is not None else 0.0)
-    return scaled_price(steps, correction, typical) + fixed
+    retirement and the end of the stretch it ends (host_price)."""
+    return scaled_price(steps, correction, typical) + host_price(steps, correction)
+
+
+def host_price(steps, correction) -> np.ndarray:
+    """Each priced step's retirement and the end of the stretch it ends (under `correction`; None: none): host work,
+    which no step factor scales and a GPU's speed does not move."""
+    return steps.retire_s.to_numpy() + (stretch_end_prices(steps, correction) if correction is not None else 0.0)
 
 
 def scaled_price(steps, correction, typical: bool = False) -> np.ndarray:
