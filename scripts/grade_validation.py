@@ -134,6 +134,11 @@ def target(c) -> tuple[str, float, float, float, bool]:
     return c.point.id, c.sim["served_rate"] / served - 1, e_ttft, spread, abs(e_ttft) <= max(0.10, spread)
 
 
+def _summed(steps) -> float:
+    """Steps' summed real time over their summed price (NaN for none)."""
+    return float(steps.real_s.sum() / steps.price.sum()) if len(steps) else np.nan
+
+
 def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] | None = None,
           segments: bool = False) -> tuple[pd.DataFrame, dict]:
     """Print the validation's grading (module docstring); return each run's summed real / price in context (`total`;
@@ -148,16 +153,11 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
         for d in complete_dirs(validation, c.point):
             rec, telemetry = read_run(d), read_telemetry(d)
             steps = priced_steps(rec, cost)  # at the reference clock, as the simulator priced the prediction
-            price = contextual(steps, cost.correction)
-            steps = steps.assign(price=price)
-            decode = steps[steps.step_kind == "decode"]
-            prompt = steps[steps.step_kind != "decode"]  # prefill, chunk and fused steps: the rescale's `prefill`
+            steps = steps.assign(price=contextual(steps, cost.correction))
+            decode = steps.step_kind == "decode"  # the others: prefill, chunk and fused steps, the rescale's `prefill`
             runs.append({"point": c.point.id, "policy": c.point.serving.prefill.name, "load": c.point.load,
-                         "total": float(steps.real_s.sum() / price.sum()),
-                         "decode": float(decode.real_s.sum() / decode.price.sum()) if len(decode) else np.nan,
-                         "prefill": float(prompt.real_s.sum() / prompt.price.sum()) if len(prompt) else np.nan})
-            by_kind = ", ".join(f"{kind} {g.real_s.sum() / g.price.sum():.3f}"
-                                for kind, g in steps.groupby("step_kind"))
+                         "total": _summed(steps), "decode": _summed(steps[decode]), "prefill": _summed(steps[~decode])})
+            by_kind = ", ".join(f"{kind} {_summed(g):.3f}" for kind, g in steps.groupby("step_kind"))
             gpu = ("" if telemetry is None or not len(telemetry) else
                    f"; SM clock {telemetry.sm_clock_mhz.median():.0f} MHz, {telemetry.temperature_c.median():.0f} C, "
                    f"{telemetry.power_w.median():.0f} W (medians)")

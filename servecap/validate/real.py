@@ -2,8 +2,9 @@
 
 Points are run in plan order; a point marked `fresh` starts a new engine and runs first on it, so that its trace
 is the first thing that engine ever serves. Points with complete records are kept, not re-run; an interrupted
-point is run again from its start (`pending`, `validate real --pending`, says which are left, without a GPU). `--shard i/n` runs the i-th of n shares of the engines' points, shares of about
-equal predicted GPU time (one process per GPU).
+point is run again from its start (`pending`, `validate real --pending`, says which are left, without a GPU).
+`--shard i/n` runs the i-th of n shares of the engines' points, shares of about equal predicted GPU time (one
+process per GPU).
 """
 from __future__ import annotations
 
