@@ -15,10 +15,14 @@
 # and DIR's plan made from that and frozen the same way before any run; the runs are V-GPU's, copied into DIR-GPU at
 # the end, so that one set of runs grades every plan. (v31 ran it with one DIR, its table named TABLE-GPU-probe.json.)
 # REFRESH=none runs V's own plan as committed (the table unrefreshed, README validation v32), in V-GPU as the others.
+# OWN_FROM=ID1,ID2 with OWN_V=DIR (a README committed there): first the runs of these points of V (in V-GPU), then TABLE
+# rescaled to this GPU's serving speed read from them (`calibrate --from-runs ... --rescale`, TABLE-GPU-own.json) and
+# DIR-GPU's plan of V's points made from that and frozen the same way, before POINTS run; graded by V-GPU's runs with
+# `grade_validation.py --against DIR-GPU V-GPU` (v40).
 # The call ends by printing the runs still to make and the --only that makes them (`validate real --pending`), for
 # POINTS of the next call on the same warm GPU.
 # Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
-#          [GPU='NVIDIA H100 80GB HBM3'] [SERVING_V='DIR2 DIR3:T1,T2'] [REFRESH=none] \
+#          [GPU='NVIDIA H100 80GB HBM3'] [SERVING_V='DIR2 DIR3:T1,T2'] [REFRESH=none] [OWN_FROM=ID1,ID2 OWN_V=DIR] \
 #          bash scripts/h200_refreshed_validation.sh
 #          (GPU: the device name expected)
 set -u
@@ -53,6 +57,15 @@ for sv in ${SERVING_V:-}; do
   timeout 120 python3 -m validate plan --table $SR --out $SVR --points-from $d --interval 90 > $L/plan-$n.txt 2>&1
   tail -1 $L/plan-$n.txt; (sha256sum $SVR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-$n-frozen.txt
 done
+OR=${TABLE%.json}-$gpu-own.json; OVR=${OWN_V:-}-$gpu
+if [ -n "${OWN_FROM:-}" ] && [ ! -f $OVR/plan.json ]; then
+  timeout $((END - 40 - SECONDS)) python3 -m validate real --out $VR --only "$OWN_FROM" --expect-gpu "$GPU" \
+    > $L/real-own.txt 2>&1; tail -1 $L/real-own.txt
+  python3 -m calibrate --from-runs $(for p in ${OWN_FROM//,/ }; do echo $VR/real/$p; done) --table $TABLE --rescale \
+    --out $OR > $L/rescale-own.txt 2>&1; cat $L/rescale-own.txt
+  timeout 120 python3 -m validate plan --table $OR --out $OVR --points-from $V --interval 90 > $L/plan-own.txt 2>&1
+  tail -1 $L/plan-own.txt; (sha256sum $OVR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-own-frozen.txt
+fi
 left=$((END - 40 - SECONDS)); [ -n "${PROBE:-}" ] && left=$((left < 300 ? left : 300))
 echo "== validate real $VR --only $POINTS, $left s ($(date -u +%T))"
 timeout $left python3 -m validate real --out $VR --only "$POINTS" --expect-gpu "$GPU" > $L/real.txt 2>&1
@@ -64,7 +77,7 @@ for run in chunked512-azure-conv-past:chunked:512 sharegpt-past:padded; do
     --policy ${run#*:} --out $L/probe-${run%%:*} > $L/probe-${run%%:*}.txt 2>&1; tail -9 $L/probe-${run%%:*}.txt
 done
 mkdir -p .device/$(dirname $VR) .device/$(dirname $R) && rm -rf .device/$VR && cp -r $VR .device/$VR && cp $R .device/$R
-keep="$R $VR"
+keep="$R $VR"; [ -f $OVR/plan.json ] && keep="$keep $OR $OVR"
 for sv in ${SERVING_V:-}; do
   probed $sv; [ -f $SVR/plan.json ] || continue
   rm -rf $SVR/real && cp -r $VR/real $SVR/real; rm -rf .device/$SVR && cp -r $SVR .device/$SVR && cp $SR .device/$SR
