@@ -16,7 +16,8 @@ compared with its plan under the protocol checks of servecap/validate/comparison
   point's mean speed is told by its validation's other points (by those of its policy alone, by none), each
   prefill policy's decode steps' summed real / price over its runs (a policy whose decode runs off its price on
   one GPU alone is that GPU, not the cost model), and the bands' coverage near and past capacity, with how many
-  bands are within twice their repeats' spread.
+  bands are within twice their repeats' spread, and, at points of one plan run on several GPUs, within twice the
+  spread of all their runs.
 With --by, the summed real / price of every run's decode and prefill steps binned by one context a correction has
 no class for: the requests waiting at the step's start (`queue`, servecap/traces/metrics.queue_depth), the share of
 the BUSY_S seconds before it the engine spent in steps (`busy`: a GPU's power and clock follow its duty cycle), the
@@ -198,7 +199,8 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
         print(f"  summed real / price in context by {by}, every run:")
         print("\n".join(_binned(pd.concat(every, ignore_index=True), by)))
     return runs, {"all": coverage(results, bands),
-                  **{load: coverage([c for c in results if c.point.load == load], bands) for load in ("near", "past")}}
+                  **{load: coverage([c for c in results if c.point.load == load], bands) for load in ("near", "past")},
+                  "compared": (results, bands)}
 
 
 def pooled(runs: dict[Path, pd.DataFrame], bands: dict[Path, dict] | None = None) -> str:
@@ -283,6 +285,29 @@ def against(validation: Path, plan_dir: Path) -> tuple[Path, Path]:
     return plan_dir, Path(plan["table"]["path"])
 
 
+def across_gpus(graded: dict[Path, tuple[list, dict]]) -> list[str]:
+    """Where several validations ran a point under one band (a plan copied to several GPUs: the same point id and
+    band), that band near and past capacity against the spread of every GPU's runs there: what the band holds that
+    one GPU's repeats do not show, the GPU-to-GPU speed."""
+    shared: dict[tuple[str, str], list] = {}
+    for results, bands in graded.values():
+        for c in results:
+            if c.real and c.point.id in bands:
+                shared.setdefault((c.point.id, json.dumps(bands[c.point.id], sort_keys=True)), []).append(c)
+    merged = [(replace(cs[0], real=[r for c in cs for r in c.real]), json.loads(band))
+              for (_, band), cs in shared.items() if len(cs) > 1]
+    lines = []
+    for load in ("near", "past"):
+        at = [(c, band) for c, band in merged if c.point.load == load]
+        ratios = [w["width"] / w["real_spread"] for c, band in at
+                  for w in coverage([c], {c.point.id: band})["width_vs_real_spread"]]
+        if ratios:
+            lines.append(f"  90% bands, {load} points run on several GPUs ({len(at)}): width within 2x the spread of "
+                         f"every GPU's runs {sum(r <= 2 for r in ratios)} of {len(ratios)} (median "
+                         f"{statistics.median(ratios):.1f}x)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("validations", type=Path, nargs="+")
@@ -319,7 +344,8 @@ def _graded(args: argparse.Namespace, work: Path | None) -> int:
             None if args.replan is None else replan(v, args.replan, work / v.name)
         runs[v], bands[v] = grade(v, args.by, replanned, segments=args.segments)
     if len(runs) > 1:
-        print(pooled(runs, bands))
+        compared = {v: b.pop("compared") for v, b in bands.items()}
+        print("\n".join([pooled(runs, bands), *across_gpus(compared)]))
     return 0
 
 

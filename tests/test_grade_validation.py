@@ -87,6 +87,28 @@ def test_several_validations_pool_runs_error_speeds_spread_decode_by_policy_and_
         "  90% bands, past points: 2 of 2 inside (100.0%); width within 2x the repeats' spread 1 of 1 (median 1.0x)"]
 
 
+def test_a_band_run_on_several_gpus_is_held_to_the_spread_of_all_their_runs_and_only_where_it_is_one_band(script):
+    from types import SimpleNamespace
+
+    from servecap.validate.comparison import Compared
+    across_gpus = script("grade_validation").across_gpus
+
+    def at(pid, load, *ttft):
+        return Compared(SimpleNamespace(id=pid, load=load), None, {}, [{"ttft_p50": t} for t in ttft])
+    band = {"ttft_p50": {"lo": 0.1, "hi": 0.3, "median": 0.2}}
+    wide = {"ttft_p50": {"lo": 0.0, "hi": 1.0, "median": 0.5}}
+    a = ([at("p", "near", 0.15, 0.16), at("q", "near", 0.1, 0.2), at("r", "near", 0.1, 0.2), at("s", "past", 0.5, 0.5)],
+         {"p": band, "q": band, "r": band, "s": wide})
+    b = ([at("p", "near", 0.25, 0.26), at("r", "near", 0.1, 0.3), at("s", "past", 0.6)],
+         {"p": band, "r": wide, "s": wide})  # r under another band: another plan's point of the same id
+    assert across_gpus({"a": a, "b": b}) == [
+        "  90% bands, near points run on several GPUs (1): width within 2x the spread of every GPU's runs 1 of 1 "
+        "(median 1.8x)",
+        "  90% bands, past points run on several GPUs (1): width within 2x the spread of every GPU's runs 0 of 1 "
+        "(median 10.0x)"]
+    assert across_gpus({"a": a}) == []
+
+
 def test_a_points_speed_is_told_by_its_sessions_other_points_and_by_those_of_its_policy(script):
     import math
     import pandas as pd
