@@ -30,7 +30,7 @@ source scripts/gpu_env.sh
 L=logs/call-$CALL; mkdir -p $L; GPU=${GPU:-NVIDIA H200}; END=${END_S:-585}
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,power.limit --format=csv | tee $L/nvidia-smi.txt
 gpu=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | cut -c5-12)
-R=${TABLE%.json}-$gpu.json; VR=$V-$gpu
+R=${TABLE%.json}-$gpu.json; VR=$V-$gpu; OR=${TABLE%.json}-$gpu-own.json; OVR=${OWN_V:-}-$gpu
 probed() { d=${1%%:*}; SVR=$d-$gpu; SR=${TABLE%.json}-$gpu-${d##*validation-}.json; ST=${1#$d}; ST=${ST#:}; }
 # A warm machine keeps git-ignored paths between calls: an earlier call's directory on this GPU comes back from there.
 [ ! -f $VR/plan.json ] && [ -f .device/$VR/plan.json ] && mkdir -p $VR && cp -r .device/$VR/. $VR/ &&
@@ -57,7 +57,8 @@ for sv in ${SERVING_V:-}; do
   timeout 120 python3 -m validate plan --table $SR --out $SVR --points-from $d --interval 90 > $L/plan-$n.txt 2>&1
   tail -1 $L/plan-$n.txt; (sha256sum $SVR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-$n-frozen.txt
 done
-OR=${TABLE%.json}-$gpu-own.json; OVR=${OWN_V:-}-$gpu
+[ -n "${OWN_FROM:-}" ] && [ ! -f $OVR/plan.json ] && [ -f .device/$OVR/plan.json ] && mkdir -p $OVR &&
+  cp -r .device/$OVR/. $OVR/ && cp .device/$OR $OR  # frozen by an earlier call on this GPU: never re-planned
 if [ -n "${OWN_FROM:-}" ] && [ ! -f $OVR/plan.json ]; then
   timeout $((END - 40 - SECONDS)) python3 -m validate real --out $VR --only "$OWN_FROM" --expect-gpu "$GPU" \
     > $L/real-own.txt 2>&1; tail -1 $L/real-own.txt
@@ -77,7 +78,8 @@ for run in chunked512-azure-conv-past:chunked:512 sharegpt-past:padded; do
     --policy ${run#*:} --out $L/probe-${run%%:*} > $L/probe-${run%%:*}.txt 2>&1; tail -9 $L/probe-${run%%:*}.txt
 done
 mkdir -p .device/$(dirname $VR) .device/$(dirname $R) && rm -rf .device/$VR && cp -r $VR .device/$VR && cp $R .device/$R
-keep="$R $VR"; [ -f $OVR/plan.json ] && keep="$keep $OR $OVR"
+keep="$R $VR"
+[ -f $OVR/plan.json ] && rm -rf .device/$OVR && cp -r $OVR .device/$OVR && cp $OR .device/$OR && keep="$keep $OR $OVR"
 for sv in ${SERVING_V:-}; do
   probed $sv; [ -f $SVR/plan.json ] || continue
   rm -rf $SVR/real && cp -r $VR/real $SVR/real; rm -rf .device/$SVR && cp -r $SVR .device/$SVR && cp $SR .device/$SR
