@@ -1,6 +1,7 @@
 """Issue 21's CPU parts: the near-tie rule, the serving-context correction (--from-runs), prediction intervals,
 GPU telemetry recording and the audit's text items."""
 import json
+import math
 
 import pytest
 
@@ -869,6 +870,8 @@ def test_sim_run_interval_prints_a_band_per_metric_and_refuses_a_bad_level(capsy
     ttft = next(line for line in out.split("interval")[-1].splitlines() if line.strip().startswith("TTFT p50"))
     lo, hi = (float(x) for x in ttft.split()[2:5:2])
     assert ttft.endswith(" ms") and 0 < lo < hi
+    speed = out.split("interval")[-1].splitlines()[8]
+    assert speed.startswith("speed    every step 1% slower: served ") and "TTFT p50 " in speed
     # a corrected table's held-out runs hold a run's own speed: said so, not "not measured"
     assert sim.cli.main(["run", "--rate", "10", "--n", "60", "--interval", "90", "--backend", "paged",
                          "--table", "results/calibration/t9/h200-t9-v89.json"]) == 0
@@ -877,6 +880,19 @@ def test_sim_run_interval_prints_a_band_per_metric_and_refuses_a_bad_level(capsy
         sim.cli.main(["run", "--rate", "10", "--interval", "100"])
     assert e.value.code == 2
     assert "argument --interval: '100' is not a percentage between 0 and 100" in capsys.readouterr().err
+
+
+def test_a_metrics_speed_slope_is_its_change_with_every_step_one_percent_slower():
+    from servecap.costs.context import ALL
+    from servecap.sim import inputs
+    from servecap.sim.intervals import speed_line, speed_slopes
+
+    def run(trace, cost):  # a metric growing as the 10th power of the steps' cost, another falling as its inverse
+        f = cost.correction.scale[ALL]
+        return {"ttft_p50": f ** 10, "served_rate": 1 / f, "tpot_p50": math.nan}
+    slopes = speed_slopes(run, None, inputs.load_table(None))
+    assert slopes == {"served_rate": pytest.approx(1 / 1.01 - 1), "ttft_p50": pytest.approx(1.01 ** 10 - 1)}
+    assert speed_line(slopes) == "speed    every step 1% slower: served -1.0%, TTFT p50 +10.5%"
 
 
 def test_sim_run_interval_on_forked_workers_gives_the_same_bands_and_says_each_warning_once(capsys, tmp_path):

@@ -303,6 +303,28 @@ NAMES = {"served_rate": ("served", "req/s", 1, ".2f"), "queue_wait_p50": ("queue
          "wall_time_s": ("wall", "s", 1, ".3f")}
 
 
+SPEEDS = (0.98, 0.99, 1.0, 1.01, 1.02)  # every step's cost times each, for speed_slopes
+
+
+def speed_slopes(run, trace, table: CostTable) -> dict[str, float]:
+    """Each metric's relative change with every step 1% slower: the least-squares slope of its log over the point
+    simulated at each of SPEEDS of the table's costs (one run near capacity moves in steps at a single percent). Near
+    capacity a percent of speed moves TTFT and queue waits by many percent: how far a GPU instance's own speed, off
+    its kind's, moves the point. The band's cost draws hold that spread; the slope says how much of it is speed."""
+    ys = [run(trace, scaled(table, f)) for f in SPEEDS]
+    out = {}
+    for k in NAMES:
+        v = np.array([y.get(k, math.nan) for y in ys], dtype=float)
+        if np.all(np.isfinite(v) & (v > 0)):
+            out[k] = math.expm1(np.polyfit(np.log(SPEEDS), np.log(v), 1)[0] * math.log(1.01))
+    return out
+
+
+def speed_line(slopes: dict[str, float]) -> str:
+    """`sim run --interval`'s line of speed_slopes."""
+    return "speed    every step 1% slower: " + ", ".join(f"{NAMES[k][0]} {v:+.1%}" for k, v in slopes.items())
+
+
 def lines(bands: dict, iv: Intervals, samples: int) -> list[str]:
     """A band per metric, as `sim run` prints them."""
     out = [f"interval {iv.level:g}%: {samples} trace sample(s) x {COST_DRAWS} cost draws "

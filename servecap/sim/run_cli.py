@@ -89,7 +89,8 @@ def _write_record(rec, out: Path, tokens: bool, scored: dict, imported: dict) ->
 
 
 def run_interval(args: argparse.Namespace, table, cfg, trace, rate) -> list[str]:
-    """`sim run --interval`: the point's bands (a trace file or a closed uniform run is one trace sample)."""
+    """`sim run --interval`: the point's bands (a trace file or a closed uniform run is one trace sample), and how far
+    a percent of speed moves each metric on the trace simulated."""
     from . import intervals
     iv = intervals.Intervals(table, args.interval)
     if args.trace is None and args.closed_uniform is None:
@@ -97,8 +98,9 @@ def run_interval(args: argparse.Namespace, table, cfg, trace, rate) -> list[str]
                                                                  closed_mixed_n=args.closed_mixed), args.seed)
     else:
         traces = [trace]
-    bands = iv.band(traces, intervals.simulated(cfg, rate), progress=True, jobs=args.jobs or os.cpu_count() or 1)
-    return intervals.lines(bands, iv, len(traces))
+    run = intervals.simulated(cfg, rate)
+    bands = iv.band(traces, run, progress=True, jobs=args.jobs or os.cpu_count() or 1)
+    return [*intervals.lines(bands, iv, len(traces)), intervals.speed_line(intervals.speed_slopes(run, trace, table))]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
