@@ -141,10 +141,11 @@ def _summed(steps) -> float:
 
 
 def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] | None = None,
-          segments: bool = False) -> tuple[pd.DataFrame, dict]:
+          segments: bool = False) -> tuple[pd.DataFrame, dict, tuple[list, dict]]:
     """Print the validation's grading (module docstring); return each run's summed real / price in context (`total`;
     `decode`: its decode steps', beside its point's `policy` and `load`), and the plan's bands' coverage
-    (servecap/validate/coverage.py) over every point (`all`) and over the near and the past capacity points.
+    (servecap/validate/coverage.py) over every point (`all`) and over the near and the past capacity points, and
+    each point's prediction beside its runs with the plan's bands (for across_gpus).
     `replanned` (a plan directory of the same points and the table it was made from): grade the runs against that
     plan instead, one made after them (a retrospective: the protocol checks are the validation's own plan's)."""
     plan, results, table_path = planned(validation, replanned)
@@ -199,8 +200,8 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
         print(f"  summed real / price in context by {by}, every run:")
         print("\n".join(_binned(pd.concat(every, ignore_index=True), by)))
     return runs, {"all": coverage(results, bands),
-                  **{load: coverage([c for c in results if c.point.load == load], bands) for load in ("near", "past")},
-                  "compared": (results, bands)}
+                  **{load: coverage([c for c in results if c.point.load == load], bands) for load in ("near", "past")}}, \
+        (results, bands)
 
 
 def pooled(runs: dict[Path, pd.DataFrame], bands: dict[Path, dict] | None = None) -> str:
@@ -289,13 +290,14 @@ def across_gpus(graded: dict[Path, tuple[list, dict]]) -> list[str]:
     """Where several validations ran a point under one band (a plan copied to several GPUs: the same point id and
     band), that band near and past capacity against the spread of every GPU's runs there: what the band holds that
     one GPU's repeats do not show, the GPU-to-GPU speed."""
-    shared: dict[tuple[str, str], list] = {}
+    shared: dict[tuple[str, str], tuple[dict, list]] = {}
     for results, bands in graded.values():
         for c in results:
             if c.real and c.point.id in bands:
-                shared.setdefault((c.point.id, json.dumps(bands[c.point.id], sort_keys=True)), []).append(c)
-    merged = [(replace(cs[0], real=[r for c in cs for r in c.real]), json.loads(band))
-              for (_, band), cs in shared.items() if len(cs) > 1]
+                band = bands[c.point.id]
+                shared.setdefault((c.point.id, json.dumps(band, sort_keys=True)), (band, []))[1].append(c)
+    merged = [(replace(cs[0], real=[r for c in cs for r in c.real]), band)
+              for band, cs in shared.values() if len(cs) > 1]
     lines = []
     for load in ("near", "past"):
         at = [(c, band) for c, band in merged if c.point.load == load]
@@ -336,15 +338,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _graded(args: argparse.Namespace, work: Path | None) -> int:
-    runs, bands = {}, {}
+    runs, bands, compared = {}, {}, {}
     for v in args.validations:
         if not (v / "plan.json").is_file():
             raise InputError("holds no plan.json", path=v)
         replanned = against(v, args.against) if args.against else \
             None if args.replan is None else replan(v, args.replan, work / v.name)
-        runs[v], bands[v] = grade(v, args.by, replanned, segments=args.segments)
+        runs[v], bands[v], compared[v] = grade(v, args.by, replanned, segments=args.segments)
     if len(runs) > 1:
-        compared = {v: b.pop("compared") for v, b in bands.items()}
         print("\n".join([pooled(runs, bands), *across_gpus(compared)]))
     return 0
 

@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grade_validation import against, planned, target  # noqa: E402
 
+from servecap.traces.command import command  # noqa: E402
 from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.outpath import check_new_file  # noqa: E402
 
@@ -74,6 +75,7 @@ def plot(sessions: dict[str, dict[str, list[tuple]]], out: Path) -> None:
     plt.close(fig)
 
 
+@command("plot_refresh_choice")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -82,20 +84,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="RUNS_DIR then LABEL=PLAN_DIR for each plan to grade against its runs")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")  # extrapolation notes about a few long steps
-    try:
-        check_new_file(args.out, force=args.force)
-        sessions = {}
-        for runs, *plans in args.session:
-            if not plans or not all("=" in a for a in plans):
-                raise InputError(f"--session {runs}: give LABEL=PLAN_DIR for each plan after the runs' directory")
-            if not (Path(runs) / "plan.json").is_file():
-                raise InputError("holds no plan.json", path=runs)
-            sessions[Path(runs).name] = errors(Path(runs), {a.split("=", 1)[0]: Path(a.split("=", 1)[1])
-                                                            for a in plans})
-        plot(sessions, args.out)
-    except InputError as e:
-        print(f"plot_refresh_choice: {e}", file=sys.stderr)
-        return 2
+    check_new_file(args.out, force=args.force)
+    sessions = {}
+    for runs, *plans in args.session:
+        if not plans or not all("=" in a for a in plans):
+            raise InputError(f"--session {runs}: give LABEL=PLAN_DIR for each plan after the runs' directory")
+        if not (Path(runs) / "plan.json").is_file():
+            raise InputError("holds no plan.json", path=runs)
+        sessions[Path(runs).name] = errors(Path(runs), {a.split("=", 1)[0]: Path(a.split("=", 1)[1]) for a in plans})
+    plot(sessions, args.out)
     print(f"wrote {args.out}")
     return 0
 

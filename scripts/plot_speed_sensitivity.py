@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 
 from servecap.sim.inputs import load_table  # noqa: E402
 from servecap.sim.intervals import scaled  # noqa: E402
+from servecap.traces.command import command  # noqa: E402
 from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.metrics import scored  # noqa: E402
 from servecap.traces.outpath import check_new_file  # noqa: E402
@@ -72,6 +73,7 @@ def plot(rows: list[dict], out: Path, table_id: str) -> None:
     plt.close(fig)
 
 
+@command("plot_speed_sensitivity")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("validations", nargs="+", type=Path, metavar="DIR")
@@ -80,16 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="replace an existing --out")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
-    try:
-        check_new_file(args.out, force=args.force)
-        table = load_table(args.table)
-        rows = curves(args.validations, table)
-        if not rows:
-            raise InputError("no complete run at a near-capacity point of one engine")
-        plot(rows, args.out, table.table_id)
-    except InputError as e:
-        print(f"plot_speed_sensitivity: error: {e}", file=sys.stderr)
-        return 2
+    check_new_file(args.out, force=args.force)
+    table = load_table(args.table)
+    rows = curves(args.validations, table)
+    if not rows:
+        raise InputError("no complete run at a near-capacity point of one engine")
+    plot(rows, args.out, table.table_id)
     print(f"wrote {args.out}: {len(rows)} points")
     return 0
 

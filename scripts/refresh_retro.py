@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         for v in args.validations:
             table = applied(v, args.apply, args.work / "tables" / args.apply / f"{v.name}.json")
-            runs[v], cov = grade(v, replanned=replan(v, table, args.work / args.apply / v.name))
+            runs[v], cov, _ = grade(v, replanned=replan(v, table, args.work / args.apply / v.name))
             inside, graded = inside + cov["all"]["inside"], graded + cov["all"]["graded"]
     except InputError as e:
         print(f"refresh_retro: error: {e}", file=sys.stderr)
