@@ -50,6 +50,7 @@ import pandas as pd
 from servecap.costs.model import CostModel
 from servecap.costs.recorded import contextual, priced_steps
 from servecap.sim import inputs
+from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
 from servecap.traces.metrics import queue_depth
 from servecap.traces.records import read_run
@@ -310,8 +311,9 @@ def across_gpus(graded: dict[Path, tuple[list, dict]]) -> list[str]:
     return lines
 
 
+@command("grade_validation")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("validations", type=Path, nargs="+")
     p.add_argument("--by", choices=sorted(BINS), help="also bin every run's steps' real / price by this context")
     p.add_argument("--segments", action="store_true", help="also each run's real / price by its share of time")
@@ -325,16 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.against and args.replan:
         p.error("--against and --replan are two different plans: give one")
     warnings.simplefilter("ignore")  # extrapolation notes about a few long steps; the grading reads every step
-    try:
-        # --replan without --work: a scratch directory of this run's own, so that two replans at once never grade
-        # against each other's plans
-        scratch = tempfile.TemporaryDirectory(prefix="grade-replan-") if args.replan and not args.work else \
-            contextlib.nullcontext(args.work)
-        with scratch as work:
-            return _graded(args, Path(work) if work else None)
-    except InputError as e:
-        print(f"grade_validation: {e}", file=sys.stderr)
-        return 2
+    # --replan without --work: a scratch directory of this run's own, so that two replans at once never grade
+    # against each other's plans
+    scratch = tempfile.TemporaryDirectory(prefix="grade-replan-") if args.replan and not args.work else \
+        contextlib.nullcontext(args.work)
+    with scratch as work:
+        return _graded(args, Path(work) if work else None)
 
 
 def _graded(args: argparse.Namespace, work: Path | None) -> int:

@@ -22,7 +22,6 @@ step that holds it, so there the step holds about nothing over its price).
 """
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
@@ -36,6 +35,7 @@ from servecap.costs.model import CostModel
 from servecap.costs.recorded import contextual, priced_steps
 from servecap.sim.inputs import load_table
 from servecap.sim.intervals import scaled, scaled_table
+from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
 from servecap.traces.metrics import scored
 from servecap.traces.records import read_run
@@ -118,8 +118,9 @@ def residuals(validation: Path, table, sensitivity: bool = False,
     return out
 
 
+@command("own_speed_bias")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("validations", nargs="+", type=Path, metavar="DIR")
     ap.add_argument("--table", type=Path, required=True, help="the cost table that prices the runs' steps")
     ap.add_argument("--before-prefill", action="store_true",
@@ -130,15 +131,10 @@ def main(argv: list[str] | None = None) -> int:
                          "speed")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
-    try:
-        table = load_table(args.table)
-        rows = [r for v in args.validations for r in residuals(v, table, args.sensitivity, args.before_prefill)]
-    except InputError as e:
-        print(f"own_speed_bias: error: {e}", file=sys.stderr)
-        return 2
+    table = load_table(args.table)
+    rows = [r for v in args.validations for r in residuals(v, table, args.sensitivity, args.before_prefill)]
     if not rows:
-        print("own_speed_bias: error: no complete run at a near or past point", file=sys.stderr)
-        return 2
+        raise InputError("no complete run at a near or past point")
     print("load  policy    runs | " + " | ".join(f"{m}: mean, median, above 0" for m in METRICS))
     for load in ("near", "past"):
         for policy in sorted({q for l, q, _ in rows if l == load}) + ["all"]:

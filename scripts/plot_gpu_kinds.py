@@ -8,7 +8,6 @@ Usage: python scripts/plot_gpu_kinds.py --out FIG.png [--force] VALIDATION_DIR .
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from servecap.traces.command import Parser, command  # noqa: E402
 from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.outpath import check_new_file  # noqa: E402
 from servecap.validate.points import load_plan  # noqa: E402
@@ -94,19 +94,16 @@ def plot(by_dir: dict[str, tuple[str, list[dict]]], out: Path) -> None:
     plt.close(fig)
 
 
+@command("plot_gpu_kinds")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("validations", nargs="+", type=Path, metavar="DIR")
     ap.add_argument("--out", type=Path, required=True, help="the PNG to write")
     ap.add_argument("--force", action="store_true", help="replace an existing --out")
     args = ap.parse_args(argv)
-    try:
-        check_new_file(args.out, force=args.force)
-        by_dir = {v.name: gathered(v) for v in args.validations}
-        plot(by_dir, args.out)
-    except InputError as e:
-        print(f"plot_gpu_kinds: error: {e}", file=sys.stderr)
-        return 2
+    check_new_file(args.out, force=args.force)
+    by_dir = {v.name: gathered(v) for v in args.validations}
+    plot(by_dir, args.out)
     print(f"wrote {args.out}: " + ", ".join(f"{n} ({g}, {sum(r['served_real'] is not None for r in rows)} of "
                                             f"{len(rows)} points run)" for n, (g, rows) in by_dir.items()))
     return 0

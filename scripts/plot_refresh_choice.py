@@ -10,7 +10,6 @@ RUNS_DIR holds the real runs (real/POINT/run-K) and its own plan; each PLAN_DIR 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -23,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grade_validation import against, planned, target  # noqa: E402
 
-from servecap.traces.command import command  # noqa: E402
+from servecap.traces.command import Parser, command  # noqa: E402
 from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.outpath import check_new_file  # noqa: E402
 
@@ -77,7 +76,7 @@ def plot(sessions: dict[str, dict[str, list[tuple]]], out: Path) -> None:
 
 @command("plot_refresh_choice")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--force", action="store_true", help="replace --out")
     p.add_argument("--session", nargs="+", action="append", required=True, metavar="ARG",

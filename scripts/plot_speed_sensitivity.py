@@ -8,7 +8,6 @@ Usage: python scripts/plot_speed_sensitivity.py --table T --out FIG.png [--force
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -21,7 +20,7 @@ import numpy as np  # noqa: E402
 
 from servecap.sim.inputs import load_table  # noqa: E402
 from servecap.sim.intervals import scaled  # noqa: E402
-from servecap.traces.command import command  # noqa: E402
+from servecap.traces.command import Parser, command  # noqa: E402
 from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.metrics import scored  # noqa: E402
 from servecap.traces.outpath import check_new_file  # noqa: E402
@@ -75,7 +74,7 @@ def plot(rows: list[dict], out: Path, table_id: str) -> None:
 
 @command("plot_speed_sensitivity")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("validations", nargs="+", type=Path, metavar="DIR")
     ap.add_argument("--table", type=Path, required=True, help="the cost table that prices the runs' steps")
     ap.add_argument("--out", type=Path, required=True, help="the PNG to write")

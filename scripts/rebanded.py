@@ -14,7 +14,6 @@ correction keeps its `all` residual alone); kind (the default): each step kind m
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -25,6 +24,7 @@ from servecap.calibrate.from_runs import held_out_gpus
 from servecap.costs.table import save_cost_table
 from servecap.sim.inputs import load_table
 from servecap.sim.intervals import Intervals, load_noise
+from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
 from servecap.validate.comparison import compare, plan_table
 from servecap.validate.coverage import coverage
@@ -69,8 +69,9 @@ def rebanded(validation: Path, rule: str, work: Path, noise: dict | None = None,
     return results, {c.point.id: point_band(iv, table, c.point, validation) for c in results}
 
 
+@command("rebanded")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("validations", nargs="+", type=Path, metavar="DIR")
     ap.add_argument("--rule", choices=("held", "added"), required=True)
     ap.add_argument("--draws", choices=("kind", "one"), default="kind",
@@ -80,24 +81,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     totals: dict[str, list] = {"near": [0, 0, 0, 0, []], "past": [0, 0, 0, 0, []]}
-    try:
-        noise = load_noise(args.noise) if args.noise else None
-        for v in args.validations:
-            if not (v / "plan.json").is_file():
-                raise InputError("holds no plan.json", path=v)
-            results, bands = rebanded(v, args.rule, args.work, noise, args.draws)
-            every = coverage(results, bands)
-            print(f"{v}: {every['inside']} of {every['graded']} inside", flush=True)
-            for load, t in totals.items():
-                cov = coverage([c for c in results if c.point.load == load], bands)
-                t[0] += cov["inside"]
-                t[1] += cov["graded"]
-                t[2] += sum(w["width"] / w["real_spread"] <= 2 for w in cov["width_vs_real_spread"])
-                t[3] += len(cov["width_vs_real_spread"])
-                t[4] += [cov["metrics"]["served_rate"]["median_rel_width"]] if "served_rate" in cov["metrics"] else []
-    except InputError as e:
-        print(f"rebanded: error: {e}", file=sys.stderr)
-        return 2
+    noise = load_noise(args.noise) if args.noise else None
+    for v in args.validations:
+        if not (v / "plan.json").is_file():
+            raise InputError("holds no plan.json", path=v)
+        results, bands = rebanded(v, args.rule, args.work, noise, args.draws)
+        every = coverage(results, bands)
+        print(f"{v}: {every['inside']} of {every['graded']} inside", flush=True)
+        for load, t in totals.items():
+            cov = coverage([c for c in results if c.point.load == load], bands)
+            t[0] += cov["inside"]
+            t[1] += cov["graded"]
+            t[2] += sum(w["width"] / w["real_spread"] <= 2 for w in cov["width_vs_real_spread"])
+            t[3] += len(cov["width_vs_real_spread"])
+            t[4] += [cov["metrics"]["served_rate"]["median_rel_width"]] if "served_rate" in cov["metrics"] else []
     for load, (inside, graded, narrow, spread, widths) in totals.items():
         if graded:
             print(f"{load}: {inside} of {graded} inside ({inside / graded:.1%}); width within 2x the repeats' spread "

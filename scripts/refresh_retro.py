@@ -17,7 +17,6 @@ over the sessions, the slope of the second on the first, and the sessions' RMS o
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shlex
@@ -34,6 +33,7 @@ from servecap.calibrate.refresh import rescaled  # noqa: E402
 from servecap.costs.model import CostModel  # noqa: E402
 from servecap.costs.recorded import contextual, priced_steps  # noqa: E402
 from servecap.costs.table import CostTable, as_cost_table, load_cost_table, save_cost_table, table_id  # noqa: E402
+from servecap.traces.command import Parser, command  # noqa: E402
 from servecap.traces.errors import InputError  # noqa: E402
 from servecap.traces.records import read_run  # noqa: E402
 from servecap.validate.comparison import compare, plan_table  # noqa: E402
@@ -112,8 +112,9 @@ def print_readings(validations: list[Path]) -> None:
               f"{np.sqrt(np.mean((true - moved) ** 2)):.2%}")
 
 
+@command("refresh_retro")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("validations", nargs="+", type=Path, metavar="DIR")
     how = ap.add_mutually_exclusive_group(required=True)
     how.add_argument("--apply", choices=("decode", "prefill", "all", "none"), help="which of each refresh's readings "
@@ -123,20 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     runs, inside, graded = {}, 0, 0
-    try:
-        for v in args.validations:
-            if not (v / "plan.json").is_file():
-                raise InputError("holds no plan.json", path=v)
-        if args.readings:
-            print_readings(args.validations)
-            return 0
-        for v in args.validations:
-            table = applied(v, args.apply, args.work / "tables" / args.apply / f"{v.name}.json")
-            runs[v], cov, _ = grade(v, replanned=replan(v, table, args.work / args.apply / v.name))
-            inside, graded = inside + cov["all"]["inside"], graded + cov["all"]["graded"]
-    except InputError as e:
-        print(f"refresh_retro: error: {e}", file=sys.stderr)
-        return 2
+    for v in args.validations:
+        if not (v / "plan.json").is_file():
+            raise InputError("holds no plan.json", path=v)
+    if args.readings:
+        print_readings(args.validations)
+        return 0
+    for v in args.validations:
+        table = applied(v, args.apply, args.work / "tables" / args.apply / f"{v.name}.json")
+        runs[v], cov, _ = grade(v, replanned=replan(v, table, args.work / args.apply / v.name))
+        inside, graded = inside + cov["all"]["inside"], graded + cov["all"]["graded"]
     print(pooled(runs))
     print(f"90% bands: {inside} of {graded} inside ({inside / graded:.1%})")
     return 0

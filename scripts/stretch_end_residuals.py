@@ -15,7 +15,6 @@ overhead over that speed's price, in ms. Per prefill policy, the mean of that ov
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -27,6 +26,7 @@ from servecap.calibrate.from_runs import find_runs
 from servecap.costs.model import CostModel
 from servecap.costs.recorded import held_s, stretch_ends
 from servecap.sim.inputs import load_table
+from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
 from servecap.traces.records import read_run
 
@@ -103,17 +103,14 @@ def table(paths: list[Path], cost: CostModel) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+@command("stretch_end_residuals")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", type=Path, metavar="DIR")
     ap.add_argument("--table", type=Path, required=True, help="the cost table whose closed-run prices are used")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
-    try:
-        df = table(args.paths, CostModel(load_table(args.table)))
-    except InputError as e:
-        print(f"stretch_end_residuals: error: {e}", file=sys.stderr)
-        return 2
+    df = table(args.paths, CostModel(load_table(args.table)))
     print("ms a decode step holds over its run's speed inside a stretch (mean, steps), per prefill policy")
     policies = sorted(df.policy.unique())
     for group in (x for x in GROUPS if x in set(df.group)):

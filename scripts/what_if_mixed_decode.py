@@ -10,7 +10,6 @@ K/V read). Serving-context factors of the fused policy's steps are dropped: they
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import shlex
@@ -20,8 +19,9 @@ from pathlib import Path
 from servecap.costs.context import prefill_kind
 from servecap.costs.model import CostModel, mixed_decode_terms
 from servecap.costs.table import MIXED_DECODE_KEY, CostTable, check_table, load_cost_table, table_id
-from servecap.traces.errors import InputError
+from servecap.traces.command import Parser, command
 from servecap.traces.csvio import atomic_write_text
+from servecap.traces.errors import InputError
 from servecap.traces.outpath import check_new_file
 from servecap.traces.provenance import git_commit, now_iso
 
@@ -45,24 +45,21 @@ def what_if(raw: dict, argv: list[str]) -> dict:
     return check_table(t)
 
 
+@command("what_if_mixed_decode")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("table", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--force", action="store_true", help="replace an existing table")
     args = p.parse_args(argv[1:])
-    try:
-        check_new_file(args.out, force=args.force)
-        src = load_cost_table(args.table, allow_nonstationary=True)
-        if mixed_decode_terms(src) is not None:
-            raise InputError("already prices fused steps with the decode kernel", path=args.table)
-        table = what_if(src.raw, argv)
-        cost = CostModel(CostTable(table, args.out))
-        atomic_write_text(args.out, json.dumps(table, indent=1) + "\n")
-    except InputError as e:
-        print(f"what_if_mixed_decode: {e}", file=sys.stderr)
-        return 2
+    check_new_file(args.out, force=args.force)
+    src = load_cost_table(args.table, allow_nonstationary=True)
+    if mixed_decode_terms(src) is not None:
+        raise InputError("already prices fused steps with the decode kernel", path=args.table)
+    table = what_if(src.raw, argv)
+    cost = CostModel(CostTable(table, args.out))
+    atomic_write_text(args.out, json.dumps(table, indent=1) + "\n")
     per_token, fixed = mixed_decode_terms(cost.table)
     print(f"wrote cost table {table['table_id']} to {args.out} (from {src.table_id}): a fused step's decode rows "
           f"{per_token * 1e9:.2f} ns per K/V token, {fixed * 1e6:.0f} us fixed")

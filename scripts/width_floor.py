@@ -17,7 +17,6 @@ that knew the GPU's offset and the cost exactly (s_cost = s_run), and for the ta
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from scipy import integrate, optimize, stats
 
 from servecap.sim.inputs import load_table
 from servecap.sim.intervals import NOISE, cost_sigma, load_noise, z_level
+from servecap.traces.command import Parser, command
 from servecap.traces.errors import InputError
 
 
@@ -48,8 +48,9 @@ def median_ratio(ratio: float, n: int) -> float:
     return ratio / optimize.brentq(lambda r: range_cdf(r, n) - 0.5, 1e-6, 20.0)
 
 
+@command("width_floor")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--table", type=Path, required=True, help="the cost table whose bands are weighed")
     ap.add_argument("--noise", type=Path, default=NOISE, help="a run-to-run noise file (default: the shipped one)")
     ap.add_argument("--level", type=float, default=90.0, help="the band's level, percent (default 90)")
@@ -60,15 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 < args.level < 100 or min(repeats) < 2:
             raise ValueError
     except ValueError:
-        print(f"width_floor: error: --level must be in (0, 100) and --repeats integers of 2 or more "
-              f"(got {args.level:g}, {args.repeats!r})", file=sys.stderr)
-        return 2
-    try:
-        noise = load_noise(args.noise)
-        table = load_table(args.table)
-    except InputError as e:
-        print(f"width_floor: error: {e}", file=sys.stderr)
-        return 2
+        raise InputError(f"--level must be in (0, 100) and --repeats integers of 2 or more (got {args.level:g}, "
+                         f"{args.repeats!r})") from None
+    noise = load_noise(args.noise)
+    table = load_table(args.table)
     speed = noise["pooled"]["arrival"]["speed"]
     s_run, s_cost, z = speed["sigma"], cost_sigma(table, noise)["sigma"], z_level(args.level)
     print(f"run-to-run speed sd {s_run:.2%} ({speed['runs']} runs at {speed['groups']} points); the table's "
