@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--noise", type=Path, help="a run-to-run noise file (default: the shipped one)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
-    totals: dict[str, list] = {"near": [0, 0, 0, 0, []], "past": [0, 0, 0, 0, []]}
+    totals: dict[str, list] = {"near": [0, 0, [], []], "past": [0, 0, [], []]}
     noise = load_noise(args.noise) if args.noise else None
     for v in args.validations:
         if not (v / "plan.json").is_file():
@@ -92,13 +92,13 @@ def main(argv: list[str] | None = None) -> int:
             cov = coverage([c for c in results if c.point.load == load], bands)
             t[0] += cov["inside"]
             t[1] += cov["graded"]
-            t[2] += sum(w["width"] / w["real_spread"] <= 2 for w in cov["width_vs_real_spread"])
-            t[3] += len(cov["width_vs_real_spread"])
-            t[4] += [cov["metrics"]["served_rate"]["median_rel_width"]] if "served_rate" in cov["metrics"] else []
-    for load, (inside, graded, narrow, spread, widths) in totals.items():
+            t[2] += [w["width"] / w["real_spread"] for w in cov["width_vs_real_spread"]]
+            t[3] += [cov["metrics"]["served_rate"]["median_rel_width"]] if "served_rate" in cov["metrics"] else []
+    for load, (inside, graded, ratios, widths) in totals.items():
         if graded:
             print(f"{load}: {inside} of {graded} inside ({inside / graded:.1%}); width within 2x the repeats' spread "
-                  f"{narrow} of {spread}; median served-rate width {statistics.median(widths):.1%}")
+                  f"{sum(r <= 2 for r in ratios)} of {len(ratios)} (median {statistics.median(ratios):.1f}x); "
+                  f"median served-rate width {statistics.median(widths):.1%}")
     inside, graded = (sum(t[i] for t in totals.values()) for i in (0, 1))
     print(f"near and past: {inside} of {graded} inside ({inside / graded:.1%})")
     return 0

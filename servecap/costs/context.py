@@ -141,7 +141,7 @@ def keys(kind: str, prev: str, rows: int, kv_max: int | None = None, tokens: int
             out.insert(0, f"{out[0]}|{kv_class(kv_max)}")
             if kv_tokens is not None:
                 out.insert(0, f"{out[0]}|{total_kv_class(kv_tokens)}")
-        out.append(" ".join(kind.split(" ")[:2]))  # the backend across policies
+        out.append(speed_kind(kind))  # the backend across policies
     elif tokens is not None:
         out.insert(0, f"{out[0]}|{tokens_class(tokens)}")
     return out
@@ -153,7 +153,13 @@ def stretch_class(steps: int) -> str:
 
 def stretch_end_keys(kind: str, steps: int) -> list[str]:
     """The stretch-end keys of a decode kind's stretch of `steps` steps, most specific first."""
-    return [f"{kind}|{stretch_class(steps)}", kind, " ".join(kind.split(" ")[:2])]
+    return [f"{kind}|{stretch_class(steps)}", kind, speed_kind(kind)]
+
+
+def speed_kind(kind: str) -> str:
+    """A step kind's refresh kind, the level a GPU's serving speed is read at (servecap/calibrate/speed.py): `decode
+    BACKEND` across policies, `prefill` for every step that computes prompt positions."""
+    return " ".join(kind.split(" ")[:2]) if kind.startswith("decode ") else "prefill"
 
 
 def current_kind(key: str) -> str:
@@ -222,8 +228,10 @@ class Correction:
         return s
 
     def scale_of(self, kind: str) -> float:
-        """The interval's cost draw on a step of this kind."""
-        return self.scale.get(kind, self.scale.get(ALL, 1.0))
+        """The interval's cost draw on a step of this kind: its own, else its refresh kind's (a table rescaled to one
+        GPU's runs is drawn by those, servecap/sim/intervals.py), else `all`'s."""
+        s = self.scale
+        return s[kind] if kind in s else s.get(speed_kind(kind), s.get(ALL, 1.0))
 
 
 def check_correction(c, path, error) -> None:
