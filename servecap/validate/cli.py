@@ -222,16 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         from .coverage import write as write_coverage
         print(f"wrote {write_coverage(args.out, args.table, args.interval, args.allow_nonstationary, args.force)}")
     elif args.step == "noise":
-        from .noise import write
+        from .noise import describe, write
         from servecap.sim import inputs
         table = args.table and inputs.load_table(args.table, allow_nonstationary=args.allow_nonstationary)
         doc = write(args.validations, args.out, args.force, table, args.sessions_from)
-        print(f"wrote {args.out}: {len(doc['groups'])} repeated points; " + "; ".join(
-            f"{regime}: " + ", ".join(f"{k} " + " ".join(
-                ([f"{v['sigma']:.1%}"] if "sigma" in v else [])
-                + ([f"({v['residual_sigma']:.1%} beyond speed)"] if "residual_sigma" in v else []))
-                for k, v in m.items())
-            for regime, m in doc["pooled"].items()))
+        print(f"wrote {args.out}: {describe(doc)}")
     elif args.step == "sag" and args.compare:
         from .sag import compare_real
         print(f"wrote {compare_real(args.compare, args.out, args.table, args.allow_nonstationary, args.force)}")
