@@ -794,73 +794,6 @@ def test_the_noise_below_and_past_capacity_mix_by_the_share_of_samples_stable():
     assert noise_sigma(pooled, "tpot_p50", False, 0.5) == 0.0
 
 
-def test_where_the_file_fits_it_the_noise_follows_the_points_speed_slope():
-    from servecap.sim.intervals import noise_sigma
-    fit = {"a": 0.01, "k_stable": 0.8, "k_unstable": 0.3}
-    pooled = {"arrival-stable": {"ttft_p50": {"residual_sigma": 0.08}},
-              "arrival-unstable": {"ttft_p50": {"residual_sigma": 0.02}}, "arrival-slope": {"ttft_p50": fit}}
-    x = math.log1p(0.12)  # TTFT 12% up with every step 1% slower
-    assert noise_sigma(pooled, "ttft_p50", False, 0.25, 0.12) == pytest.approx(
-        math.sqrt(0.01 ** 2 + (0.25 * 0.8 ** 2 + 0.75 * 0.3 ** 2) * x ** 2))
-    assert noise_sigma(pooled, "ttft_p50", False, 1.0, -0.12) == pytest.approx(math.hypot(0.01, 0.8 * -math.log(0.88)))
-    assert noise_sigma(pooled, "ttft_p50", False, 1.0, 0.0) == pytest.approx(0.01)  # a flat point: the floor
-    # no slope for the point, or none fitted for the metric: the two loads mixed
-    assert noise_sigma(pooled, "ttft_p50", False, 1.0, None) == pytest.approx(0.08)
-    assert noise_sigma({k: v for k, v in pooled.items() if k != "arrival-slope"}, "ttft_p50", False, 1.0, 0.12) == \
-        pytest.approx(0.08)
-
-
-@pytest.mark.parametrize("n", [400])
-def test_the_slope_fit_recovers_the_noise_that_made_the_groups(n):
-    import numpy as np
-    from servecap.validate.noise import MIN_SLOPE_GROUPS, slope_fit
-    rng = np.random.default_rng(7)
-    a, ks, ku = 0.01, 0.8, 0.3
-    groups = []
-    for i in range(n):
-        x, runs = rng.uniform(0.005, 0.3), 3
-        stable = [bool(b) for b in rng.random(runs) < (0.9 if i % 2 else 0.1)]
-        p = float(np.mean(stable))
-        sd = math.sqrt(a ** 2 + (p * ks ** 2 + (1 - p) * ku ** 2) * x ** 2)
-        residuals = rng.normal(0, sd, runs)
-        groups.append({"regime": "arrival", "speed": [1.0] * runs, "sim_stable": stable,
-                       "slopes": {"ttft_p50": math.expm1(x)}, "residual_log_sd": {"ttft_p50": float(np.std(residuals, ddof=1))}})
-    fit = slope_fit(groups, "ttft_p50")
-    assert fit["groups"] == n and fit["runs"] == 3 * n
-    assert fit["k_stable"] == pytest.approx(ks, rel=0.1) and fit["k_unstable"] == pytest.approx(ku, rel=0.2)
-    assert fit["a"] == pytest.approx(a, abs=0.006)
-    assert slope_fit(groups[:MIN_SLOPE_GROUPS - 1], "ttft_p50") is None and slope_fit(groups, "tpot_p50") is None
-    closed = [{**g, "regime": "closed"} for g in groups]
-    assert slope_fit(closed, "ttft_p50") is None
-
-
-def test_a_steep_point_widens_by_its_slopes_noise_and_a_flat_one_by_the_floor():
-    from servecap.costs.context import ALL
-    from servecap.costs.synthetic import linear_table
-    from servecap.costs.table import as_cost_table, table_id
-    from servecap.sim.intervals import Intervals
-    from servecap.traces.workload import closed_mixed, poisson_trace
-    raw = linear_table()
-    raw["accuracy"] = {"points": [{"error": 0.05}, {"error": -0.05}]}
-    table = as_cost_table({**raw, "table_id": table_id(raw)})
-    fit = {"a": 0.01, "k_stable": 0.8, "k_unstable": 0.3}
-    noise = {"schema": "run-to-run-noise", "groups": [], "pooled": {"arrival-slope": {"ttft_p50": fit}}}
-    quiet, noisy = Intervals(table, 90, NO_NOISE), Intervals(table, 90, noise)
-    assert quiet.at_speeds == [] and len(noisy.at_speeds) == 5
-    trace = poisson_trace(8.0, 10, 0)
-    for power in (1, 20):  # TTFT as the steps' cost to this power, every sample stable
-        def run(trace, model):
-            return {"ttft_p50": model.correction.scale_of("prefill padded") ** power, "stable": True}
-        q, b = quiet.band([trace], run)["ttft_p50"], noisy.band([trace], run)["ttft_p50"]
-        s = math.hypot(0.01, 0.8 * power * math.log(1.01))
-        assert b["hi"] == pytest.approx(q["median"] * math.exp(math.hypot(math.log(q["hi"] / q["median"]),
-                                                                          1.6448536 * s)), rel=1e-6)
-    # a closed point is not simulated at the speeds: its noise is the closed runs'
-    calls = []
-    noisy.band([closed_mixed(10)], lambda t, m: calls.append(m) or {"ttft_p50": 1.0, "stable": True})
-    assert len(calls) == 16 and ALL in noisy.factors[0]
-
-
 @pytest.mark.parametrize("rate, stable, sigma", [(1.0, True, 0.2), (4.0, False, 0.01)])  # capacity about 1.8
 def test_a_point_widens_by_the_noise_measured_at_its_load(rate, stable, sigma):
     import math
@@ -909,7 +842,7 @@ def test_with_a_table_the_noise_splits_into_each_runs_speed_and_what_speed_leave
     from servecap.costs.model import CostModel
     from servecap.costs.recorded import contextual, priced_steps
     from servecap.sim import inputs
-    from servecap.sim.intervals import scaled, simulated, speed_slopes
+    from servecap.sim.intervals import scaled, simulated
     from servecap.traces.metrics import summary
     from servecap.traces.records import read_run
     from servecap.validate.noise import measure
@@ -941,8 +874,6 @@ def test_with_a_table_the_noise_splits_into_each_runs_speed_and_what_speed_leave
     assert doc["pooled"][load]["ttft_p50"]["residual_sigma"] == pytest.approx(group["residual_log_sd"]["ttft_p50"])
     assert other not in doc["pooled"]
     assert "sessions" not in doc  # one session: no GPU-to-GPU spread from it
-    assert group["slopes"] == pytest.approx(speed_slopes(simulated(point_config(p), 44.0), trace, table))
-    assert "arrival-slope" not in doc["pooled"]  # one group: too few to fit
 
 
 def test_the_gpu_to_gpu_spread_is_the_sd_of_the_sessions_mean_speed():

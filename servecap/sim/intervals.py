@@ -42,14 +42,10 @@ percentiles, a closed run's wall time) that combines the things a real run can d
 3. What the run-to-run noise leaves beyond speed, measured from repeated real runs (servecap/costs/data/run_to_run.json,
    written by `python -m validate noise --table` with its sources): per metric and regime (closed, arrival), the
    sd over repeats of log(measured / simulated at the run's own speed) (a file without it: the sd of the log of the
-   metric itself). It grows with how steeply the point's metric moves with speed: a run's speed wanders within the
-   run, and a point that turns 1% of speed into 12% of TTFT turns that wander into TTFT too. So where the file has
-   the fit (`arrival-slope`, servecap/validate/noise.py), an arrival point's sd is that of its own slope x (d log
-   metric per 1% of speed, the point simulated at SPEEDS of the table's costs) and the share p of its samples the
-   simulator judged stable: s^2 = a^2 + (p k_stable^2 + (1 - p) k_unstable^2) x^2. Else the file's two loads,
-   below capacity and past it (`arrival-stable`, `arrival-unstable`: several-fold apart in queue waits and TTFT),
-   mixed by p: s^2 = p s_stable^2 + (1 - p) s_unstable^2 (a zero-mean mixture's variance); else the pooled
-   `arrival` sd.
+   metric itself). Arrival points mix the file's two loads, below capacity and past it (`arrival-stable`,
+   `arrival-unstable`: several-fold apart in queue waits and TTFT), by the share p of the point's samples the
+   simulator judged stable: s^2 = p s_stable^2 + (1 - p) s_unstable^2 (a zero-mean mixture's variance); a file
+   without them: the pooled `arrival` sd.
 
 Combined: the Monte-Carlo samples over seeds x cost draws give the band's quantiles around their median m; each
 side's log half-width is then widened in quadrature by z_level * sigma_noise: lo = m exp(-sqrt(log(m / q_lo)^2 +
@@ -186,26 +182,15 @@ def scaled(table: CostTable, factor: float | dict[str, float]) -> CostModel:
     return CostModel(scaled_table(table, factor))
 
 
-def slope_x(slope: float) -> float:
-    """A speed slope (relative change per 1% slower, speed_slopes') as the noise model's x: |d log metric| per 1%."""
-    return abs(math.log1p(slope))
-
-
-def noise_sigma(pooled: dict, metric: str, closed: bool, stable: float | None = None,
-                slope: float | None = None) -> float:
-    """The run-to-run sd beyond speed the band widens `metric` by: closed runs', else that of the point's speed
-    `slope` and share `stable` of samples that kept up, where the file fits it, else the two loads' mixed by
-    `stable` (module docstring), else (a file without them, or samples without a verdict: stable None) the pooled
-    arrival sd."""
+def noise_sigma(pooled: dict, metric: str, closed: bool, stable: float | None = None) -> float:
+    """The run-to-run sd beyond speed the band widens `metric` by: closed runs', else the two loads' mixed by the
+    share `stable` of the point's samples that kept up (module docstring), else (a file without them, or samples
+    without a verdict: stable None) the pooled arrival sd."""
     def sd(regime: str) -> float | None:
         d = pooled.get(regime, {}).get(metric)
         return None if d is None else d.get("residual_sigma", d.get("sigma"))
     if closed:
         return sd("closed") or 0.0
-    fit = pooled.get("arrival-slope", {}).get(metric)
-    if fit is not None and slope is not None and stable is not None:
-        k2 = stable * fit["k_stable"] ** 2 + (1 - stable) * fit["k_unstable"] ** 2
-        return math.sqrt(fit["a"] ** 2 + k2 * slope_x(slope) ** 2)
     below, past = sd("arrival-stable"), sd("arrival-unstable")
     if stable is None or below is None or past is None:
         return sd("arrival") or 0.0
@@ -258,18 +243,13 @@ class Intervals:
         zs = [NormalDist().inv_cdf((j + 0.5) / COST_DRAWS) for j in range(COST_DRAWS)]
         self.factors = [draw(self.cost, z) for z in zs]
         self.models = [scaled(table, f) for f in self.factors]
-        # the noise beyond speed follows the point's speed slope where the file fits it: the point at SPEEDS too
-        self.at_speeds = [scaled(table, f) for f in SPEEDS] if "arrival-slope" in self.noise["pooled"] else []
 
     def band(self, traces: list, run, progress: bool = False, jobs: int = 1) -> dict:
         """Every metric's band for a point: `run(trace, cost_model)` simulates and scores one run (a summary dict);
         `traces` are its trace samples (seeds). `progress`: a bar on stderr over the runs; `jobs`: processes to run
         them in (forked, so that `run` need not be pickled; one where fork is not there)."""
+        samples = _runs([(t, m) for t in traces for m in self.models], run, progress, jobs)
         closed = (traces[0].meta.get("rate") or traces[0].offered_rate) is None
-        speeds = [] if closed else [(traces[0], m) for m in self.at_speeds]
-        samples = _runs([(t, m) for t in traces for m in self.models] + speeds, run, progress, jobs)
-        slopes = slopes_of(samples[len(samples) - len(speeds):]) if speeds else {}
-        samples = samples[:len(samples) - len(speeds)]
         verdicts = [s.get("stable") for s in samples]
         stable = None if None in verdicts else float(np.mean(verdicts))
         out = {}
@@ -279,7 +259,7 @@ class Intervals:
                 continue
             m = float(np.median(v))
             q_lo, q_hi = np.percentile(v, [50 - self.level / 2, 50 + self.level / 2], method="hazen")
-            s = noise_sigma(self.noise["pooled"], k, closed, stable, slopes.get(k))
+            s = noise_sigma(self.noise["pooled"], k, closed, stable)
             lo = m * math.exp(-math.hypot(math.log(m / q_lo), self.z * s))
             hi = m * math.exp(math.hypot(math.log(q_hi / m), self.z * s))
             out[k] = {"lo": lo, "hi": hi, "median": m}
@@ -292,10 +272,8 @@ class Intervals:
                           "points": [g["point"] for g in self.noise["groups"]], "table": self.noise.get("table")},
                 "method": "Monte-Carlo over trace seeds x quantile-spaced cost draws, a sigma per step kind where the "
                           "correction measured one (hazen percentiles), widened in "
-                          "quadrature in log space by the measured run-to-run spread beyond speed, " +
-                          ("that of the point's speed slope and share of samples stable" if self.at_speeds else
-                           "below and past capacity mixed by the share of samples stable") +
-                          " (servecap/sim/intervals.py)"}
+                          "quadrature in log space by the measured run-to-run spread beyond speed, below and past "
+                          "capacity mixed by the share of samples stable (servecap/sim/intervals.py)"}
 
 
 _forked: tuple | None = None  # (pairs, run) of the band being run, which forked workers inherit
@@ -377,11 +355,7 @@ def speed_slopes(run, trace, table: CostTable) -> dict[str, float]:
     simulated at each of SPEEDS of the table's costs (one run near capacity moves in steps at a single percent). Near
     capacity a percent of speed moves TTFT and queue waits by many percent: how far a GPU instance's own speed, off
     its kind's, moves the point. The band's cost draws hold that spread; the slope says how much of it is speed."""
-    return slopes_of([run(trace, scaled(table, f)) for f in SPEEDS])
-
-
-def slopes_of(ys: list[dict]) -> dict[str, float]:
-    """speed_slopes' from the point's summaries at each of SPEEDS."""
+    ys = [run(trace, scaled(table, f)) for f in SPEEDS]
     out = {}
     for k in NAMES:
         v = np.array([y.get(k, math.nan) for y in ys], dtype=float)

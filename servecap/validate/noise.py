@@ -17,13 +17,6 @@ What speed leaves is pooled a second time by load, as the simulator judges it at
 server barely keeping up, past it the backlog sets them, so the two regimes' residuals differ several-fold (pooled
 `arrival-stable` and `arrival-unstable`; the intervals mix them by the share of a point's samples that are stable).
 
-And by how steeply the point's metric moves with speed (`arrival-slope`): each point is also simulated at
-servecap/sim/intervals.py's SPEEDS, its slope x the change of log metric per 1% of speed. A run's speed wanders
-within the run as well as between runs, and a steep point turns that into its metric, so what speed leaves at a
-point stable in a share p of its runs' simulations is taken as sd^2 = a^2 + (p k_stable^2 + (1 - p) k_unstable^2)
-x^2, per metric, fitted by maximum likelihood to the groups' sample variances ((n - 1) s^2 / sd^2 is chi-squared
-with n - 1 degrees of freedom). The intervals take it where the file has it.
-
     python -m validate noise results/validation results/validation-v2 ... --table T --out servecap/costs/data/run_to_run.json
 """
 from __future__ import annotations
@@ -33,14 +26,12 @@ import math
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import minimize
 
 from servecap.traces.csvio import atomic_write_text
 from servecap.traces.errors import InputError
 from servecap.traces.provenance import git_commit, now_iso
 
 METRICS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s")
-MIN_SLOPE_GROUPS = 10  # repeated arrival points with a slope, for the slope fit's three parameters
 
 
 def runs_by_point(validation: Path, min_runs: int = 2) -> dict[str, list[Path]]:
@@ -58,13 +49,12 @@ def runs_by_point(validation: Path, min_runs: int = 2) -> dict[str, list[Path]]:
     return out
 
 
-def speed_and_residuals(validation: Path, p, recs: list, table) -> tuple[list[float], list[dict], list[bool], dict]:
+def speed_and_residuals(validation: Path, p, recs: list, table) -> tuple[list[float], list[dict], list[bool]]:
     """Each run's speed (summed real step time over its contextual price), log(measured / simulated at that
-    speed) per metric, and whether that simulated run was stable, for point p of the validation's plan; and the
-    point's speed slopes (servecap/sim/intervals.py speed_slopes, on the table)."""
+    speed) per metric, and whether that simulated run was stable, for point p of the validation's plan."""
     from servecap.costs.model import CostModel
     from servecap.costs.recorded import contextual, priced_steps
-    from servecap.sim.intervals import scaled, speed_slopes
+    from servecap.sim.intervals import scaled
 
     from .plan import point_simulation
 
@@ -79,7 +69,7 @@ def speed_and_residuals(validation: Path, p, recs: list, table) -> tuple[list[fl
         stable.append(bool(sim.get("stable")))
         residuals.append({k: math.log(v / sim[k]) for k, v in _metrics(rec, rate).items()
                           if sim.get(k) is not None and math.isfinite(sim[k]) and sim[k] > 0})
-    return speeds, residuals, stable, speed_slopes(run, trace, table)
+    return speeds, residuals, stable
 
 
 def _metrics(rec, rate) -> dict:
@@ -102,29 +92,6 @@ def _pool(have: list[tuple[int, float]]) -> dict:
     dof = sum(d for d, _ in have)
     return {"sigma": float(math.sqrt(sum(d * s * s for d, s in have) / dof)), "groups": len(have),
             "runs": dof + len(have)}
-
-
-def slope_fit(groups: list[dict], metric: str) -> dict | None:
-    """a, k_stable and k_unstable of what speed leaves of `metric` against the points' slopes (module docstring), by
-    maximum likelihood over the arrival groups that have both; None with fewer than MIN_SLOPE_GROUPS of them."""
-    from servecap.sim.intervals import slope_x
-    have = [(len(g["speed"]) - 1, g["residual_log_sd"][metric] ** 2, slope_x(g["slopes"][metric]),
-             float(np.mean(g["sim_stable"]))) for g in groups
-            if g["regime"] == "arrival" and metric in g.get("residual_log_sd", {}) and metric in g.get("slopes", {})]
-    if len(have) < MIN_SLOPE_GROUPS:
-        return None
-    dof, var, x, p = (np.array(c, float) for c in zip(*have))
-
-    def nll(q: np.ndarray) -> float:  # q: the logs of a^2, k_stable^2, k_unstable^2
-        sd2 = np.exp(q[0]) + (p * np.exp(q[1]) + (1 - p) * np.exp(q[2])) * x ** 2
-        return float(np.sum(dof / 2 * (var / sd2 + np.log(sd2))))
-    v = max(float(np.mean(var)), 1e-12)
-    k2 = v / 2 / max(float(np.mean(x ** 2)), 1e-12)
-    start = np.log([v / 2, k2, k2])
-    q = minimize(nll, start, method="Nelder-Mead", options={"maxiter": 4000, "xatol": 1e-6, "fatol": 1e-9}).x
-    a2, ks2, ku2 = np.exp(q)
-    return {"a": float(math.sqrt(a2)), "k_stable": float(math.sqrt(ks2)), "k_unstable": float(math.sqrt(ku2)),
-            "groups": len(have), "runs": int(dof.sum()) + len(have)}
 
 
 def measure(validations: list[Path], table=None) -> dict:
@@ -154,9 +121,9 @@ def measure(validations: list[Path], table=None) -> dict:
             if table is not None:
                 if point not in plan:
                     raise InputError(f"point {point} has real runs but is not in the plan", path=v)
-                speeds, residuals, stable, slopes = speed_and_residuals(Path(v), plan[point], recs, table)
+                speeds, residuals, stable = speed_and_residuals(Path(v), plan[point], recs, table)
                 rk = [k for k in keys if all(k in r for r in residuals)]
-                g.update(speed=speeds, speed_log_sd=_sd(np.log(speeds)), sim_stable=stable, slopes=slopes,
+                g.update(speed=speeds, speed_log_sd=_sd(np.log(speeds)), sim_stable=stable,
                          residual_log_sd={k: _sd([r[k] for r in residuals]) for k in rk})
             groups.append(g)
     if not groups:
@@ -182,10 +149,6 @@ def measure(validations: list[Path], table=None) -> dict:
             if res:
                 pool = _pool(res)
                 pooled.setdefault(f"arrival-{load}", {})[k] = {"residual_sigma": pool.pop("sigma"), **pool}
-    for k in METRICS:
-        fit = slope_fit(groups, k)
-        if fit is not None:
-            pooled.setdefault("arrival-slope", {})[k] = fit
     sessions = _sessions(groups)
     return {"schema": "run-to-run-noise", "version": 2 if table is not None else 1, "pooled": pooled,
             "groups": groups, **({"table": table.table_id} if table is not None else {}),
@@ -194,18 +157,13 @@ def measure(validations: list[Path], table=None) -> dict:
                       "degrees of freedom, per regime" + ("; speed: the sd of the log of each run's summed step "
                       "time over the table's contextual price; residual_sigma: the same pooling of log(measured / "
                       "simulated at the run's own speed), also by load (arrival-stable, arrival-unstable: the "
-                      "simulator's verdict at the runs' speeds, by majority); arrival-slope: its sd as "
-                      "sqrt(a^2 + (p k_stable^2 + (1 - p) k_unstable^2) x^2), x the point's |d log metric| per 1% "
-                      "of speed, p its share of runs stable, fitted by maximum likelihood" if table is not None
-                      else ""),
+                      "simulator's verdict at the runs' speeds, by majority)" if table is not None else ""),
             "created_at": now_iso(), "git_commit": git_commit()}
 
 
 def describe(doc: dict) -> str:
-    """The pooled noise in a line: each regime's sd per metric, what speed leaves of it, and the slope fit's terms."""
+    """The pooled noise in a line: each regime's sd per metric and what speed leaves of it."""
     def one(v: dict) -> str:
-        if "k_stable" in v:
-            return f"a {v['a']:.1%}, k {v['k_stable']:.2f} stable / {v['k_unstable']:.2f} past per 1% of speed"
         return " ".join(([f"{v['sigma']:.1%}"] if "sigma" in v else [])
                         + ([f"({v['residual_sigma']:.1%} beyond speed)"] if "residual_sigma" in v else []))
     return f"{len(doc['groups'])} repeated points; " + "; ".join(
