@@ -97,11 +97,11 @@ def _pool(have: list[tuple[int, float]]) -> dict:
 def measure(validations: list[Path], table=None) -> dict:
     """Each repeated point's metrics and their log sd, and the pooled sd per regime and metric; with `table` (a
     CostTable) also each run's speed and what speed leaves unexplained (module docstring)."""
+    from tqdm import tqdm
+
     from servecap.traces.records import read_run
 
     from .points import load_plan
-
-    from tqdm import tqdm
 
     groups = []
     for v in tqdm(validations, desc="noise", unit="validation", disable=table is None, leave=False, delay=2):
