@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servecap.costs.context import Correction
+from servecap.costs.context import PREFILL, Correction
 from servecap.costs.recorded import host_price, scaled_price
 from servecap.costs.table import save_cost_table
 from servecap.traces.errors import InputError
@@ -40,7 +40,6 @@ from servecap.traces.provenance import git_commit, now_iso
 from .from_runs import class_factor, gpu_key, table_and_runs
 from .refresh import rescaled
 
-PREFILL = "prefill"
 MEDIAN_GPUS = 3  # a median over fewer is one GPU's reading or the mean of two
 
 

@@ -66,6 +66,7 @@ MIN_STEPS = 30
 
 RETIRED = "retired"  # the previous step's kind where it was a decode step that retired rows
 ALL = "all"  # a scale object's factor for the kinds it does not name
+PREFILL = "prefill"  # the refresh kind of every step that computes prompt positions (speed_kind)
 
 
 def previous(prev_kind: str | None, idle_s: float, threshold: float = IDLE_S) -> str:
@@ -159,7 +160,7 @@ def stretch_end_keys(kind: str, steps: int) -> list[str]:
 def speed_kind(kind: str) -> str:
     """A step kind's refresh kind, the level a GPU's serving speed is read at (servecap/calibrate/speed.py): `decode
     BACKEND` across policies, `prefill` for every step that computes prompt positions."""
-    return " ".join(kind.split(" ")[:2]) if kind.startswith("decode ") else "prefill"
+    return " ".join(kind.split(" ")[:2]) if kind.startswith("decode ") else PREFILL
 
 
 def current_kind(key: str) -> str:

@@ -62,7 +62,6 @@ from pathlib import Path
 from statistics import NormalDist, stdev
 
 import numpy as np
-from scipy import stats
 
 from servecap.costs.context import ALL, current_kind
 from servecap.costs.model import CostModel
@@ -91,6 +90,7 @@ def own_runs_sigma(table: CostTable, level: float) -> dict[str, float] | None:
     runs = (r.get("per_run") or {}).values()
     if "probe" in r or len(r.get("gpus") or ()) != 1 or not r.get("factors"):
         return None
+    from scipy import stats  # here, not at import: most tables never need it, and it costs a CLI most of a second
     q = 0.5 + level / 200
     out = {}
     for kind in r["factors"]:
@@ -107,10 +107,10 @@ def cost_sigma(table: CostTable, noise: dict | None = None, level: float = 90.0)
     `level` the band's (a table rescaled to one GPU's runs is priced by their spread at it)."""
     own = own_runs_sigma(table, level)
     if own is not None:
-        n = len(table.raw["refresh"]["per_run"])
+        n, top = len(table.raw["refresh"]["per_run"]), max(own.values())
         away = "taken away by the rescale to one GPU's runs"
-        return {"sigma": max(own.values()), "kinds": own,
-                "terms": {"own_runs": {"sigma": max(own.values()), "runs": n, "by_kind": own,
+        return {"sigma": top, "kinds": own,
+                "terms": {"own_runs": {"sigma": top, "runs": n, "by_kind": own,
                                        "from": f"the spread of the {n} runs on one GPU the table was rescaled to "
                                                f"(one more run's prediction interval at {level:g}%)"},
                           "held_out": {"sigma": None, "from": away},
