@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     noise = load_noise(args.noise)
     table = load_table(args.table)
     speed = noise["pooled"]["arrival"]["speed"]
-    s_run, s_cost, z = speed["sigma"], cost_sigma(table, noise, args.level)["sigma"], z_level(args.level)
+    s_run, s_cost, z = speed["sigma"], cost_sigma(table, noise)["sigma"], z_level(args.level)
     print(f"run-to-run speed sd {s_run:.2%} ({speed['runs']} runs at {speed['groups']} points); the table's "
           f"sigma_cost {s_cost:.2%} ({table.table_id}); {args.level:g}% band: z = {z:.3f}")
     print("repeats | band for run noise alone: within 2x, median ratio | band with the table's sigma_cost: "

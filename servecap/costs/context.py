@@ -229,10 +229,8 @@ class Correction:
         return s
 
     def scale_of(self, kind: str) -> float:
-        """The interval's cost draw on a step of this kind: its own, else its refresh kind's (a table rescaled to one
-        GPU's runs is drawn by those, servecap/sim/intervals.py), else `all`'s."""
-        s = self.scale
-        return s[kind] if kind in s else s.get(speed_kind(kind), s.get(ALL, 1.0))
+        """The interval's cost draw on a step of this kind."""
+        return self.scale.get(kind, self.scale.get(ALL, 1.0))
 
 
 def check_correction(c, path, error) -> None:

@@ -31,14 +31,11 @@ percentiles, a closed run's wall time) that combines the things a real run can d
    for every step (README, validation v29).
    Near capacity a percent of speed moves TTFT by tens of percent; drawing it as a cost factor lets the simulator
    say how much, point by point, instead of one spread for every point.
-   A table rescaled to one GPU's own serving runs (`calibrate --from-runs RUNS --table T --rescale`) prices that
-   GPU's speed as those runs read it, so the GPU-to-GPU offset that `held` holds is no longer in its error. What is
-   left is how far a new run on that GPU sits from the runs read, the point-to-point and run-to-run spread those
-   runs show themselves: per refresh kind (decode per backend, prefill), the normal prediction interval of one more
-   draw from their n log speeds, sigma = s sqrt(1 + 1/n) t_(n-1) / z (s their sd, t and z at the level's edge: few
-   runs give a wide band), each step drawn by its refresh kind's. Where a kind has fewer than MIN_OWN_RUNS runs, the
-   runs are from several GPUs, or they were a serving probe's (its own synthetic traffic, whose speed can sit off
-   the planned traffic's by more than the probe runs spread: README, validation v31), the rule above holds.
+   A table rescaled to one GPU's own serving runs (`calibrate --from-runs RUNS --table T --rescale`) keeps this
+   rule, though the rescale has taken that GPU's offset away: the runs read are one load and the first minutes of a
+   fresh GPU, and the GPU's other runs sat 1-2% off them (validation v42). Priced instead by the spread of the runs
+   read (one more run's prediction interval), such bands held 55.8% of the held-out measurements, blind; this rule's
+   93.2% (README, validation v42).
 3. What the run-to-run noise leaves beyond speed, measured from repeated real runs (servecap/costs/data/run_to_run.json,
    written by `python -m validate noise --table` with its sources): per metric and regime (closed, arrival), the
    sd over repeats of log(measured / simulated at the run's own speed) (a file without it: the sd of the log of the
@@ -59,7 +56,7 @@ import multiprocessing
 import os
 import warnings
 from pathlib import Path
-from statistics import NormalDist, stdev
+from statistics import NormalDist
 
 import numpy as np
 
@@ -71,7 +68,6 @@ from servecap.traces.errors import InputError
 from .workers import recording_warnings, tie_to_parent
 
 MIN_GPUS = 3  # held-out runs on this many GPUs or more: their residual holds the GPU-to-GPU spread
-MIN_OWN_RUNS = 3  # runs per kind of the one GPU a table was rescaled to, for their spread to price its cost level
 METRICS = ("served_rate", "queue_wait_p50", "queue_wait_p95", "ttft_p50", "ttft_p95", "tpot_p50", "wall_time_s")
 COST_DRAWS = 16
 SEEDS = 5
@@ -83,40 +79,8 @@ def _rms_log(values) -> float | None:
     return math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else None
 
 
-def own_runs_sigma(table: CostTable, level: float) -> dict[str, float] | None:
-    """Each refresh kind's sigma where the table was rescaled to one GPU's own serving runs, for a LEVEL% band (module
-    docstring); None where it was not, or where its runs do not give one for every kind."""
-    r = table.raw.get("refresh") or {}
-    runs = (r.get("per_run") or {}).values()
-    if "probe" in r or len(r.get("gpus") or ()) != 1 or not r.get("factors"):
-        return None
-    from scipy import stats  # here, not at import: most tables never need it, and it costs a CLI most of a second
-    q = 0.5 + level / 200
-    out = {}
-    for kind in r["factors"]:
-        logs = [math.log(f[kind]) for f in runs if f.get(kind, 0) > 0]
-        if len(logs) < MIN_OWN_RUNS:
-            return None
-        n = len(logs)
-        out[current_kind(kind)] = stdev(logs) * math.sqrt(1 + 1 / n) * stats.t.ppf(q, n - 1) / NormalDist().inv_cdf(q)
-    return out
-
-
-def cost_sigma(table: CostTable, noise: dict | None = None, level: float = 90.0) -> dict:
-    """sigma_cost and its terms, each with where it came from (module docstring); `noise` the run-to-run file,
-    `level` the band's (a table rescaled to one GPU's runs is priced by their spread at it)."""
-    own = own_runs_sigma(table, level)
-    if own is not None:
-        n, top = len(table.raw["refresh"]["per_run"]), max(own.values())
-        away = "taken away by the rescale to one GPU's runs"
-        return {"sigma": top, "kinds": own,
-                "terms": {"own_runs": {"sigma": top, "runs": n, "by_kind": own,
-                                       "from": f"the spread of the {n} runs on one GPU the table was rescaled to "
-                                               f"(one more run's prediction interval at {level:g}%)"},
-                          "held_out": {"sigma": None, "from": away},
-                          "gpu_to_gpu": {"sigma": None, "in_held_out": False, "from": away},
-                          "run_to_run": {"sigma": None, "in_held_out": False,
-                                         "from": "held in the runs' spread"}}}
+def cost_sigma(table: CostTable, noise: dict | None = None) -> dict:
+    """sigma_cost and its terms, each with where it came from (module docstring); `noise` the run-to-run file."""
     c = table.correction or {}
     held = (c.get("residual_sigma") or {}).get("all")
     per_run = held is not None
@@ -205,7 +169,7 @@ def z_level(level: float) -> float:
 def edge_factors(table: CostTable, level: float, noise: dict | None = None) -> tuple[dict, dict, dict]:
     """The cost draws at a LEVEL% band's edges, z = -/+ z_level, and sigma_cost with its terms: where a metric is
     monotone in the cost level (a capacity, a replica count), its band edges are its values there."""
-    cost = cost_sigma(table, noise if noise is not None else load_noise(), level)
+    cost = cost_sigma(table, noise if noise is not None else load_noise())
     z = z_level(level)
     return draw(cost, -z), draw(cost, z), cost
 
@@ -221,9 +185,6 @@ def describe_draw(factors: dict[str, float]) -> str:
 def describe_sigma(cost: dict) -> str:
     """sigma_cost and its terms, in a line."""
     t = cost["terms"]
-    if "own_runs" in t:
-        kinds = ", ".join(f"{k} {v:.2%}" for k, v in t["own_runs"]["by_kind"].items())
-        return f"cost sigma by kind {kinds}: the spread of the {t['own_runs']['runs']} runs the table was rescaled to"
     run, gpu = ("in the held-out term" if t[k].get("in_held_out") else _pct(t[k]["sigma"])
                 for k in ("run_to_run", "gpu_to_gpu"))
     kinds = cost.get("kinds") or {}
@@ -239,7 +200,7 @@ class Intervals:
         self.table, self.level = table, level
         self.z = z_level(level)
         self.noise = noise if noise is not None else load_noise()
-        self.cost = cost_sigma(table, self.noise, level)
+        self.cost = cost_sigma(table, self.noise)
         zs = [NormalDist().inv_cdf((j + 0.5) / COST_DRAWS) for j in range(COST_DRAWS)]
         self.factors = [draw(self.cost, z) for z in zs]
         self.models = [scaled(table, f) for f in self.factors]
