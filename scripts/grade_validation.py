@@ -13,11 +13,11 @@ compared with its plan under the protocol checks of servecap/validate/comparison
 - the plan's 90% bands: the share of every run's measurements inside (servecap/validate/coverage.py), by the
   points' role (public, mixed, prefix-cache);
 - given several validations, every run's error pooled and the sd of the validations' mean log speeds, how well a
-  point's mean speed is told by its validation's other points (by those of its policy alone, by none), each
-  prefill policy's decode steps' summed real / price over its runs (a policy whose decode runs off its price on
-  one GPU alone is that GPU, not the cost model), and the bands' coverage near and past capacity, with how many
-  bands are within twice their repeats' spread, and, at points of one plan run on several GPUs, within twice the
-  spread of all their runs.
+  point's mean speed is told by its validation's other points (by those of its policy alone, by none, by the
+  first two points run on its GPU), each prefill policy's decode steps' summed real / price over its runs (a
+  policy whose decode runs off its price on one GPU alone is that GPU, not the cost model), and the bands'
+  coverage near and past capacity, with how many bands are within twice their repeats' spread, and, at points of
+  one plan run on several GPUs, within twice the spread of all their runs.
 With --by, the summed real / price of every run's decode and prefill steps binned by one context a correction has
 no class for: the requests waiting at the step's start (`queue`, servecap/traces/metrics.queue_depth), the share of
 the BUSY_S seconds before it the engine spent in steps (`busy`: a GPU's power and clock follow its duty cycle), the
@@ -159,7 +159,8 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
             steps = steps.assign(price=contextual(steps, cost.correction))
             decode = steps.step_kind == "decode"  # the others: prefill, chunk and fused steps, the rescale's `prefill`
             runs.append({"point": c.point.id, "policy": c.point.serving.prefill.name, "load": c.point.load,
-                         "total": _summed(steps), "decode": _summed(steps[decode]), "prefill": _summed(steps[~decode])})
+                         "total": _summed(steps), "decode": _summed(steps[decode]), "prefill": _summed(steps[~decode]),
+                         "started": rec.meta.get("created_at")})
             by_kind = ", ".join(f"{kind} {_summed(g):.3f}" for kind, g in steps.groupby("step_kind"))
             gpu = ("" if telemetry is None or not len(telemetry) else
                    f"; SM clock {telemetry.sm_clock_mhz.median():.0f} MHz, {telemetry.temperature_c.median():.0f} C, "
@@ -217,6 +218,8 @@ def pooled(runs: dict[Path, pd.DataFrame], bands: dict[Path, dict] | None = None
     lines = [f"over {len(logs)} validations: every run's summed step time real / price in context, RMS of the log "
              f"{np.sqrt(np.mean(every ** 2)):.2%} ({len(every)} runs); the validations' mean log speeds: {spread}"]
     lines.append(_guessed_speeds(runs))
+    if any("started" in r for r in runs.values()):
+        lines.append(_read_first(runs))
     decode = pd.concat(runs.values(), ignore_index=True).dropna(subset=["decode"])
     for (policy, load), d in decode.groupby(["policy", decode.load.fillna("-")]):
         lines.append(f"  decode steps' real / price, {policy:8s} {load:5s} {len(d):4d} runs: mean {d.decode.mean():.4f}"
@@ -257,6 +260,22 @@ def _guessed_speeds(runs: dict[Path, pd.DataFrame]) -> str:
     rms = {k: f"{np.sqrt(np.mean(np.square(v))):.2%} ({len(v)} points)" if v else "-" for k, v in errors.items()}
     return (f"  a point's mean speed told by the other points of its validation: RMS of the log error {rms['session']}; "
             f"by those of its policy alone {rms['policy']}; by none (1.000) {rms['none']}")
+
+
+def _read_first(runs: dict[Path, pd.DataFrame], n: int = 2) -> str:
+    """How well the speed of a validation's first N points run (by their first run's start) tells its other points':
+    what a table rescaled to a GPU's own first runs reads (`calibrate --from-runs --rescale`, validations v40-v42)."""
+    errors = []
+    for r in runs.values():
+        if "started" not in r or r.started.isna().any() or r.point.nunique() <= n:
+            continue
+        first = r.groupby("point").started.min().sort_values().index[:n]  # ISO times: their order is time's
+        log = np.log(r.total)
+        read = log[r.point.isin(first)].mean()
+        errors += (log[~r.point.isin(first)] - read).groupby(r.point).mean().tolist()
+    rms = f"{np.sqrt(np.mean(np.square(errors))):.2%} ({len(errors)} points)" if errors else "-"
+    return (f"  a point's mean speed told by the first {n} points run on its GPU (their runs' mean): RMS of the log "
+            f"error {rms}")
 
 
 def _sampled(steps, telemetry) -> dict:

@@ -127,6 +127,23 @@ def test_a_points_speed_is_told_by_its_sessions_other_points_and_by_those_of_its
         f"{rms([p1, p2, p3, q]):.2%} (4 points)")
 
 
+def test_a_points_speed_is_told_by_the_first_points_run_on_its_gpu(script):
+    import math
+    import pandas as pd
+    read_first = script("grade_validation")._read_first
+    # p1 and p2 ran first (p2's first run before p3's), p3 later; session b has too few points to be told
+    a = pd.DataFrame({"point": ["p1", "p1", "p2", "p3", "p3"], "policy": ["padded"] * 5,
+                      "total": [1.00, 1.02, 0.99, 1.03, 1.01],
+                      "started": ["t1", "t5", "t2", "t3", "t4"]})
+    b = pd.DataFrame({"point": ["q", "r"], "policy": ["padded"] * 2, "total": [0.97, 1.0], "started": ["t1", "t2"]})
+    read = (math.log(1.00) + math.log(1.02) + math.log(0.99)) / 3
+    p3 = (math.log(1.03) + math.log(1.01)) / 2 - read
+    assert read_first({"a": a, "b": b}) == (
+        f"  a point's mean speed told by the first 2 points run on its GPU (their runs' mean): RMS of the log error "
+        f"{abs(p3):.2%} (1 points)")
+    assert read_first({"b": b}).endswith("RMS of the log error -")
+
+
 def test_rebanding_with_the_gpu_spread_held_in_the_held_out_term_narrows_the_bands(capsys, tmp_path, script):
     rebanded = script("rebanded")
     v = "results/validation-v16-71520d56"  # planned from T10-v15, whose held-out runs ran on v11-v15's GPUs
