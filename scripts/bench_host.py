@@ -16,11 +16,12 @@ Usage: python scripts/bench_host.py OTHER_TREE [--table T] [--rounds R] [--trace
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from servecap.traces.command import Parser, command
 
 HERE = Path(__file__).resolve().parents[1]
 TRACES = ("results/validation-v24/traces/mixed512-azure-conv-past.csv:mixed:512",
@@ -138,8 +139,9 @@ def once(tree: Path, trace: str, policy: str, table: Path) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@command("bench_host")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("other", type=Path, help="the other checkout (e.g. a `git worktree` of the commit before)")
     p.add_argument("--table", type=Path, default=HERE / "results/calibration/t10/h200-t10-v23.json",
                    help="the cost table whose prices stand for the device's time")

@@ -7,13 +7,13 @@ warm-up pass. Prints every run's wall time and fused steps' summed time and, per
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+from servecap.traces.command import Parser, command
 from servecap.traces.records import read_run
 
 HERE = Path(__file__).resolve().parents[1]
@@ -33,13 +33,14 @@ def measure(tree: Path, policy: str, out: Path) -> tuple[float, float, int]:
     return wall, float((fused.end - fused.start).sum()), len(fused)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@command("bench_mixed_side_by_side")
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("other", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--policies", default="mixed:512,mixed:2048")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     trees = {"this": HERE, "other": args.other.resolve()}
     got: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
     for r in range(args.rounds):

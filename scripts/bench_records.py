@@ -14,7 +14,6 @@ Each number is the best of --repeats runs. Reads are checked to give back the fr
 """
 from __future__ import annotations
 
-import argparse
 import gzip
 import shutil
 import sys
@@ -29,6 +28,7 @@ from servecap.core.config import ServingConfig
 from servecap.costs.model import CostModel
 from servecap.sim.inputs import load_table
 from servecap.sim.simulator import SimConfig, simulate
+from servecap.traces.command import Parser, command
 from servecap.traces.records import RunWriter, read_run
 from servecap.traces.workload import poisson_trace
 
@@ -72,8 +72,9 @@ def _write_parquet(rec, d: Path) -> None:
         getattr(rec, t).to_parquet(d / f"{t}.parquet", index=False)
 
 
+@command("bench_records")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=1_000_000, help="requests (default %(default)s)")
     p.add_argument("--rate", type=float, default=30.0, help="arrival rate, req/s (default %(default)s: stable)")
     p.add_argument("--repeats", type=int, default=2, help="runs of each write and read; the best is kept")

@@ -4,12 +4,13 @@ turn, alternating, each in a fresh process; prints the CPU and wall seconds of e
 medians (this tree / the other). Usage: python scripts/bench_side_by_side.py OTHER_TREE [--n N] [--rounds R]"""
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from servecap.traces.command import Parser, command
 
 HERE = Path(__file__).resolve().parents[1]
 # {p}: the packages' prefix in the tree measured ("servecap." since the namespace move, none before it)
@@ -42,12 +43,13 @@ def once(tree: Path, n: int) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__)
+@command("bench_side_by_side")
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(description=__doc__)
     p.add_argument("other", type=Path)
     p.add_argument("--n", type=int, default=100_000)
     p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     runs: dict[str, list[dict]] = {"this": [], "other": []}
     for i in range(args.rounds):
         for name, tree in (("other", args.other.resolve()), ("this", HERE)) if i % 2 == 0 else \

@@ -16,7 +16,6 @@ runs within 2%):
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -28,6 +27,7 @@ from servecap.costs.context import MIN_STEPS, tokens_class
 from servecap.costs.model import CostModel
 from servecap.costs.recorded import contextual, priced_steps
 from servecap.sim import inputs
+from servecap.traces.command import Parser, command
 from servecap.traces.records import read_run
 from servecap.traces.telemetry import join_steps, read_telemetry
 
@@ -99,8 +99,9 @@ def buckets(df: pd.DataFrame) -> None:
     print("  factors fitted on every point: " + ", ".join(f"{int(k)} {v:.3f}" for k, v in f.items() if v != 1.0))
 
 
+@command("candidate_terms")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("table", type=Path)
     p.add_argument("runs", type=Path, nargs="+", help="run directories (real/POINT/run-K), or directories of them")
     args = p.parse_args(argv)

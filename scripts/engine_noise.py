@@ -18,7 +18,6 @@ Usage: python scripts/engine_noise.py --out DIR [--engines 3] [--gc default|froz
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import gc
 import sys
@@ -28,6 +27,7 @@ import torch
 
 from servecap.core.config import ServingConfig
 from servecap.engine.engine import Engine, EngineConfig
+from servecap.traces.command import Parser, command
 from servecap.traces.records import read_run
 from servecap.traces.trace_io import read_trace
 from servecap.traces.workload import closed_mixed, closed_uniform
@@ -85,8 +85,9 @@ def fingerprint(runner, reps: int = 200) -> dict:
     return out
 
 
+@command("engine_noise")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--engines", type=int, default=3)
     p.add_argument("--gc", choices=("default", "frozen"), default="default")

@@ -12,13 +12,13 @@ Usage: python scripts/instance_spread.py VALIDATION [VALIDATION ...]   (director
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from servecap.traces.command import Parser, command
 from servecap.traces.records import is_complete, read_run
 
 KV_BIN = 2048
@@ -46,8 +46,9 @@ def ratio(a: pd.Series, b: pd.Series, part: str) -> float:
     return float(np.median(a[shared] / b[shared])) if len(shared) else np.nan
 
 
+@command("instance_spread")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("validations", nargs="+", type=Path)
     args = p.parse_args(argv)
     rows = []

@@ -12,6 +12,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from servecap.traces.command import Parser, command
+
 RUNS = {  # name: [(prompt, budget), ...], all arriving at t=0
     "p8192": [(8192, 64)], "p16384": [(16384, 64)], "p32000": [(32000, 256)],
     "2x-p8192": [(8192, 128)] * 2, "4x-p4096-b512": [(4096, 512)] * 4,
@@ -63,11 +65,16 @@ def report(out: Path, table: Path | None) -> None:
     (out / "long_shapes.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+@command("long_shapes")
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=("run", "report"))
     p.add_argument("out", type=Path)
     p.add_argument("--table", type=Path)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     run(a.out) if a.mode == "run" else report(a.out, a.table)
-    sys.exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

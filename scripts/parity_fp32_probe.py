@@ -6,24 +6,26 @@ Usage (GPU): python scripts/parity_fp32_probe.py [--lengths 16,1024,4096] [--dev
 [--dtype float16] (default: float16 on cuda, float32 on cpu)"""
 from __future__ import annotations
 
-import argparse
 import copy
+import sys
 
 import torch
 
 from servecap.core.config import ServingConfig
 from servecap.engine.engine import Engine, EngineConfig
+from servecap.traces.command import Parser, command
 from servecap.traces.model_spec import DEFAULT_MODEL
 from servecap.traces.prompts import QWEN_TEXT_VOCAB, prompt_tokens
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+@command("parity_fp32_probe")
+def main(argv: list[str] | None = None) -> int:
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", default="16,80,1024,2048,4096")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--dtype", default=None, help="float16 | bfloat16 | float32")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     dtype = args.dtype or ("float16" if args.device == "cuda" else "float32")
     engine = Engine(EngineConfig(ServingConfig(model=args.model, dtype=dtype, max_batch=1),
@@ -47,7 +49,8 @@ def main() -> None:
         print(f"{n:6d} | {(eng - ref).abs().max():.4f} | {(ref16 - ref).abs().max():.4f} | "
               f"{(eng - ref16).abs().max():.4f} | {top[0] - top[1]:.4f} | "
               f"{int(ref.argmax())} / {int(eng.argmax())} / {int(ref16.argmax())}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,7 +7,6 @@ Usage: python scripts/plot_workflow.py --out FIG.png VALIDATION_DIR ...
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -18,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from servecap.traces.command import Parser, command  # noqa: E402
 from servecap.validate.comparison import compare, plan_table  # noqa: E402
 
 METRICS = (("served_rate", "served rate", 0.02), ("ttft_p50", "TTFT p50", 0.10))
@@ -77,8 +77,9 @@ def plot(rows: list[dict], out: Path) -> None:
     fig.savefig(out, dpi=130)
 
 
+@command("plot_workflow")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("validations", type=Path, nargs="+")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)

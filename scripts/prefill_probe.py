@@ -18,7 +18,6 @@ Usage: python scripts/prefill_probe.py --trace FILE --policy POLICY --out DIR [-
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import time
@@ -32,6 +31,7 @@ from servecap.core.config import ServingConfig
 from servecap.engine import serve
 from servecap.engine.engine import Engine, EngineConfig
 from servecap.engine.model_runner import _prompt_ids
+from servecap.traces.command import Parser, command
 from servecap.traces.trace_io import read_trace
 
 PHASES = ("sched", "prep", "launch", "behind", "wait", "device", "idle")
@@ -123,8 +123,9 @@ class _Timed:
         self.probe.replay = (t0, t1, a, b)
 
 
+@command("prefill_probe")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", type=Path, required=True)
     p.add_argument("--policy", default="padded")
     p.add_argument("--out", type=Path, required=True)

@@ -9,11 +9,16 @@ from pathlib import Path
 
 import numpy as np
 
+from servecap.traces.command import Parser, command
 from servecap.traces.metrics import summary
 from servecap.traces.records import read_run
 
 
-def main(out: Path) -> None:
+@command("repeat_spread")
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(description=__doc__.split("\n")[0])
+    p.add_argument("validation", type=Path)
+    out = p.parse_args(argv).validation
     plan = json.loads((out / "plan.json").read_text())
     for point in sorted(p.name for p in (out / "real").iterdir()):
         runs = sorted((out / "real" / point).glob("run-*"))
@@ -27,7 +32,8 @@ def main(out: Path) -> None:
               f"{band['hi'] * 1e3:.1f}] width/spread {(band['hi'] - band['lo']) / (t.max() - t.min()):.2f} | "
               f"served {np.round(r, 2).tolist()} predicted {pred['served_rate']:.2f} "
               f"({(pred['served_rate'] - r.mean()) / r.mean():+.1%})")
+    return 0
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    sys.exit(main())

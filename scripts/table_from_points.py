@@ -7,7 +7,6 @@ from a run record made by the same engine configuration on the same GPU in the s
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import sys
@@ -18,16 +17,19 @@ from servecap.calibrate.refit import PLANS, fit_points
 from servecap.calibrate.store import PointsFile
 from servecap.core.policies import every_policy
 from servecap.costs.table import load_cost_table
+from servecap.traces.command import Parser, command
+from servecap.traces.errors import InputError
 from servecap.traces.provenance import git_commit
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@command("table_from_points")
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("points", type=Path)
     p.add_argument("run_meta", type=Path, help="meta.json of a run by the same engine on the same GPU")
     p.add_argument("--plan", choices=("full", "full-length", "long"), required=True)
     p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     plan = PLANS[args.plan]
     store = PointsFile(args.points, None)
     store.close()
@@ -35,7 +37,7 @@ def main() -> int:
     meta = json.loads(args.run_meta.read_text())
     same_engine = meta["max_tokens"] == ident["max_prompt"] + ident["max_budget"]
     if meta["device"].get("uuid") != ident["gpu_uuid"] or not same_engine:
-        sys.exit("table_from_points: the run was not made on the calibration's GPU and engine size")
+        raise InputError("was not made on the calibration's GPU and engine size", path=args.run_meta)
     engine = {k: meta[k] for k in ("device", "model", "block_size", "max_batch", "max_tokens", "software",
                                    "created_at", "git_commit", "host", "engine")}
     calibration = {"points_file": str(args.points), "backends": ["paged"], "runs_measured_now": 0,

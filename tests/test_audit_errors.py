@@ -323,6 +323,36 @@ def test_every_command_line_entry_point_is_guarded(module):
     assert main.__code__.co_name == "guarded" and main.__wrapped__.__module__ == module
 
 
+def test_every_script_with_a_main_is_guarded_too():
+    """scripts/ are command lines as well: each `main` is wrapped by traces.command's guard and parses with its Parser
+    (read from the source: several import torch, which CI may lack)."""
+    import ast
+    for path in sorted((REPO / "scripts").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        mains = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"]
+        for f in mains:
+            guards = [d for d in f.decorator_list if isinstance(d, ast.Call) and getattr(d.func, "id", "") == "command"]
+            assert guards, f"{path.name}: main is not wrapped by @command"
+            assert "argparse.ArgumentParser(" not in ast.get_source_segment(path.read_text(), f), path.name
+
+
+def test_a_path_that_is_not_there_is_one_line_naming_it(capsys, tmp_path):
+    from servecap.traces.command import command
+
+    @command("prog")
+    def main(path):
+        return len(open(path).read())
+    assert main(tmp_path / "missing.csv") == 2
+    assert capsys.readouterr().err == f"prog: error: {tmp_path / 'missing.csv'}: No such file or directory\n"
+    assert main(tmp_path) == 2 and "Is a directory" in capsys.readouterr().err
+
+    @command("prog")
+    def unnamed():
+        raise FileNotFoundError("no file named")  # an OSError without a path is a bug: its traceback is kept
+    with pytest.raises(FileNotFoundError):
+        unnamed()
+
+
 @pytest.mark.parametrize("argv", [["sim", "run", "--rate", "5", "--n", "20"],
                                   ["traces", "poisson", "--rate", "5", "--n", "3", "--out", "{tmp}/t.csv"],
                                   ["traces", "show", "{tmp}/t.csv"],

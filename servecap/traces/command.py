@@ -80,7 +80,8 @@ class _DropWhenClosed:
 
 def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """Wrap a command line's `main`: an InputError it raises is `PROG: error: ...` on stderr and exit status 2, as
-    are running out of memory (a size no up-front check foresaw) and a dependency not installed; a warning is
+    are a path that is not there or not readable, running out of memory (a size no up-front check foresaw) and a
+    dependency not installed; a warning is
     `PROG: warning: ...`, each kind once (Warnings); stdout and stderr survive a reader that left."""
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
         @functools.wraps(main)
@@ -101,6 +102,12 @@ def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
                     raise
                 print(f"{prog}: error: {e.name or e} is not installed here; install the project (pip install -e .) "
                       f"or the package", file=sys.stderr)
+                return 2
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
+                # A path given that is not there or not readable, found where the command first opens it.
+                if e.filename is None:
+                    raise
+                print(f"{prog}: error: {e.filename}: {e.strerror}", file=sys.stderr)
                 return 2
             except MemoryError:
                 print(f"{prog}: error: ran out of memory; ask for a smaller run (fewer requests or smaller sizes)",
