@@ -334,6 +334,19 @@ def test_rescale_reads_each_kinds_speed_from_runs_and_keeps_the_correction(tmp_p
     assert "already exists" in capsys.readouterr().err
 
 
+def test_rescaling_a_table_corrected_over_several_gpus_to_one_gpus_runs_warns(tmp_path, capsys):
+    import servecap.calibrate.cli
+    from servecap import calibrate
+    args = ["--from-runs", "results/validation-v39-68f6b1d8/real/azure-conv-past-80", "--rescale", "--table"]
+    assert calibrate.cli.main([*args, "results/calibration/h100/h100-t10-v31.json", "--out",
+                               str(tmp_path / "own.json")]) == 0
+    assert ("calibrate: warning: results/calibration/h100/h100-t10-v31.json's correction already prices serving on 7 "
+            "GPUs of its kind; rescaled to one GPU's own runs") in capsys.readouterr().err
+    assert calibrate.cli.main([*args, "results/calibration/h100/h100-t10-v27.json", "--out",
+                               str(tmp_path / "own2.json")]) == 0  # corrected from two GPUs' runs: no warning
+    assert "already prices serving" not in capsys.readouterr().err
+
+
 def test_rescale_by_the_median_gpu_takes_each_kinds_middle_gpu_and_needs_three(tmp_path, capsys):
     import shutil
 

@@ -97,12 +97,17 @@ def source_table(path: Path, cfg) -> CostTable:
         raise InputError(f"was measured on {m['name']} {m['dtype']}, not on this engine: {'; '.join(differ)}. Refresh "
                          f"it as it was measured{' (' + ', '.join(options) + ')' if options else ''}, or calibrate "
                          f"this engine anew", path=path)
-    gpus = ((old.correction or {}).get("held_out_gpus") or {}).get("n", 0)
+    gpus = spanned_gpus(old)
     if gpus >= SPANNED_GPUS:
         warnings.warn(f"{path}'s correction already prices serving on {gpus} GPUs of its kind, and such tables "
                       "predicted as well or better unrefreshed (README, validation v32): refresh it for another GPU "
                       "kind or driver, or plan with both", stacklevel=2)
     return old
+
+
+def spanned_gpus(table: CostTable) -> int:
+    """How many GPUs the runs that graded the table's serving correction ran on (0 for none)."""
+    return ((table.correction or {}).get("held_out_gpus") or {}).get("n", 0)
 
 
 def refresh(old: CostTable, out: Path, cfg, argv: list[str], telemetry=None) -> int:

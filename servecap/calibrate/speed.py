@@ -20,6 +20,10 @@ GPU's own, not the runs pooled: the speed of a typical GPU of the kind, for a GP
 its runs' steps, so GPUs with more runs, or a few slow ones, move its level: on six H100s the prefill of two sat
 2-3% slower than the four others (README, validation v32).
 
+A table whose correction already spans SPANNED_GPUS or more GPUs is rescaled to one GPU's own runs with a warning:
+so rescaled from a GPU's first two points, such a table predicted that GPU's other points no better than as it is
+(README, validations v40-v42), the speed of a GPU's first points standing for its others' only to about 0.9%.
+
 T's points are multiplied by the factors and refitted (servecap/calibrate/refresh.py's `rescaled`); its
 serving-context correction, a set of ratios to that surface, is kept as it is. Every factor is applied (a
 serving reading is what serving pays, prefill included), and the table records them, each run's own, and the runs.
@@ -27,6 +31,7 @@ serving reading is what serving pays, prefill included), and the table records t
 from __future__ import annotations
 
 import shlex
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +43,7 @@ from servecap.traces.errors import InputError
 from servecap.traces.provenance import git_commit, now_iso
 
 from .from_runs import class_factor, gpu_key, table_and_runs
-from .refresh import rescaled
+from .refresh import SPANNED_GPUS, rescaled, spanned_gpus
 
 MEDIAN_GPUS = 3  # a median over fewer is one GPU's reading or the mean of two
 
@@ -99,6 +104,11 @@ def rescale_from_runs(paths: list[Path], table_path: Path, out: Path, argv: list
     gpus = sorted({u for r in runs.values() if (u := (r["meta"].get("device") or {}).get("uuid"))})
     if len(gpus) == 1:  # the table now prices that GPU, as a refresh on it would
         raw["device"] = next(r["meta"]["device"] for r in runs.values())
+        spanned = spanned_gpus(table)
+        if spanned >= SPANNED_GPUS and "probe" not in (extra or {}):  # a probe's refresh has warned already
+            warnings.warn(f"{table_path}'s correction already prices serving on {spanned} GPUs of its kind; rescaled "
+                          "to one GPU's own runs, such a table predicted that GPU's other runs no better than as it "
+                          "is (README, validations v40-v42): plan with both", stacklevel=2)
     raw.update(name=f"{table.raw.get('name', table.table_id)} (rescaled to the serving speed of {len(runs)} run(s))",
                created_at=now_iso(), git_commit=git_commit(),
                refreshed_from={"table_id": table.table_id, "device": table.device, "created_at": table.created_at},
