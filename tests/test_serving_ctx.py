@@ -672,7 +672,7 @@ def test_the_run_to_run_speed_joins_the_cost_sigma_unless_held_out_runs_already_
 
 
 def test_a_table_rescaled_to_one_gpus_runs_keeps_the_corrections_sigma_not_the_spread_of_the_runs_read():
-    # Validation v42: priced by the six runs read (one more run's interval), bands held 55.8% blind.
+    # Priced by the runs read (one more run's interval), such bands fell far short of their level blind (v42).
     from servecap.costs.synthetic import linear_table
     from servecap.costs.table import as_cost_table, table_id
     from servecap.sim.intervals import cost_sigma

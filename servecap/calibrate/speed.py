@@ -22,7 +22,7 @@ its runs' steps, so GPUs with more runs, or a few slow ones, move its level: on 
 
 A table whose correction already spans SPANNED_GPUS or more GPUs is rescaled to one GPU's own runs with a warning:
 so rescaled from a GPU's first two points, such a table predicted that GPU's other points no better than as it is
-(README, validations v40-v42), the speed of a GPU's first points standing for its others' only to about 0.9%.
+(README, validations v40-v42): a few points' speed tells the others' little better than the GPU-to-GPU spread does.
 
 T's points are multiplied by the factors and refitted (servecap/calibrate/refresh.py's `rescaled`); its
 serving-context correction, a set of ratios to that surface, is kept as it is. Every factor is applied (a

@@ -32,10 +32,10 @@ percentiles, a closed run's wall time) that combines the things a real run can d
    Near capacity a percent of speed moves TTFT by tens of percent; drawing it as a cost factor lets the simulator
    say how much, point by point, instead of one spread for every point.
    A table rescaled to one GPU's own serving runs (`calibrate --from-runs RUNS --table T --rescale`) keeps this
-   rule, though the rescale has taken that GPU's offset away: the runs read are one load and the first minutes of a
-   fresh GPU, and the GPU's other runs sat 1-2% off them (validation v42). Priced instead by the spread of the runs
-   read (one more run's prediction interval), such bands held 55.8% of the held-out measurements, blind; this rule's
-   93.2% (README, validation v42).
+   rule, though the rescale has taken that GPU's offset away: a few points' runs do not read the speed of the GPU's
+   other points much better than the GPU-to-GPU spread. Priced instead by the spread of the runs read (one more
+   run's prediction interval), such bands fell far short of their level, blind, where this rule's held it (README,
+   validation v42).
 3. What the run-to-run noise leaves beyond speed, measured from repeated real runs (servecap/costs/data/run_to_run.json,
    written by `python -m validate noise --table` with its sources): per metric and regime (closed, arrival), the
    sd over repeats of log(measured / simulated at the run's own speed) (a file without it: the sd of the log of the

@@ -81,8 +81,8 @@ class _DropWhenClosed:
 def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """Wrap a command line's `main`: an InputError it raises is `PROG: error: ...` on stderr and exit status 2, as
     are a path that is not there or not readable, running out of memory (a size no up-front check foresaw) and a
-    dependency not installed; a warning is
-    `PROG: warning: ...`, each kind once (Warnings); stdout and stderr survive a reader that left."""
+    dependency not installed; a warning is `PROG: warning: ...`, each kind once (Warnings); stdout and stderr
+    survive a reader that left."""
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
         @functools.wraps(main)
         def guarded(*args, **kwargs) -> int:
