@@ -18,7 +18,7 @@
 # OWN_FROM=ID1,ID2 with OWN_V=DIR (a README committed there): first the runs of these points of V (in V-GPU), then TABLE
 # rescaled to this GPU's serving speed read from them (`calibrate --from-runs ... --rescale`, TABLE-GPU-own.json) and
 # DIR-GPU's plan of V's points made from that and frozen the same way, before POINTS run; graded by V-GPU's runs with
-# `grade_validation.py --against DIR-GPU V-GPU` (v40).
+# `grade_validation.py --against DIR-GPU V-GPU` (v40, v41, v42).
 # The call ends by printing the runs still to make and the --only that makes them (`validate real --pending`), for
 # POINTS of the next call on the same warm GPU.
 # Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
