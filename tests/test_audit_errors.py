@@ -328,12 +328,13 @@ def test_every_script_with_a_main_is_guarded_too():
     (read from the source: several import torch, which CI may lack)."""
     import ast
     for path in sorted((REPO / "scripts").glob("*.py")):
-        tree = ast.parse(path.read_text())
+        source = path.read_text()
+        tree = ast.parse(source)
         mains = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"]
         for f in mains:
             guards = [d for d in f.decorator_list if isinstance(d, ast.Call) and getattr(d.func, "id", "") == "command"]
             assert guards, f"{path.name}: main is not wrapped by @command"
-            assert "argparse.ArgumentParser(" not in ast.get_source_segment(path.read_text(), f), path.name
+            assert "argparse.ArgumentParser(" not in ast.get_source_segment(source, f), path.name
 
 
 def test_a_path_that_is_not_there_is_one_line_naming_it(capsys, tmp_path):
