@@ -2,8 +2,9 @@
 package's command line. A package is imported only when named, so `servecap sim ...` never imports torch."""
 from __future__ import annotations
 
-import importlib
 import sys
+
+from servecap.traces.command import entry
 
 COMMANDS = {"sim": "the simulator: run, sweep, capacity", "engine": "the real engine on a GPU: run, gate, bench",
             "calibrate": "measure a cost table on a GPU, or correct one from real runs",
@@ -27,4 +28,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"servecap: error: unknown command {name!r}; choose {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     sys.argv = [f"servecap {name}", *rest]
-    return importlib.import_module(f"servecap.{name}.cli").main(rest)
+    return entry(f"servecap {name}", f"servecap.{name}.cli", rest)

@@ -464,6 +464,20 @@ def test_a_dependency_missing_from_the_environment_is_one_line_not_a_traceback()
     assert p.returncode == 1 and "Traceback" in p.stderr and "not installed" not in p.stderr
 
 
+@pytest.mark.parametrize("package", ["sim", "validate", "traces", "calibrate", "engine"])
+def test_a_dependency_a_command_line_imports_at_its_top_is_one_line_too(package):
+    import subprocess
+    import sys
+    # numpy made unimportable: every command line's module imports it, or a module it imports does, before its
+    # guarded main runs, so `python -m PACKAGE` itself has to refuse in one line (servecap.traces.command.entry).
+    code = (f"import runpy, sys; sys.modules['numpy'] = None; sys.argv = ['{package}', '--help']; "
+            f"runpy.run_module('servecap.{package}', run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.splitlines() == [f"{package}: error: numpy is not installed here; install the project "
+                                     "(pip install -e .) or the package"]
+
+
 def test_every_command_line_parser_is_the_shared_one():
     from servecap.traces.command import Parser
     for make in (sim.cli.parser, traces.cli.parser, engine.cli.parser, calibrate.cli.parser, validate.cli.parser):

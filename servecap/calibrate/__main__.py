@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from servecap.traces.command import entry
 
-sys.exit(main())
+sys.exit(entry("calibrate", "servecap.calibrate.cli"))

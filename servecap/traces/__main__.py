@@ -1,3 +1,5 @@
-from .cli import main
+import sys
 
-raise SystemExit(main())
+from servecap.traces.command import entry
+
+sys.exit(entry("traces", "servecap.traces.cli"))
