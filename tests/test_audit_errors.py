@@ -468,7 +468,7 @@ def test_a_dependency_missing_from_the_environment_is_one_line_not_a_traceback()
 def test_a_dependency_a_command_line_imports_at_its_top_is_one_line_too(package):
     import subprocess
     import sys
-    # numpy made unimportable: every command line's module imports it, or a module it imports does, before its
+    # numpy made unimportable: most command lines' modules import it, themselves or through a module, before their
     # guarded main runs, so `python -m PACKAGE` itself has to refuse in one line (servecap.traces.command.entry).
     code = (f"import runpy, sys; sys.modules['numpy'] = None; sys.argv = ['{package}', '--help']; "
             f"runpy.run_module('servecap.{package}', run_name='__main__')")
