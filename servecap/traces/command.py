@@ -97,9 +97,13 @@ def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
                 print(f"{prog}: error: {e}", file=sys.stderr)
                 return 2
             except ModuleNotFoundError as e:
-                if _ours(e):
+                # A dependency missing from this environment (e.g. the simulator's simpy on a bare GPU image); one of
+                # servecap's own modules missing is a bug, and keeps its traceback.
+                if (e.name or "").partition(".")[0] == "servecap":
                     raise
-                return _not_installed(prog, e)
+                print(f"{prog}: error: {e.name or e} is not installed here; install the project (pip install -e .) "
+                      f"or the package", file=sys.stderr)
+                return 2
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
                 # A path given that is not there or not readable, found where the command first opens it.
                 if e.filename is None:
@@ -118,25 +122,10 @@ def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
     return wrap
 
 
-def _ours(e: ModuleNotFoundError) -> bool:
-    """Whether the module missing is one of servecap's own: a bug, which keeps its traceback, where any other is a
-    dependency missing from this environment (e.g. the simulator's simpy on a bare GPU image)."""
-    return (e.name or "").partition(".")[0] == "servecap"
-
-
-def _not_installed(prog: str, e: ModuleNotFoundError) -> int:
-    print(f"{prog}: error: {e.name or e} is not installed here; install the project (pip install -e .) or the "
-          f"package", file=sys.stderr)
-    return 2
-
-
 def entry(prog: str, module: str, argv: list[str] | None = None) -> int:
-    """Run command-line `module`'s main as PROG, its import under `command`'s refusal of a missing dependency too: a
-    command line that imports numpy or tqdm at its top meets the missing package before its guarded main runs."""
-    try:
-        main = importlib.import_module(module).main
-    except ModuleNotFoundError as e:
-        if _ours(e):
-            raise
-        return _not_installed(prog, e)
-    return main(argv)
+    """Run command-line `module`'s main as PROG with its import inside `command`'s guard too: a command line that
+    imports numpy or tqdm at its top meets a missing package before its own guarded main runs."""
+    @command(prog)
+    def imported(argv: list[str] | None) -> int:
+        return importlib.import_module(module).main(argv)
+    return imported(argv)
