@@ -6,17 +6,19 @@ comparisons are exact.
 """
 from __future__ import annotations
 
+import copy
 import warnings
+from pathlib import Path
 
 import pandas as pd
 import pytest
 from helpers import constant_table, linear_table, sim_config
 
 from servecap.costs.model import CostModel
+from servecap.costs.table import load_cost_table
 from servecap.core.routing import ROUTERS
 from servecap.sim import simulate
 from servecap.sim.fleet import simulate_fleet
-from servecap.sim.inputs import load_table
 from servecap.traces import metrics
 from servecap.traces.errors import InputError
 from servecap.traces.workload import Request, Trace, closed_mixed, closed_uniform, length_trace, poisson_trace
@@ -135,14 +137,29 @@ def _bad_and_good() -> Trace:
     return Trace(sorted(trace.requests + [big], key=lambda r: r.arrival), trace.meta)
 
 
+CORRECTED = Path(__file__).resolve().parents[1] / "results" / "calibration" / "t10" / "h200-t10-v26.json"
+
+
+def _corrected(stretch_ends: bool = True) -> CostModel:
+    """A table corrected from serving runs (the step before, idle time, a stretch's end); without its stretch-end
+    term where a fleet of one must write what one engine writes: a replica, not foreseeing its arrivals, pays a
+    stretch's end wherever a request could be admitted the moment it came (servecap/core/step_loop.py), and an
+    engine fed a trace does not."""
+    raw = copy.deepcopy(load_cost_table(CORRECTED).raw)
+    assert raw["correction"]["factors"] and raw["correction"]["stretch_end"]["ends"]
+    if not stretch_ends:
+        del raw["correction"]["stretch_end"]
+    return CostModel(raw)
+
+
 FLEETS_OF_ONE = {
     "linear, retire cost, blocks bind, a refusal": (lambda: CostModel(linear_table()), _bad_and_good,
                                                     dict(backend="paged", max_batch=8, pool_blocks=150)),
     "padded, noise": (lambda: CostModel(linear_table(sigma=0.1)), lambda: poisson_trace(3.0, 120, 5),
                       dict(backend="dense", max_batch=16, pool_blocks=300, noise_seed=3)),
-    "shipped H200 table": (lambda: CostModel(load_table(None)), lambda: poisson_trace(40.0, 400, 0),
-                           dict(backend="paged", max_batch=32)),
-    "closed, stepped": (lambda: CostModel(load_table(None)), lambda: closed_mixed(64, 0),
+    "serving-corrected H200 table": (lambda: _corrected(stretch_ends=False), lambda: poisson_trace(40.0, 400, 0),
+                                     dict(backend="paged", max_batch=32)),
+    "closed, stepped": (lambda: _corrected(stretch_ends=False), lambda: closed_mixed(64, 0),
                         dict(backend="paged", max_batch=8, fast_forward=False)),
     # r1 arrives exactly when r0's first decode step ends (0.1 + 0.01 == 0.11): in that pass on one engine.
     "an arrival at a step's end": (lambda: CostModel(constant_table()),
@@ -168,6 +185,22 @@ def test_a_fleet_of_one_writes_what_simulate_writes(name):
         assert list(fleet_.record.requests.sort_values("request_id")["admitted"]) == [0.0, 0.11]
     if name.startswith("linear"):
         assert list(fleet_.record.rejected["request_id"]) == [100]
+
+
+@pytest.mark.parametrize("trace, rows", [(lambda: poisson_trace(60.0, 400, 0), 8), (lambda: closed_mixed(64, 0), 8)],
+                         ids=["arrivals", "closed"])
+def test_replicas_charge_the_same_stretch_ends_stepping_as_fast_forwarding(trace, rows):
+    cost, trace = _corrected(), trace()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # extrapolation notices
+        fast, stepped = (simulate_fleet(trace, cost, sim_config(detail="tokens", backend="paged", max_batch=rows,
+                                                                 replicas=2, fast_forward=f)) for f in (True, False))
+    assert stepped.passes > fast.passes
+    # The replicas write into one record as their passes end, so the rows interleave by pass: compare them in order.
+    for table, key in (("requests", ["request_id"]), ("steps", ["replica", "step", "kind"]),
+                       ("tokens", ["request_id", "index"])):
+        a, b = (getattr(r.record, table).sort_values(key, kind="stable", ignore_index=True) for r in (fast, stepped))
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
 
 
 def test_replicas_draw_their_own_noise():

@@ -28,10 +28,11 @@ the stretch's end (reading its tokens, retiring, planning) while the device wait
 next pass takes its arrivals, on the stretch's last decode step, where the engine's records hold it. A pass that
 only goes on decoding the same rows is the same stretch: so stepping one decode step a pass and fast-forwarding
 charge the same ends. Where the arrivals are not foreseen (a replica behind a router learns of a request only as it
-comes), the scheduler cuts a stretch after its first step whenever a row is free (the arrivals' next candidate is at
-once), the engine launches no step ahead past it, and every pass's stretch ends: charged. (The engine also ends a
-pass where its stretch was cut at an arrival that no longer fits, under on-demand admission, and every STRETCH_STEPS
-steps: those ends are not charged.)
+comes), the scheduler cuts a stretch after its first step wherever a request would be admitted the moment it came
+(the queue empty, a row free: Scheduler.next_admission is at once), the engine launches no step ahead past it, and
+that pass's stretch ends: charged; with every row busy a replica's stretch goes on as one fed by a trace. (The
+engine also ends a pass where its stretch was cut at an arrival that no longer fits, under on-demand admission, and
+every STRETCH_STEPS steps: those ends are not charged.)
 
 Step numbers: a pass's first step has the pass's number; its prefill step (if any) and its first decode step
 both carry it, and its k decode steps take k consecutive numbers, so the next pass is numbered max(k, 1) on.
@@ -186,6 +187,7 @@ class StepLoop:
         t = timer.now()  # the next pass's start
         stretch = 0  # the decode steps of the stretch the last pass ran (0: it ran none)
         retired = False  # the last pass retired rows
+        cut = False  # the last pass's stretch was cut for a request that may come unforeseen (below)
         written = None  # writes the last pass's decode steps once the next pass's start is known
         while True:
             due = arrivals.due(t)
@@ -193,7 +195,7 @@ class StepLoop:
                 self._submit(due)
             # The last pass's stretch ends unless this pass only decodes the same rows on: its end is the engine's,
             # before this pass, which then starts again and takes what arrived meanwhile too.
-            if stretch and (retired or not arrivals.foreseen or not sched.stretch_goes_on()):
+            if stretch and (retired or cut or not sched.stretch_goes_on()):
                 extra = timer.stretch_ended(stretch)
                 stretch = 0
                 if extra:
@@ -213,6 +215,9 @@ class StepLoop:
             # the decode stretch's rows, first shape and bound.
             self.passes += 1
             _, group, work, first, rows, shape, limit, stop, preempted = sched.schedule(t, step, lookahead)
+            # Asked here, not read from the plan's stop: a stepping timer's plan is one step long and never asks, and
+            # stepping must charge the ends that fast-forwarding does.
+            cut = bool(rows) and not arrivals.foreseen and sched.next_admission(arrivals) == -math.inf
             # Run its prefill step: the prompts it completes have their first token at its end.
             if work is not None:
                 tokens, end = timer.prefill(work, t, rows)

@@ -68,9 +68,6 @@ class ReplicaTimer(SimTimer):
     def after_retiring(self, n: int) -> float:
         return self.t + self.cost.retire_s * n
 
-    def retired(self, n: int) -> None:
-        self.t = self.after_retiring(n)
-
 
 class ReplicaRecorder(Recorder):
     """A replica's recorder, which also takes each request it retires or refuses off the load the router sees."""
