@@ -42,7 +42,7 @@ from servecap.sim.report import band_rows, by_config, capacity_bands, mean_resul
 from servecap.sim.sweep import Workload, run_sweep
 
 table, table_file = S.load_table()
-BACKENDS = sorted(table.backends, key=lambda b: (b != "paged", b))
+BACKENDS = table.backends
 MAX_BATCH = [b for b in (8, 16, 32) if b <= table.max_batch]
 LARGE, SMALL = 64.0, 0.5  # GiB: a pool that never binds at 32 rows, and the write-up's small pool
 POOLS = [LARGE, SMALL]

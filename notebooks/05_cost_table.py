@@ -136,7 +136,7 @@ S.save(fig, "05_prefill",
 # shows how far each measured median is from the model at its shape.
 
 # %%
-backends = sorted(table.backends, key=lambda b: (b != "paged", b))
+backends = table.backends
 rows_all = sorted(decode["rows"].unique())
 shown = [r for r in rows_all if r in (1, 2, 4, 8, 16, 24, 32)] or rows_all
 rcolors = dict(zip(shown, plt.cm.plasma(np.linspace(0, 0.85, len(shown)))))

@@ -245,6 +245,17 @@ def test_cli_sweep_writes_tables_and_plot(capsys, tables, tmp_path):
     assert (out / "sweep.png").stat().st_size > 10_000
 
 
+@pytest.mark.parametrize("backends", [("paged",), ("dense",), ("dense", "paged")])
+def test_cli_sweep_without_backend_sweeps_every_backend_the_table_prices_paged_first(capsys, tmp_path, backends):
+    table = write_table(linear_table(backends=backends), tmp_path / "t.json")
+    assert list(json.loads(table.read_text())["decode"]) == list(backends)  # the file's order
+    out = tmp_path / "sweep"
+    code, _, _ = cli(capsys, "sweep", "--rates", "2", "--pool-gib", "1", "--max-batch", "8", "--n", "20", "--jobs",
+                     "1", "--table", str(table), "--out", str(out))
+    assert code == 0
+    assert list(pd.read_csv(out / "sweep.csv")["backend"]) == [b for b in ("paged", "dense") if b in backends]
+
+
 def test_sweep_plot_draws_queue_wait_in_ms_and_each_interval_as_a_bar(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
     from servecap.sim.sweep_plot import plot

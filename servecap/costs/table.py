@@ -269,7 +269,8 @@ class CostTable:
 
     @property
     def backends(self) -> tuple[str, ...]:
-        return tuple(self.raw["decode"])
+        """The decode backends it prices, in BACKENDS' order (paged first), whatever the file's."""
+        return tuple(b for b in BACKENDS if b in self.raw["decode"])
 
     @property
     def fit(self) -> dict:

@@ -24,7 +24,6 @@ from tqdm import tqdm
 from servecap.costs.model import CostModel
 from servecap.costs.synthetic import linear_table
 from servecap.core.block_pool import PoolSize
-from servecap.costs.shapes import BACKENDS
 from servecap.core.config import ServingConfig
 from servecap.costs.table import as_cost_table
 from servecap.traces.arg_types import count_arg, requests_arg
@@ -127,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         walls.append(time.perf_counter() - t0)
     print(_line("one 400-request point", sorted(walls[1:])[2], result.events, TARGETS_S["point"]))
 
-    configs = [ServingConfig(backend=b, max_batch=m, pool=PoolSize(gib=g)) for b in BACKENDS for m in (16, 32)
+    configs = [ServingConfig(backend=b, max_batch=m, pool=PoolSize(gib=g)) for b in table.backends for m in (16, 32)
                for g in (0.5, 1, 2, 4)]
     t0 = time.perf_counter()
     results, _ = run_sweep(table, configs, None, Workload(), jobs=args.jobs)

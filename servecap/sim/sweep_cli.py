@@ -17,7 +17,6 @@ from servecap.core.block_pool import PoolSize
 from servecap.core.config import ServingConfig
 from servecap.core.options import add_scheduler_options, policy_arg as _policy
 from servecap.core.routing import ROUTERS
-from servecap.costs.shapes import BACKENDS
 from servecap.traces.arrival_options import add_arrival_options, given
 from servecap.traces.arg_types import (SLO_HELP, batch_arg, count_arg, gib_arg, level_arg, rate_arg, requests_arg,
                                        seed_arg, slo_arg)
@@ -55,8 +54,8 @@ def add_parser(sub, common: Callable[[argparse.ArgumentParser], None]) -> None:
                        help="KV pool sizes in GiB (default 0.5,1,2,4)")
     sweep.add_argument("--max-batch", "--max-num-seqs", type=list_of(batch_arg), default=[16, 32],
                        metavar="B1,B2,...", help="batch rows (vLLM's max_num_seqs) (default 16,32)")
-    sweep.add_argument("--backend", type=list_of(backend_arg), default=list(BACKENDS), metavar="paged,dense",
-                       help="decode backends (default paged,dense; padded is the old name of dense)")
+    sweep.add_argument("--backend", type=list_of(backend_arg), metavar="paged,dense",
+                       help="decode backends (default: every one the table prices; padded is the old name of dense)")
     sweep.add_argument("--prefill", type=list_of(_policy), default=["padded"], metavar="P1,P2,...",
                        help="prefill policies: padded, packed, chunked:N, mixed:N (default padded)")
     add_scheduler_options(sweep, many=list_of)
@@ -139,6 +138,7 @@ def _sweep(args: argparse.Namespace, held: ExitStack) -> int:
     from .fleet_report import fewest_lines, fewest_replicas
     from .report import report, write_files
     table = inputs.load_table(args.table, ServingConfig(block_size=args.block_size), args.allow_nonstationary)
+    args.backend = args.backend or list(table.backends)
     for b in args.backend:
         inputs.check_backend(table, b)
     workload = Workload(n, seeds[0], inputs.load_trace(args.trace) if args.trace else None, args.burstiness,
