@@ -18,7 +18,11 @@ from servecap.sim.simulator import SimConfig
 from servecap.traces.records import RunRecord, RunWriter
 from servecap.traces.workload import Trace
 
-__all__ = ["constant_table", "linear_table", "write_table", "serve_virtual", "sim_config"]
+__all__ = ["constant_table", "linear_table", "write_table", "serve_virtual", "sim_config", "T1_REFIT"]
+
+# A measured H200 table with both decode backends and no serving correction (shipped until 2026-12-06): one cost
+# factor prices every step, and its decode is the closed runs' raw form.
+T1_REFIT = Path(__file__).resolve().parents[1] / "results" / "calibration" / "t1" / "h200-t1-refit.json"
 
 SIM_KNOBS = ("detail", "fast_forward", "noise_seed")  # SimConfig's own; the rest are the serving configuration's
 

@@ -6,10 +6,10 @@ import json
 import math
 import warnings
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import T1_REFIT
 
 from servecap.core.block_pool import PoolSize
 from servecap.core.config import ServingConfig
@@ -26,10 +26,6 @@ from servecap.traces.metrics import summary
 from servecap.traces.slo import parse_slo, parse_slos
 from servecap.traces.trace_io import read_trace
 from servecap.traces.workload import ARRIVAL_DECIMALS, _raw, poisson_arrivals, poisson_trace, ramped
-
-
-# A table with no serving correction: one cost factor prices every step, so a band's edges are exact in it.
-UNCORRECTED = Path(__file__).resolve().parents[1] / "results" / "calibration" / "t1" / "h200-t1-refit.json"
 
 
 def _exit(argv: list[str]) -> int:
@@ -302,11 +298,11 @@ def test_capacity_cli_out_records_every_probe_and_how_it_was_run_and_keeps_what_
 
 def test_capacity_cli_bands_its_answer_by_the_searches_at_the_intervals_edge_cost_factors(capsys):
     from servecap.sim.intervals import describe_draw, edge_factors
-    assert main(["capacity", "--table", str(UNCORRECTED), "--n", str(N), "--max-batch", "16", "--interval", "90",
+    assert main(["capacity", "--table", str(T1_REFIT), "--n", str(N), "--max-batch", "16", "--interval", "90",
                  "--jobs", "1"]) == 0
     out, err = capsys.readouterr()
     out = out.splitlines()
-    edges = edge_factors(load_table(UNCORRECTED), 90)[:2]
+    edges = edge_factors(load_table(T1_REFIT), 90)[:2]
     assert all(set(d) == {"all"} for d in edges)
     (cheap, dear), (f_cheap, f_dear) = ((describe_draw(d) for d in edges), (d["all"] for d in edges))
     # each probe said on stderr as it is decided, the edges' searches named: as many as the answer line counts

@@ -14,11 +14,11 @@ import subprocess
 import sys
 import warnings
 from collections import deque
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import T1_REFIT
 
 from servecap.costs.model import CostModel, ExtrapolationWarning, _interp
 from servecap.costs.shapes import DecodeShape
@@ -28,13 +28,10 @@ from servecap.core.block_pool import BlockPool
 from servecap.sim.simulator import SimTimer, _Noise
 from servecap.traces.records import TABLES, RunWriter, _frame
 
-# A measured table with both decode backends and no serving correction: the numpy reference prices its raw form.
-T1 = Path(__file__).resolve().parents[1] / "results" / "calibration" / "t1" / "h200-t1-refit.json"
-
 
 @pytest.fixture(scope="module", params=["t1-refit-h200", "synthetic-linear"])
 def cost(request) -> CostModel:
-    return CostModel(load_cost_table(T1) if request.param == "t1-refit-h200" else linear_table())
+    return CostModel(load_cost_table(T1_REFIT) if request.param == "t1-refit-h200" else linear_table())
 
 
 def _shapes(cost: CostModel, n: int, seed: int):
