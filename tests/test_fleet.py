@@ -187,13 +187,13 @@ def test_a_fleet_of_one_writes_what_simulate_writes(name):
         assert list(fleet_.record.rejected["request_id"]) == [100]
 
 
-@pytest.mark.parametrize("trace, rows", [(lambda: poisson_trace(60.0, 400, 0), 8), (lambda: closed_mixed(64, 0), 8)],
+@pytest.mark.parametrize("trace", [lambda: poisson_trace(60.0, 400, 0), lambda: closed_mixed(64, 0)],
                          ids=["arrivals", "closed"])
-def test_replicas_charge_the_same_stretch_ends_stepping_as_fast_forwarding(trace, rows):
+def test_replicas_charge_the_same_stretch_ends_stepping_as_fast_forwarding(trace):
     cost, trace = _corrected(), trace()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # extrapolation notices
-        fast, stepped = (simulate_fleet(trace, cost, sim_config(detail="tokens", backend="paged", max_batch=rows,
+        fast, stepped = (simulate_fleet(trace, cost, sim_config(detail="tokens", backend="paged", max_batch=8,
                                                                  replicas=2, fast_forward=f)) for f in (True, False))
     assert stepped.passes > fast.passes
     # The replicas write into one record as their passes end, so the rows interleave by pass: compare them in order.

@@ -55,8 +55,7 @@ class FleetEnv(simpy.Environment):
 
 
 class ReplicaTimer(SimTimer):
-    """SimTimer for replica i: its own noise streams (replica 0 draws what one engine draws), and the time the
-    next pass begins once this pass's finished rows are retired."""
+    """SimTimer for replica i: its own noise streams (replica 0 draws what one engine draws)."""
 
     def __init__(self, cost: CostModel, backend: str, fast_forward: bool, noise_seed: int | None, replica: int,
                  policy: str = "padded"):
@@ -64,9 +63,6 @@ class ReplicaTimer(SimTimer):
         if noise_seed is not None and replica:
             self.noise = (_Noise(noise_seed, 2 * replica, cost.prefill_sigma),
                           _Noise(noise_seed, 2 * replica + 1, cost.decode_sigma[backend]))
-
-    def after_retiring(self, n: int) -> float:
-        return self.t + self.cost.retire_s * n
 
 
 class ReplicaRecorder(Recorder):

@@ -152,8 +152,13 @@ class SimTimer:
         self.last_kind, self.last_end = "decode", self.t
         return None, ends
 
+    def after_retiring(self, n: int) -> float:
+        """When the next pass begins once n finished rows are retired: each costs the engine retire_s
+        (calibration's)."""
+        return self.t + self.cost.retire_s * n
+
     def retired(self, n: int) -> None:
-        self.t = self.t + self.cost.retire_s * n  # retiring each finished row costs the engine this (calibration's)
+        self.t = self.after_retiring(n)
         if self.last_kind == "decode":  # the next step starts a new pass after a stretch that retired rows
             self.last_kind = RETIRED
 
