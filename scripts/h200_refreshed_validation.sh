@@ -24,8 +24,8 @@
 # Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
 #          [GPU='NVIDIA H100 80GB HBM3'] [SERVING_V='DIR2 DIR3:T1,T2'] [REFRESH=none] [OWN_FROM=ID1,ID2 OWN_V=DIR] \
 #          bash scripts/h200_refreshed_validation.sh
-#          (GPU: the device name expected; first, here, `bash scripts/device_tree.sh slim V TABLE` so that what travels
-#          stays under the device's 64 MiB, and `restore` after the call)
+#          (GPU: the device name expected; first, here, `bash scripts/device_tree.sh slim V TABLE [SERVING_V's DIRs]
+#          [OWN_V]` so that what travels stays under the device's 64 MiB, and `restore` after the call)
 set -u
 source scripts/gpu_env.sh
 L=logs/call-$CALL; mkdir -p $L; GPU=${GPU:-NVIDIA H200}; END=${END_S:-585}
