@@ -11,13 +11,14 @@ compared with its plan under the protocol checks of servecap/validate/comparison
   beside the GPU's median SM clock, temperature and power over the run where it recorded telemetry; and the median
   real / price per step kind, the price a typical step's (a correction's class medians, where it has them);
 - the plan's 90% bands: the share of every run's measurements inside (servecap/validate/coverage.py), by the
-  points' role (public, mixed, prefix-cache);
+  points' role (public, mixed, prefix-cache), and near and past capacity, with how many bands are within twice
+  their repeats' spread;
 - given several validations, every run's error pooled and the sd of the validations' mean log speeds, how well a
   point's mean speed is told by its validation's other points (by those of its policy alone, by none, by the
   first two points run on its GPU), each prefill policy's decode steps' summed real / price over its runs (a
   policy whose decode runs off its price on one GPU alone is that GPU, not the cost model), and the bands'
-  coverage near and past capacity, with how many bands are within twice their repeats' spread, and, at points of
-  one plan run on several GPUs, within twice the spread of all their runs.
+  coverage near and past capacity pooled the same way, and, at points of one plan run on several GPUs, within
+  twice the spread of all their runs.
 With --by, the summed real / price of every run's decode and prefill steps binned by one context a correction has
 no class for: the requests waiting at the step's start (`queue`, servecap/traces/metrics.queue_depth), the share of
 the BUSY_S seconds before it the engine spent in steps (`busy`: a GPU's power and clock follow its duty cycle), the
@@ -198,12 +199,14 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
                                if m in cov["metrics"])
             print(f"  90% bands, {role} points: {cov['inside']} of {cov['graded']} inside ({cov['share']:.1%}); "
                   f"median width / prediction: {widths}")
+    by_load = {"all": coverage(results, bands),
+               **{load: coverage([c for c in results if c.point.load == load], bands) for load in ("near", "past")}}
+    for line in filter(None, (band_line(load, [by_load[load]]) for load in ("near", "past"))):
+        print(line)
     if by:
         print(f"  summed real / price in context by {by}, every run:")
         print("\n".join(_binned(pd.concat(every, ignore_index=True), by)))
-    return runs, {"all": coverage(results, bands),
-                  **{load: coverage([c for c in results if c.point.load == load], bands) for load in ("near", "past")}}, \
-        (results, bands)
+    return runs, by_load, (results, bands)
 
 
 def pooled(runs: dict[Path, pd.DataFrame], bands: dict[Path, dict] | None = None) -> str:
@@ -231,15 +234,19 @@ def pooled(runs: dict[Path, pd.DataFrame], bands: dict[Path, dict] | None = None
     lines.append(f"    {'':34s}" + "".join(f"{policy:>9s}" for policy in by_policy.columns))
     lines += [f"    {v:34s}" + "".join(f"{x:9.3f}" if x == x else f"{'-':>9s}" for x in row)
               for v, row in by_policy.iterrows()]
-    for load in ("all", "near", "past") if bands else ():
-        covs = [b[load] for b in bands.values()]
-        inside, graded = sum(c["inside"] for c in covs), sum(c["graded"] for c in covs)
-        ratios = [w["width"] / w["real_spread"] for c in covs for w in c["width_vs_real_spread"]]
-        if graded:
-            lines.append(f"  90% bands, {load} points: {inside} of {graded} inside ({inside / graded:.1%})" + (
-                f"; width within 2x the repeats' spread {sum(r <= 2 for r in ratios)} of {len(ratios)} (median "
-                f"{statistics.median(ratios):.1f}x)" if ratios else ""))
+    lines += [line for load in (("all", "near", "past") if bands else ())
+              if (line := band_line(load, [b[load] for b in bands.values()]))]
     return "\n".join(lines)
+
+
+def band_line(load: str, covs: list[dict]) -> str | None:
+    """The bands at one load (`all`, `near`, `past`) over one or several validations' coverages: how many
+    measurements fall inside, and how many bands are within twice their repeats' spread; None if none is graded."""
+    inside, graded = sum(c["inside"] for c in covs), sum(c["graded"] for c in covs)
+    ratios = [w["width"] / w["real_spread"] for c in covs for w in c["width_vs_real_spread"]]
+    return None if not graded else f"  90% bands, {load} points: {inside} of {graded} inside ({inside / graded:.1%})" + (
+        f"; width within 2x the repeats' spread {sum(r <= 2 for r in ratios)} of {len(ratios)} (median "
+        f"{statistics.median(ratios):.1f}x)" if ratios else "")
 
 
 def _guessed_speeds(runs: dict[Path, pd.DataFrame]) -> str:

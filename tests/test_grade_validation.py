@@ -24,6 +24,17 @@ def test_grading_a_validation_prints_its_targets_each_run_and_its_steps_by_a_con
     assert sum(int(line.split("n=")[1].split()[0]) for line in binned) == 1101 + 3028  # every prefill step, once
 
 
+def test_one_validations_grade_gives_its_bands_by_load_as_pooling_it_alone_would(capsys, script):
+    grade = script("grade_validation")
+    v = Path("results/validation-v16-71520d56")
+    runs, bands, _ = grade.grade(v)
+    by_load = ("  90% bands, near points", "  90% bands, past points")
+    own = [line for line in capsys.readouterr().out.splitlines() if line.startswith(by_load)]
+    assert own == ["  90% bands, past points: 42 of 42 inside (100.0%); width within 2x the repeats' spread 0 of 14 "
+                   "(median 5.9x)"]  # only past-capacity points in that plan
+    assert own == [line for line in grade.pooled({v: runs}, {v: bands}).splitlines() if line.startswith(by_load)]
+
+
 @pytest.mark.parametrize("name, args", [("grade_validation", []), ("rebanded", ["--rule", "held"]),
                                         ("refresh_retro", ["--apply", "decode"]), ("refresh_retro", ["--readings"])])
 def test_grading_refuses_a_directory_without_a_plan_in_one_line(capsys, tmp_path, script, name, args):
