@@ -22,7 +22,9 @@ case "${1:-}" in
     chmod +x "$hook"; printf '%s\n/results/\n' "$mark" >> "$exclude"
     git rm -r --cached -q results && git add -f -- "$@"
     git ls-files -z | xargs -0 stat -c %s | awk '{s += $1} END {printf "travels: %.1f MiB tracked\n", s / 1048576}';;
-  restore)
+  restore)  # only after slim: a reset then would unstage results/ changes made for a commit
+    grep -qx "$mark" "$exclude" 2>/dev/null || grep -qs "device_tree.sh restore" "$hook" ||
+      { echo "device_tree.sh: not slim, nothing to restore" >&2; exit 2; }
     git reset -q -- results
     [ -f "$exclude" ] && sed -i "/^$mark\$/,/^\/results\/\$/d" "$exclude"
     grep -qs "device_tree.sh restore" "$hook" && rm -f "$hook"; git status --short | head -3;;

@@ -50,3 +50,11 @@ def test_bad_input_changes_nothing(repo: Path) -> None:
     assert tree(repo).returncode == 2
     assert git(repo, "status", "--porcelain").stdout == ""
     assert len(git(repo, "ls-files").stdout.split()) == 4
+
+
+def test_restore_when_not_slim_keeps_staged_results(repo: Path) -> None:
+    (repo / "results/new.json").write_text("new")
+    git(repo, "add", "results/new.json")
+    r = tree(repo, "restore")
+    assert r.returncode == 2 and "not slim" in r.stderr
+    assert git(repo, "diff", "--cached", "--name-only").stdout.split() == ["results/new.json"]
