@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from servecap.validate.cli import main
-from servecap.validate.points import run_dir, select
+from servecap.validate.points import load_plan, run_dir, select
 from servecap.validate.real import NOTHING_LEFT, pending
 
 PLAN = Path("results/validation-v37")  # a committed plan: 16 fresh points x 3 repeats
@@ -96,3 +96,14 @@ def test_pending_with_fleet_or_without_a_plan_is_one_line(plan_dir, tmp_path, ca
     assert main(["real", "--out", str(tmp_path / "none"), "--pending"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "--fleet" in err[0] and "no validation plan" in err[1]
+
+
+def test_each_share_runs_its_engines_in_plan_order(plan_dir):
+    # Shares are balanced longest first, but a call cut short must have made the plan's first points.
+    _, points = load_plan(plan_dir)
+    order = {p.id: i for i, p in enumerate(points)}
+    assert [order[e[0][0].id] for e in pending(plan_dir)[2]] == [i for i in range(len(points)) for _ in range(3)]
+    assert [p.id for p in points] == [p.id for p in pending(plan_dir, only=[p.id for p in reversed(points)])[1]]
+    for i in range(3):
+        firsts = [order[e[0][0].id] for e in pending(plan_dir, shard=(i, 3))[2]]
+        assert firsts == sorted(firsts) and len(set(firsts)) < len(firsts)  # three repeats' engines per point

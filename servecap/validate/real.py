@@ -47,16 +47,17 @@ def engine_runs(batch: list[Point], out: Path) -> list[list[tuple[Point, int]]]:
 
 def shares(batches: list[list[Point]], n: int, predictions: dict) -> list[list[list[Point]]]:
     """The engines' batches in n shares of about equal GPU time (by the plan's own predicted wall times), the
-    longest batch first to the least loaded share."""
+    longest batch first to the least loaded share; each share then runs its batches in plan order, so that a call
+    cut short by its deadline has made the plan's first points, not its longest."""
     def seconds(b: list[Point]) -> float:
         return sum((p.warmup + p.repeats) * (predictions[p.id].get("wall_time_s") or 0.0) for p in b)
-    out: list[list[list[Point]]] = [[] for _ in range(n)]
+    out: list[list[int]] = [[] for _ in range(n)]
     load = [0.0] * n
-    for b in sorted(batches, key=seconds, reverse=True):
+    for i in sorted(range(len(batches)), key=lambda i: seconds(batches[i]), reverse=True):
         j = load.index(min(load))
-        out[j].append(b)
-        load[j] += seconds(b)
-    return out
+        out[j].append(i)
+        load[j] += seconds(batches[i])
+    return [[batches[i] for i in sorted(share)] for share in out]
 
 
 def pending(out: Path, only: list[str] | None = None,
