@@ -49,14 +49,14 @@ def shares(batches: list[list[Point]], n: int, predictions: dict) -> list[list[l
     """The engines' batches in n shares of about equal GPU time (by the plan's own predicted wall times), the
     longest batch first to the least loaded share; each share then runs its batches in plan order, so that a call
     cut short by its deadline has made the plan's first points, not its longest."""
-    def seconds(b: list[Point]) -> float:
-        return sum((p.warmup + p.repeats) * (predictions[p.id].get("wall_time_s") or 0.0) for p in b)
+    seconds = [sum((p.warmup + p.repeats) * (predictions[p.id].get("wall_time_s") or 0.0) for p in b)
+               for b in batches]
     out: list[list[int]] = [[] for _ in range(n)]
     load = [0.0] * n
-    for i in sorted(range(len(batches)), key=lambda i: seconds(batches[i]), reverse=True):
+    for i in sorted(range(len(batches)), key=seconds.__getitem__, reverse=True):
         j = load.index(min(load))
         out[j].append(i)
-        load[j] += seconds(batches[i])
+        load[j] += seconds[i]
     return [[batches[i] for i in sorted(share)] for share in out]
 
 
