@@ -212,8 +212,9 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
 def pooled(runs: dict[Path, pd.DataFrame], bands: dict[Path, dict] | None = None) -> str:
     """Every run's error over several validations, and how their mean speeds spread (a refreshed validation's
     directory is one GPU's session): what a band's cost sigma has to cover; each policy's decode steps by load; each
-    validation's prompt steps by policy (on H100s they fell in two groups about 3% apart: README, validation v39);
-    given each validation's coverage by load (grade's), the bands pooled by load."""
+    validation's prompt steps by policy (on H100s they fell in two groups about 3% apart: README, validation v39)
+    and how its decode and prompt speeds move together; given each validation's coverage by load (grade's), the
+    bands pooled by load."""
     logs = {v: np.log(r.total.to_numpy()) for v, r in runs.items() if len(r)}
     every = np.concatenate(list(logs.values()))
     means = [float(x.mean()) for x in logs.values()]
@@ -234,9 +235,22 @@ def pooled(runs: dict[Path, pd.DataFrame], bands: dict[Path, dict] | None = None
     lines.append(f"    {'':34s}" + "".join(f"{policy:>9s}" for policy in by_policy.columns))
     lines += [f"    {v:34s}" + "".join(f"{x:9.3f}" if x == x else f"{'-':>9s}" for x in row)
               for v, row in by_policy.iterrows()]
+    lines.append(_kinds_together(runs))
     lines += [line for load in (("all", "near", "past") if bands else ())
               if (line := band_line(load, [b[load] for b in bands.values()]))]
     return "\n".join(lines)
+
+
+def _kinds_together(runs: dict[Path, pd.DataFrame]) -> str:
+    """How a GPU's decode and prompt speeds spread and move together over validations (each its runs' mean log
+    speed): the bands draw every kind of step with one z, as if they moved together (servecap/sim/intervals.py)."""
+    speeds = pd.DataFrame({v: {k: np.log(r[k]).mean() for k in ("decode", "prefill")} for v, r in runs.items()}).T
+    speeds = speeds.dropna()
+    if len(speeds) < 3:
+        return f"  decode and prompt steps' mean speeds by validation: {len(speeds)} with both, too few to spread"
+    sd = speeds.std(ddof=1)
+    return (f"  decode and prompt steps' mean log speeds over {len(speeds)} validations: sd {sd.decode:.2%} and "
+            f"{sd.prefill:.2%}, correlation {np.corrcoef(speeds.decode, speeds.prefill)[0, 1]:+.2f}")
 
 
 def band_line(load: str, covs: list[dict]) -> str | None:

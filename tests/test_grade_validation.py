@@ -87,15 +87,27 @@ def test_several_validations_pool_runs_error_speeds_spread_decode_by_policy_and_
         "prefill speed",
         f"    {'':34s}    mixed   padded",
         f"    {'a':34s}    0.970    1.030",  # a run without decode steps still counts its prompt steps
-        f"    {'b':34s}        -        -"]
+        f"    {'b':34s}        -        -",
+        "  decode and prompt steps' mean speeds by validation: 1 with both, too few to spread"]
     near = {"inside": 5, "graded": 6, "width_vs_real_spread": [{"width": 3.0, "real_spread": 1.0}]}
     past = {"inside": 2, "graded": 2, "width_vs_real_spread": [{"width": 1.0, "real_spread": 1.0}]}
     bands = {"a": {"all": {"inside": 7, "graded": 8, "width_vs_real_spread": []}, "near": near, "past": past},
              "b": {"all": near, "near": near, "past": {"inside": 0, "graded": 0, "width_vs_real_spread": []}}}
-    assert pooled(runs, bands).splitlines()[8:] == [
+    assert pooled(runs, bands).splitlines()[9:] == [
         "  90% bands, all points: 12 of 14 inside (85.7%); width within 2x the repeats' spread 0 of 1 (median 3.0x)",
         "  90% bands, near points: 10 of 12 inside (83.3%); width within 2x the repeats' spread 0 of 2 (median 3.0x)",
         "  90% bands, past points: 2 of 2 inside (100.0%); width within 2x the repeats' spread 1 of 1 (median 1.0x)"]
+
+
+def test_gpus_whose_decode_and_prompt_speeds_stray_apart_show_as_a_negative_correlation(script):
+    together = script("grade_validation")._kinds_together
+
+    def gpu(decode, prefill):  # two runs, their mean log speeds those given
+        return pd.DataFrame({"decode": np.exp([decode - 0.01, decode + 0.01]), "prefill": np.exp([prefill] * 2)})
+    apart = {"a": gpu(-0.02, 0.02), "b": gpu(0.0, 0.0), "c": gpu(0.02, -0.02)}
+    assert together(apart) == ("  decode and prompt steps' mean log speeds over 3 validations: sd 2.00% and 2.00%, "
+                               "correlation -1.00")
+    assert together({**apart, "c": gpu(0.02, 0.02)}).endswith("correlation +0.00")
 
 
 def test_a_band_run_on_several_gpus_is_held_to_the_spread_of_all_their_runs_and_only_where_it_is_one_band(script):
