@@ -8,9 +8,10 @@ the sessions' GPU-to-GPU spread added in quadrature). Prints each validation's i
 capacity's, and how many bands' widths are within 2x the repeats' spread. --noise FILE: widen by that run-to-run
 noise file instead of the shipped one (a file measured without the validations' runs keeps the noise out of sample).
 --draws one: every step drawn by one factor, the whole run's sigma, as bands were before a883f8c (each table's
-correction keeps its `all` residual alone); kind (the default): each step kind measured held out with its own.
+correction keeps its `all` residual alone); kind (the default): each step kind measured held out with its own; apart:
+so, with decode's kinds and the prompt steps' drawn apart (servecap/sim/intervals.py).
 
-    python scripts/rebanded.py --rule held|added DIR ... [--draws kind|one] [--work /tmp/rebanded] [--noise FILE]
+    python scripts/rebanded.py --rule held|added DIR ... [--draws kind|one|apart] [--work /tmp/rebanded] [--noise FILE]
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def rebanded(validation: Path, rule: str, work: Path, noise: dict | None = None,
     if draws == "one":
         table = one_factor(table, work / "one-factor" / table.name)
     table = load_table(table)
-    iv = Intervals(table, 90.0, noise)
+    iv = Intervals(table, 90.0, noise, apart=draws == "apart")
     return results, {c.point.id: point_band(iv, table, c.point, validation) for c in results}
 
 
@@ -74,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("validations", nargs="+", type=Path, metavar="DIR")
     ap.add_argument("--rule", choices=("held", "added"), required=True)
-    ap.add_argument("--draws", choices=("kind", "one"), default="kind",
-                    help="each measured step kind drawn with its own sigma (default), or one factor on every step")
+    ap.add_argument("--draws", choices=("kind", "one", "apart"), default="kind",
+                    help="each measured step kind drawn with its own sigma (default), or one factor on every step, "
+                         "or each kind with its own and decode's apart from the prompt steps'")
     ap.add_argument("--work", type=Path, default=Path("/tmp/rebanded"), help="where the rewritten tables go")
     ap.add_argument("--noise", type=Path, help="a run-to-run noise file (default: the shipped one)")
     args = ap.parse_args(argv)

@@ -687,6 +687,35 @@ def test_a_table_rescaled_to_one_gpus_runs_keeps_the_corrections_sigma_not_the_s
     assert rescaled["kinds"]["prefill padded"] == pytest.approx(0.02)
 
 
+def test_drawn_apart_decode_and_prompt_steps_keep_their_quantiles_and_lose_their_correlation():
+    import math
+
+    import numpy as np
+
+    from servecap.costs.synthetic import linear_table
+    from servecap.costs.table import as_cost_table, table_id
+    from servecap.sim.intervals import COST_DRAWS, Intervals, draw
+    raw = linear_table()
+    raw.update(version=3, correction={"factors": {}, "residual_sigma": {"all": 0.012, "decode paged padded": 0.005,
+                                                                        "prefill padded": 0.02},
+                                      "held_out_gpus": {"n": 3, "sd_of_means": 0.009}})
+    table = as_cost_table({**raw, "table_id": table_id(raw)})
+    d = draw({"sigma": 0.012, "kinds": {"decode paged padded": 0.005, "prefill padded": 0.02}}, 1.0, -2.0)
+    assert d == pytest.approx({"all": math.exp(0.012), "decode paged padded": math.exp(0.005),
+                               "prefill padded": math.exp(-0.04)})
+    together, apart = Intervals(table, 90, NO_NOISE), Intervals(table, 90, NO_NOISE, apart=True)
+    assert "apart" in apart.describe() and "apart" not in together.describe()
+    logs = {name: np.log([[f[k] for k in ("decode paged padded", "prefill padded")] for f in iv.factors])
+            for name, iv in (("together", together), ("apart", apart))}
+    assert len(logs["apart"]) == COST_DRAWS
+    for k in (0, 1):  # each kind keeps the same quantile-spaced draws, so its own band is as before
+        assert sorted(logs["apart"][:, k]) == pytest.approx(sorted(logs["together"][:, k]))
+    assert np.corrcoef(logs["together"].T)[0, 1] == pytest.approx(1.0)
+    assert abs(np.corrcoef(logs["apart"].T)[0, 1]) < 0.15  # 16 independent pairs would scatter it by about 0.26
+    signs = [tuple(row) for row in np.sign(logs["apart"])]  # and they fill the plane: a quarter in each quadrant
+    assert [signs.count((x, y)) for x in (1, -1) for y in (1, -1)] == [COST_DRAWS // 4] * 4
+
+
 def test_a_band_on_one_trace_reads_a_monotone_metric_near_the_levels_z():
     import math
     from statistics import NormalDist

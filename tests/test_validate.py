@@ -122,7 +122,15 @@ def test_a_plan_on_an_earlier_plans_points_is_graded_on_the_runs_made_under_that
     assert main(["plan", "--table", str(other), "--points-from", str(first), "--mechanisms", "mixed",
                  "--out", str(second)]) == 2
     assert "--mechanisms would choose others" in capsys.readouterr().err
+    assert main(["plan", "--table", str(other), "--points-from", str(first), "--cost-draws", "apart",
+                 "--out", str(second)]) == 2
+    assert "--cost-draws apart draws the bands' costs: it needs --interval" in capsys.readouterr().err
     assert main(["plan", "--table", str(other), "--points-from", str(first), "--out", str(second)]) == 0
+    apart = tmp_path / "apart"
+    assert main(["plan", "--table", str(other), "--points-from", str(first), "--interval", "90", "--cost-draws",
+                 "apart", "--out", str(apart)]) == 0
+    intervals = load_plan(apart)[0]["intervals"]
+    assert "apart" in intervals and set(intervals["bands"]) == {p.id for p in load_plan(first)[1]}
     (p1, pts1), (p2, pts2) = load_plan(first), load_plan(second)
     assert [p.to_json() for p in pts1] == [p.to_json() for p in pts2] and pts2
     assert p2["points_from"]["table_id"] == p1["table"]["id"] != p2["table"]["id"]

@@ -28,7 +28,10 @@ percentiles, a closed run's wall time) that combines the things a real run can d
    offset is not one factor on every step (validation v28's H100 ran prefill 2.4-3.3% under its price, decode within
    0.5%), and near capacity TTFT follows prefill's. One z draws every kind (their errors taken to move together), so
    the edges stay at -/+ z_level; over five sessions' runs, bands made so came nearer their level than one factor
-   for every step (README, validation v29).
+   for every step (README, validation v29). Drawn apart (Intervals(apart=True), `scripts/rebanded.py --draws
+   apart`): decode's kinds at one z, the prompt steps' at another, the pairs spread as independent draws (_apart),
+   for H100s whose two speeds hardly moved together (README, validation v39 on a twenty-fourth H100); not what a plan
+   uses until a plan frozen before its runs has graded it.
    Near capacity a percent of speed moves TTFT by tens of percent; drawing it as a cost factor lets the simulator
    say how much, point by point, instead of one spread for every point.
    A table rescaled to one GPU's own serving runs (`calibrate --from-runs RUNS --table T --rescale`) keeps this
@@ -127,10 +130,21 @@ def load_noise(path: Path = NOISE) -> dict:
     return doc
 
 
-def draw(cost: dict, z: float) -> dict[str, float]:
+def draw(cost: dict, z: float, z_prompt: float | None = None) -> dict[str, float]:
     """The cost draw at the standard normal's z: each step kind's factor exp(sigma_kind z), and `all`'s, exp(sigma_cost
-    z), for the kinds without their own sigma (module docstring)."""
-    return {ALL: math.exp(cost["sigma"] * z), **{k: math.exp(s * z) for k, s in cost.get("kinds", {}).items()}}
+    z), for the kinds without their own sigma (module docstring); `z_prompt`: the prompt steps' kinds (prefill, chunk
+    and fused steps) drawn at it instead, apart from decode's."""
+    zp = z if z_prompt is None else z_prompt
+    return {ALL: math.exp(cost["sigma"] * z),
+            **{k: math.exp(s * (z if k.startswith("decode") else zp)) for k, s in cost.get("kinds", {}).items()}}
+
+
+def _apart(n: int) -> list[int]:
+    """The order pairing n quantile-spaced prompt draws with the decode draws so that the pairs spread over the plane
+    like independent ones: j sorted by j times the golden ratio's fraction, mod 1 (a Kronecker lattice; at
+    COST_DRAWS the two nearly uncorrelated, where the bit reversal of a Hammersley set would leave them at +0.38)."""
+    u = [(j * (math.sqrt(5) - 1) / 2) % 1 for j in range(n)]
+    return sorted(range(n), key=lambda j: u[j])
 
 
 def scaled_table(table: CostTable, factor: float | dict[str, float]) -> dict:
@@ -196,13 +210,14 @@ def describe_sigma(cost: dict) -> str:
 class Intervals:
     """Bands at one level for points simulated on one table: the cost draws' models are made once."""
 
-    def __init__(self, table: CostTable, level: float, noise: dict | None = None):
-        self.table, self.level = table, level
+    def __init__(self, table: CostTable, level: float, noise: dict | None = None, apart: bool = False):
+        self.table, self.level, self.apart = table, level, apart
         self.z = z_level(level)
         self.noise = noise if noise is not None else load_noise()
         self.cost = cost_sigma(table, self.noise)
         zs = [NormalDist().inv_cdf((j + 0.5) / COST_DRAWS) for j in range(COST_DRAWS)]
-        self.factors = [draw(self.cost, z) for z in zs]
+        pair = _apart(COST_DRAWS) if apart else range(COST_DRAWS)
+        self.factors = [draw(self.cost, z, zs[i]) for z, i in zip(zs, pair)]
         self.models = [scaled(table, f) for f in self.factors]
 
     def band(self, traces: list, run, progress: bool = False, jobs: int = 1) -> dict:
@@ -229,6 +244,7 @@ class Intervals:
     def describe(self) -> dict:
         """What a band was made of, for a plan or a printout."""
         return {"level": self.level, "cost_sigma": self.cost, "cost_factors": self.factors,
+                **({"apart": "decode and prompt steps drawn apart"} if self.apart else {}),
                 "noise": {"source": str(NOISE.name), "pooled": self.noise["pooled"],
                           "points": [g["point"] for g in self.noise["groups"]], "table": self.noise.get("table")},
                 "method": "Monte-Carlo over trace seeds x quantile-spaced cost draws, a sigma per step kind where the "

@@ -142,6 +142,9 @@ def parser() -> argparse.ArgumentParser:
                            "long prompts beside 32 rows: the --full-length table's 131072)")
     plan.add_argument("--interval", type=level_arg, metavar="LEVEL",
                       help="freeze a LEVEL%% band for every point's metrics with the predictions (servecap/sim/intervals.py)")
+    plan.add_argument("--cost-draws", choices=("together", "apart"), default="together",
+                      help="with --interval: every step kind's cost drawn at one z (default), or decode's and the "
+                           "prompt steps' apart, as independent draws (servecap/sim/intervals.py)")
     plan.add_argument("--allow-nonstationary", action="store_true",
                       help="plan from a table whose stationarity check failed (the plan and report say so)")
     plan.add_argument("--only", metavar="ID1,ID2", type=_ids,
@@ -246,11 +249,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.points_from is not None and chooses:
             raise InputError(f"--points-from takes the earlier plan's points as they are; "
                              f"{', '.join(chooses)} would choose others")
+        if args.cost_draws == "apart" and args.interval is None:
+            raise InputError("--cost-draws apart draws the bands' costs: it needs --interval")
         points = make_plan(args.table, args.out, n=args.n, seed=args.seed, azure=args.azure,
                            sharegpt=args.sharegpt, skip=args.skip, sag=args.sag,
                            predictions=args.predictions, force=args.force,
                            allow_nonstationary=args.allow_nonstationary, interval=args.interval,
-                           public_policies=args.public_policies, repeats=args.repeats,
+                           apart=args.cost_draws == "apart", public_policies=args.public_policies, repeats=args.repeats,
                            mechanisms=args.mechanisms, cache_traces=dict(args.cache_trace or []) or None,
                            max_num_batched_tokens=args.max_num_batched_tokens,
                            points_from=args.points_from, only=args.only, azure_from_s=args.azure_from)

@@ -101,7 +101,7 @@ def predict(table, p: Point, root: Path) -> dict:
 def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0, azure: Path | None = None,
               sharegpt: Path | None = None, skip: tuple[str, ...] = (), sag: Path | None = None,
               predictions: Path | None = None, force: bool = False, allow_nonstationary: bool = False,
-              interval: float | None = None, public_policies: tuple[str, ...] = ("padded",),
+              interval: float | None = None, apart: bool = False, public_policies: tuple[str, ...] = ("padded",),
               repeats: int | None = None, mechanisms: tuple[str, ...] = (),
               cache_traces: dict[str, Path] | None = None,
               max_num_batched_tokens: int | None = None, points_from: Path | None = None,
@@ -114,7 +114,8 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     token cap, its capacity searches' too (a full-length trace's long prompts beside 32 rows). `points_from`: an
     earlier plan's directory, whose points are predicted as they are instead (_points_from). `only`: keep these of the
     chosen points, by id or by id without its rate (the plan names the others it left out). `azure_from_s`: the
-    Azure points' window starts this far into the trace (another window, other traffic)."""
+    Azure points' window starts this far into the trace (another window, other traffic). `apart`: the `interval`
+    bands draw decode's and the prompt steps' costs apart (servecap/sim/intervals.py)."""
     out = Path(out)
     if (out / "plan.json").exists() and not force:
         raise InputError("already holds a validation plan; its real runs were graded against it. Choose another "
@@ -136,7 +137,7 @@ def make_plan(table_path: Path | None, out: Path, *, n: int = 400, seed: int = 0
     intervals = None
     if interval is not None:  # frozen with the predictions, before any real run
         from servecap.sim.intervals import Intervals
-        iv = Intervals(table, interval)
+        iv = Intervals(table, interval, apart=apart)
         intervals = {**iv.describe(), "bands": {p.id: point_band(iv, table, p, out) for p in points}}
     estimate = _estimate_s(points, predicted)
     plan = {"table": {"id": table.table_id, "created_at": table.created_at, "device": table.device_name,
