@@ -63,7 +63,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from servecap.costs.context import ALL, current_kind
+from servecap.costs.context import ALL, PREFILL, current_kind, speed_kind
 from servecap.costs.model import CostModel
 from servecap.costs.table import CORRECTED_VERSION, CostTable
 from servecap.traces.errors import InputError
@@ -136,7 +136,7 @@ def draw(cost: dict, z: float, z_prompt: float | None = None) -> dict[str, float
     and fused steps) drawn at it instead, apart from decode's."""
     zp = z if z_prompt is None else z_prompt
     return {ALL: math.exp(cost["sigma"] * z),
-            **{k: math.exp(s * (z if k.startswith("decode") else zp)) for k, s in cost.get("kinds", {}).items()}}
+            **{k: math.exp(s * (zp if speed_kind(k) == PREFILL else z)) for k, s in cost.get("kinds", {}).items()}}
 
 
 def _apart(n: int) -> list[int]:
