@@ -15,6 +15,7 @@ so, with decode's kinds and the prompt steps' drawn apart (servecap/sim/interval
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import sys
@@ -56,18 +57,25 @@ def one_factor(table_path: Path, out: Path) -> Path:
 
 
 def rebanded(validation: Path, rule: str, work: Path, noise: dict | None = None,
-             draws: str = "kind") -> tuple[list, dict]:
+             draws: str = "kind", made: dict | None = None) -> tuple[list, dict]:
     """The validation's compared points and the bands re-planned under `rule` and `draws` (widened by `noise`, else
-    the shipped run-to-run noise), as `validate plan --interval 90` bands them."""
+    the shipped run-to-run noise), as `validate plan --interval 90` bands them. `made`: the bands re-planned so far,
+    by plan and point, for validations that are copies of one plan graded on other GPUs' runs (a point is banded
+    once)."""
     table = plan_table(validation)
     _, results = compare(validation, table)
-    if rule == "held":
-        table = with_gpu_count(table, work / "tables" / table.name)
-    if draws == "one":
-        table = one_factor(table, work / "one-factor" / table.name)
-    table = load_table(table)
-    iv = Intervals(table, 90.0, noise, apart=draws == "apart")
-    return results, {c.point.id: point_band(iv, table, c.point, validation) for c in results}
+    made = {} if made is None else made
+    plan = hashlib.sha256((validation / "plan.json").read_bytes()).hexdigest()
+    todo = [c for c in results if (plan, c.point.id) not in made]
+    if todo:
+        if rule == "held":
+            table = with_gpu_count(table, work / "tables" / table.name)
+        if draws == "one":
+            table = one_factor(table, work / "one-factor" / table.name)
+        table = load_table(table)
+        iv = Intervals(table, 90.0, noise, apart=draws == "apart")
+        made.update({(plan, c.point.id): point_band(iv, table, c.point, validation) for c in todo})
+    return results, {c.point.id: made[(plan, c.point.id)] for c in results}
 
 
 @command("rebanded")
@@ -84,10 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")
     totals: dict[str, list] = {"near": [0, 0, [], []], "past": [0, 0, [], []]}
     noise = load_noise(args.noise) if args.noise else None
+    made: dict = {}
     for v in args.validations:
         if not (v / "plan.json").is_file():
             raise InputError("holds no plan.json", path=v)
-        results, bands = rebanded(v, args.rule, args.work, noise, args.draws)
+        results, bands = rebanded(v, args.rule, args.work, noise, args.draws, made)
         every = coverage(results, bands)
         print(f"{v}: {every['inside']} of {every['graded']} inside", flush=True)
         for load, t in totals.items():

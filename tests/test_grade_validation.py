@@ -182,6 +182,23 @@ def test_rebanding_with_the_gpu_spread_held_in_the_held_out_term_narrows_the_ban
     assert counts["held"][0] <= counts["added"][0]  # narrower bands hold no more
 
 
+def test_copies_of_one_plan_are_rebanded_once_per_point_and_graded_as_each_alone(capsys, tmp_path, script, monkeypatch):
+    rebanded = script("rebanded")
+    copies = ["results/validation-v39-24c9ce4e", "results/validation-v39-7474a88c"]  # v39's plan, 3 points each
+    alone = []
+    for v in copies:
+        assert rebanded.main(["--rule", "held", v, "--work", str(tmp_path)]) == 0
+        alone.append(capsys.readouterr().out.splitlines()[0])
+    banded = []
+    point_band = rebanded.point_band
+    monkeypatch.setattr(rebanded, "point_band", lambda iv, table, p, root: banded.append(p.id) or point_band(
+        iv, table, p, root))
+    assert rebanded.main(["--rule", "held", *copies, "--work", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == alone
+    ran = [{d.name for d in Path(v, "real").iterdir()} for v in copies]
+    assert sorted(banded) == sorted(ran[0] | ran[1]) and ran[0] & ran[1]  # a point both ran is banded once
+
+
 def test_rebanding_widens_by_the_noise_file_given(capsys, tmp_path, script):
     v = "results/validation-v18-b75ac2b2"  # 54 of its 63 measurements inside the frozen bands
     inside = {}
