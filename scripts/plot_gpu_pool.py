@@ -1,9 +1,10 @@
-"""One plan on many GPUs of a kind: each GPU's own speed against what the plan missed there. For each validation
-given (the real runs of one plan on one GPU, as README validation v39's eighteen H100s), x is the speed of its prompt
-steps (the geometric mean over its runs of their prefill, chunk and fused steps' summed real / price in context, as
-scripts/grade_validation.py grades them), and the panels give each arrival point's TTFT p50 error near capacity and
-served rate error past capacity (a miss filled, the targets' limits drawn) and the share of its measurements inside
-the plan's 90% bands. Made to show whether what a plan misses follows the GPU it ran on.
+"""Blind plans on many GPUs of a kind: each GPU's own speed against what its plan missed there. For each validation
+given (the real runs of a plan in one GPU session: v39's one plan on eighteen H100s, or the H200 pool's 26 sessions,
+each with its own plan), x is the speed of its prompt steps (the geometric mean over its runs of their prefill, chunk
+and fused steps' summed real / price in context, as scripts/grade_validation.py grades them), and the panels give
+each arrival point's TTFT p50 error near capacity and served rate error past capacity (a miss filled, the targets'
+limits drawn) and the share of its measurements inside the plan's 90% bands. Made to show whether what a plan misses
+follows the GPU it ran on.
 
 Usage: python scripts/plot_gpu_pool.py --out FIG.png [--force] VALIDATION [VALIDATION ...]
 """
@@ -58,7 +59,7 @@ def summary(grades: dict[str, dict]) -> list[str]:
     if len(near) > 2:
         x, y = np.log([n[0] for n in near]), [n[1] for n in near]
         slope = np.polyfit(x, y, 1)[0]
-        lines.append(f"near-capacity TTFT p50 error against the prompt steps' log speed over {len(near)} GPUs: "
+        lines.append(f"near-capacity TTFT p50 error against the prompt steps' log speed over {len(near)} GPU sessions: "
                      f"correlation {np.corrcoef(x, y)[0, 1]:+.2f}, {slope / 100:+.1%} per 1% slower")
     return lines
 
@@ -90,7 +91,7 @@ def plot(grades: dict[str, dict], out: Path, title: str) -> None:
     ax.axhline(90, color="grey", lw=0.8, ls=":", label="the bands' level 90%")
     ax.set(xlabel="the GPU's prompt steps, real / price - 1 (%)", ylabel="measurements inside the 90% bands (%)")
     ax.set_title("each GPU's band coverage, every metric of every run\n(dot area: measurements graded)", fontsize=8)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -114,10 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     for i, v in enumerate(args.validations, 1):
         print(f"grading {v} ({i} of {len(args.validations)})", file=sys.stderr)
         grades[v.name] = gpu_grade(v)
-    tables = ", ".join(sorted({g["table"] for g in grades.values()}))
+    tables = sorted({g["table"] for g in grades.values()})
+    made = f"table {tables[0]}" if len(tables) == 1 else f"{len(tables)} tables (each validation's own plan)"
     print("\n".join(summary(grades)))
-    plot(grades, args.out, f"blind predictions from table {tables} on {len(grades)} GPU(s), each GPU's real runs "
-                           "against its own prompt-step speed")
+    plot(grades, args.out, f"blind predictions from {made} in {len(grades)} GPU session(s), each session's real runs "
+                           "against its GPU's own prompt-step speed")
     print(f"wrote {args.out}")
     return 0
 
