@@ -30,8 +30,9 @@ percentiles, a closed run's wall time) that combines the things a real run can d
    the edges stay at -/+ z_level; over five sessions' runs, bands made so came nearer their level than one factor
    for every step (README, validation v29). Drawn apart (Intervals(apart=True), `scripts/rebanded.py --draws
    apart`): decode's kinds at one z, the prompt steps' at another, the pairs spread as independent draws (_apart),
-   for H100s whose two speeds hardly moved together (README, validation v39 on a twenty-fourth H100); not what a plan
-   uses until a plan frozen before its runs has graded it.
+   for H100s whose two speeds hardly moved together (README, validation v39 on a twenty-fourth H100). Graded blind
+   (validation v46, on a twenty-fifth H100 whose prompt steps ran slow and its decode not), such bands held under the
+   target where one z's held, so plans keep one z (`validate plan --cost-draws apart` makes the other).
    Near capacity a percent of speed moves TTFT by tens of percent; drawing it as a cost factor lets the simulator
    say how much, point by point, instead of one spread for every point.
    A table rescaled to one GPU's own serving runs (`calibrate --from-runs RUNS --table T --rescale`) keeps this
