@@ -1,7 +1,7 @@
 """The README's grading of a validation's real runs against its frozen plan, per the issues' targets.
 
 Usage: PYTHONPATH=. python scripts/grade_validation.py VALIDATION [VALIDATION ...] [--by CONTEXT] [--segments]
-         [--replan TABLE [--work DIR] | --against PLAN_DIR]
+         [--replan TABLE [--work DIR] | --against PLAN_DIR | --unrefreshed]
 
 For each validation directory (plan.json and real/POINT/run-K, as `python -m validate plan` and `real` make them),
 compared with its plan under the protocol checks of servecap/validate/comparison.py, on the plan's own table:
@@ -32,6 +32,10 @@ blind: that plan is made after the runs (the protocol checks stay the validation
 With --against PLAN_DIR, each validation is graded against that committed plan of the same points instead, on its
 table: a refreshed validation's runs against the unrefreshed plan it was made from (`--points-from`), blind where
 PLAN_DIR was committed before the runs (git log says so; README, validations v32 and v34).
+With --unrefreshed, each validation planned from a refreshed table is graded so against the plan its points came
+from (its plan's `points_from`), the others against their own: a pool of sessions, refreshed or not, graded on the
+tables as they are, in one command.
+Given several validations, the targets are also summed over them (targets_line).
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ import tempfile
 import warnings
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -114,6 +119,19 @@ def _binned(steps, by: str) -> list[str]:
             for (kind, b), row in g.iterrows()]
 
 
+class Graded(NamedTuple):
+    """One validation's grading: each run's summed real / price in context (`runs`: `total`, `decode`, `prefill`,
+    beside its point's `policy` and `load`), the plan's bands' coverage over every point (`bands["all"]`) and over
+    the near and the past capacity points, each point's prediction beside its runs with the plan's bands
+    (`compared`, for across_gpus), its arrival points' grades (`targets`, target's tuples) and each step kind's
+    median real / price (`kinds`, unrounded)."""
+    runs: pd.DataFrame
+    bands: dict
+    compared: tuple[list, dict]
+    targets: list[tuple[str, float, float, float, bool]]
+    kinds: dict[str, float]
+
+
 def planned(validation: Path, replanned: tuple[Path, Path] | None = None) -> tuple[dict, list, Path]:
     """The plan, each point's prediction beside its real runs (servecap/validate/comparison.py) and the plan's table
     path: the validation's own plan's, or with `replanned` (a plan directory of its points, its table) that plan's
@@ -143,11 +161,8 @@ def _summed(steps) -> float:
 
 
 def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] | None = None,
-          segments: bool = False) -> tuple[pd.DataFrame, dict, tuple[list, dict]]:
-    """Print the validation's grading (module docstring); return each run's summed real / price in context (`total`;
-    `decode`: its decode steps', beside its point's `policy` and `load`), and the plan's bands' coverage
-    (servecap/validate/coverage.py) over every point (`all`) and over the near and the past capacity points, and
-    each point's prediction beside its runs with the plan's bands (for across_gpus).
+          segments: bool = False) -> Graded:
+    """Print the validation's grading (module docstring) and return it (Graded).
     `replanned` (a plan directory of the same points and the table it was made from): grade the runs against that
     plan instead, one made after them (a retrospective: the protocol checks are the validation's own plan's)."""
     plan, results, table_path = planned(validation, replanned)
@@ -179,6 +194,8 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
         if c.point.trace.get("kind") == "closed-mixed":
             continue
         targets.append(target(c))
+    if not runs:
+        raise InputError("holds no complete real runs of its plan's points (real/POINT/run-K)", path=validation)
     print(f"{validation} (table {plan['table']['id']}): {len(targets)} arrival points; served within 2%: "
           f"{sum(abs(t[1]) <= 0.02 for t in targets)}, within 3%: {sum(abs(t[1]) <= 0.03 for t in targets)}; "
           f"TTFT p50 within max(10%, spread): {sum(t[4] for t in targets)}")
@@ -191,6 +208,9 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
     print("\n".join(per_run))
     for kind, v in sorted(kinds.items()):
         print(f"  median real / price in context, {kind:22s} n={len(v):6d} {np.median(v):.3f}")
+    medians = {kind: float(np.median(v)) for kind, v in kinds.items()}
+    print(f"  step kinds within 2% (unrounded medians): {sum(abs(m - 1) <= 0.02 for m in medians.values())} of "
+          f"{len(medians)}")
     bands = plan.get("intervals", {}).get("bands", {})
     for role in dict.fromkeys(c.point.role for c in results):
         cov = coverage([c for c in results if c.point.role == role], bands)
@@ -206,7 +226,20 @@ def grade(validation: Path, by: str | None = None, replanned: tuple[Path, Path] 
     if by:
         print(f"  summed real / price in context by {by}, every run:")
         print("\n".join(_binned(pd.concat(every, ignore_index=True), by)))
-    return runs, by_load, (results, bands)
+    return Graded(runs, by_load, (results, bands), targets, medians)
+
+
+def targets_line(graded: dict[Path, Graded]) -> str:
+    """The issues' targets summed over several validations: arrival points with their served rate within 2% and
+    their TTFT p50 within max(10%, spread), runs whose summed step time is within 2%, and step kinds whose median
+    real / price is within 2% (each validation's kinds counted apart, on unrounded medians)."""
+    targets = [t for g in graded.values() for t in g.targets]
+    runs = np.concatenate([g.runs.total.to_numpy() for g in graded.values()])
+    kinds = [m for g in graded.values() for m in g.kinds.values()]
+    return (f"targets over {len(graded)} validations: {len(targets)} arrival points, served within 2% "
+            f"{sum(abs(t[1]) <= 0.02 for t in targets)}, TTFT p50 within max(10%, spread) {sum(t[4] for t in targets)}; "
+            f"runs within 2% {int((abs(runs - 1) <= 0.02).sum())} of {len(runs)}; step kinds within 2% "
+            f"{sum(abs(m - 1) <= 0.02 for m in kinds)} of {len(kinds)}")
 
 
 def pooled(runs: dict[Path, pd.DataFrame], bands: dict[Path, dict] | None = None) -> str:
@@ -327,10 +360,26 @@ def against(validation: Path, plan_dir: Path) -> tuple[Path, Path]:
     return plan_dir, Path(plan["table"]["path"])
 
 
-def across_gpus(graded: dict[Path, tuple[list, dict]]) -> list[str]:
+def unrefreshed(validation: Path) -> tuple[Path, Path] | None:
+    """For a validation planned from a refreshed table, the committed plan its points came from (`points_from`, made
+    from the table the refresh started from) and that table, for grade's `replanned`; None for one planned from a
+    table as it is."""
+    plan = json.loads((validation / "plan.json").read_text())
+    refreshed_from = json.loads(Path(plan["table"]["path"]).read_text()).get("refreshed_from")
+    if not refreshed_from:
+        return None
+    source = (plan.get("points_from") or {}).get("dir")
+    if source is None or (Path(source) / "plan.json").is_file() and json.loads(
+            (Path(source) / "plan.json").read_text())["table"]["id"] != refreshed_from["table_id"]:
+        raise InputError(f"was planned from a table refreshed from {refreshed_from['table_id']}, and no plan of its "
+                         f"points from that table is recorded (points_from: {source})", path=validation)
+    return against(validation, Path(source))
+
+
+def shared_band_ratios(graded: dict[Path, tuple[list, dict]]) -> dict[str, tuple[int, list[float]]]:
     """Where several validations ran a point under one band (a plan copied to several GPUs: the same point id and
-    band), that band near and past capacity against the spread of every GPU's runs there: what the band holds that
-    one GPU's repeats do not show, the GPU-to-GPU speed."""
+    band), near and past capacity: how many such points, and each band's width over the spread of every GPU's runs
+    there (what the band holds that one GPU's repeats do not show, the GPU-to-GPU speed)."""
     shared: dict[tuple[str, str], tuple[dict, list]] = {}
     for results, bands in graded.values():
         for c in results:
@@ -339,16 +388,34 @@ def across_gpus(graded: dict[Path, tuple[list, dict]]) -> list[str]:
                 shared.setdefault((c.point.id, json.dumps(band, sort_keys=True)), (band, []))[1].append(c)
     merged = [(replace(cs[0], real=[r for c in cs for r in c.real]), band)
               for band, cs in shared.values() if len(cs) > 1]
-    lines = []
+    out = {}
     for load in ("near", "past"):
         at = [(c, band) for c, band in merged if c.point.load == load]
-        ratios = [w["width"] / w["real_spread"] for c, band in at
-                  for w in coverage([c], {c.point.id: band})["width_vs_real_spread"]]
-        if ratios:
-            lines.append(f"  90% bands, {load} points run on several GPUs ({len(at)}): width within 2x the spread of "
-                         f"every GPU's runs {sum(r <= 2 for r in ratios)} of {len(ratios)} (median "
-                         f"{statistics.median(ratios):.1f}x)")
-    return lines
+        out[load] = (len(at), [w["width"] / w["real_spread"] for c, band in at
+                               for w in coverage([c], {c.point.id: band})["width_vs_real_spread"]])
+    return out
+
+
+def across_gpus(graded: dict[Path, tuple[list, dict]]) -> list[str]:
+    """shared_band_ratios' bands near and past capacity against the spread of every GPU's runs, a line each."""
+    return [f"  90% bands, {load} points run on several GPUs ({n}): width within 2x the spread of every GPU's runs "
+            f"{sum(r <= 2 for r in ratios)} of {len(ratios)} (median {statistics.median(ratios):.1f}x)"
+            for load, (n, ratios) in shared_band_ratios(graded).items() if ratios]
+
+
+def grade_all(validations: list[Path], plan_of=lambda v: None, by: str | None = None,
+              segments: bool = False) -> dict[Path, Graded]:
+    """Grade each validation (grade) against the plan `plan_of` gives it (grade's `replanned`; None: its own) and,
+    given several, print what they pool to."""
+    for v in validations:
+        if not (v / "plan.json").is_file():
+            raise InputError("holds no plan.json", path=v)
+    graded = {v: grade(v, by, plan_of(v), segments=segments) for v in validations}
+    if len(graded) > 1:
+        print("\n".join([targets_line(graded), pooled({v: g.runs for v, g in graded.items()},
+                                                        {v: g.bands for v, g in graded.items()}),
+                         *across_gpus({v: g.compared for v, g in graded.items()})]))
+    return graded
 
 
 @command("grade_validation")
@@ -363,9 +430,13 @@ def main(argv: list[str] | None = None) -> int:
                    "this run's own, removed after)")
     p.add_argument("--against", type=Path, metavar="PLAN_DIR", help="grade against this committed plan of the same "
                    "points, on its own table (e.g. the unrefreshed plan a refreshed one was made from)")
+    p.add_argument("--unrefreshed", action="store_true", help="grade each validation planned from a refreshed table "
+                   "against the committed plan its points came from, made from the table the refresh started from "
+                   "(its plan's points_from), the others against their own: the tables as they are, over sessions "
+                   "refreshed or not")
     args = p.parse_args(argv)
-    if args.against and args.replan:
-        p.error("--against and --replan are two different plans: give one")
+    if sum(map(bool, (args.against, args.replan, args.unrefreshed))) > 1:
+        p.error("--against, --replan and --unrefreshed are different plans: give one")
     warnings.simplefilter("ignore")  # extrapolation notes about a few long steps; the grading reads every step
     # --replan without --work: a scratch directory of this run's own, so that two replans at once never grade
     # against each other's plans
@@ -376,15 +447,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _graded(args: argparse.Namespace, work: Path | None) -> int:
-    runs, bands, compared = {}, {}, {}
-    for v in args.validations:
-        if not (v / "plan.json").is_file():
-            raise InputError("holds no plan.json", path=v)
-        replanned = against(v, args.against) if args.against else \
-            None if args.replan is None else replan(v, args.replan, work / v.name)
-        runs[v], bands[v], compared[v] = grade(v, args.by, replanned, segments=args.segments)
-    if len(runs) > 1:
-        print("\n".join([pooled(runs, bands), *across_gpus(compared)]))
+    plan_of = (lambda v: against(v, args.against)) if args.against else unrefreshed if args.unrefreshed else \
+        (lambda v: None) if args.replan is None else (lambda v: replan(v, args.replan, work / v.name))
+    grade_all(args.validations, plan_of, args.by, args.segments)
     return 0
 
 

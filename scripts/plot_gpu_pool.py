@@ -35,8 +35,9 @@ def gpu_grade(validation: Path) -> dict:
     """One validation's speeds by kind of step (geometric means over its runs), its arrival points' grades
     (grade_validation.target) with their load, and its bands' coverage over every point."""
     with contextlib.redirect_stdout(io.StringIO()):  # grade prints the README's grading; the figure needs its values
-        runs, by_load, (results, _) = grade(validation)
-    points = [(c.point.load, *target(c)) for c in results if c.point.trace.get("kind") != "closed-mixed"]
+        graded = grade(validation)
+    runs, by_load = graded.runs, graded.bands
+    points = [(c.point.load, *target(c)) for c in graded.compared[0] if c.point.trace.get("kind") != "closed-mixed"]
     return {"table": json.loads((validation / "plan.json").read_text())["table"]["id"],
             "prompt": float(np.exp(np.log(runs.prefill.dropna()).mean())),
             "decode": float(np.exp(np.log(runs.decode.dropna()).mean())),

@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for v in args.validations:
         table = applied(v, args.apply, args.work / "tables" / args.apply / f"{v.name}.json")
-        runs[v], cov, _ = grade(v, replanned=replan(v, table, args.work / args.apply / v.name))
+        g = grade(v, replanned=replan(v, table, args.work / args.apply / v.name))
+        runs[v], cov = g.runs, g.bands
         inside, graded = inside + cov["all"]["inside"], graded + cov["all"]["graded"]
     print(pooled(runs))
     print(f"90% bands: {inside} of {graded} inside ({inside / graded:.1%})")

@@ -27,7 +27,7 @@ def test_grading_a_validation_prints_its_targets_each_run_and_its_steps_by_a_con
 def test_one_validations_grade_gives_its_bands_by_load_as_pooling_it_alone_would(capsys, script):
     grade = script("grade_validation")
     v = Path("results/validation-v16-71520d56")
-    runs, bands, _ = grade.grade(v)
+    runs, bands = grade.grade(v)[:2]
     by_load = ("  90% bands, near points", "  90% bands, past points")
     own = [line for line in capsys.readouterr().out.splitlines() if line.startswith(by_load)]
     assert own == ["  90% bands, past points: 42 of 42 inside (100.0%); width within 2x the repeats' spread 0 of 14 "
@@ -41,6 +41,14 @@ def test_grading_refuses_a_directory_without_a_plan_in_one_line(capsys, tmp_path
     assert script(name).main([*args, str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "holds no plan.json" in err
+
+
+def test_grading_refuses_a_plan_without_runs_in_one_line(capsys, tmp_path, script):
+    plan = Path("results/validation-v16-71520d56/plan.json")
+    (tmp_path / "plan.json").write_text(plan.read_text())
+    assert script("grade_validation").main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no complete real runs" in err
 
 
 def test_a_runs_segments_price_the_steps_that_start_in_each_share_of_its_time(script):
@@ -97,6 +105,19 @@ def test_several_validations_pool_runs_error_speeds_spread_decode_by_policy_and_
         "  90% bands, all points: 12 of 14 inside (85.7%); width within 2x the repeats' spread 0 of 1 (median 3.0x)",
         "  90% bands, near points: 10 of 12 inside (83.3%); width within 2x the repeats' spread 0 of 2 (median 3.0x)",
         "  90% bands, past points: 2 of 2 inside (100.0%); width within 2x the repeats' spread 1 of 1 (median 1.0x)"]
+
+
+def test_the_targets_sum_over_validations_and_count_each_validations_kinds_on_unrounded_medians(script):
+    grade = script("grade_validation")
+
+    def graded(targets, totals, kinds):
+        return grade.Graded(pd.DataFrame({"total": totals}), {}, ([], {}), targets, kinds)
+    a = graded([("p1", 0.019, 0.05, 0.0, True), ("p2", -0.021, -0.12, 0.0, False)], [1.019, 0.979, 1.0],
+               {"decode": 1.0199, "prefill": 1.0201})  # 1.020 both, rounded: one is within 2%, one is not
+    b = graded([("p1", 0.0, 0.15, 0.2, True)], [1.0], {"decode": 0.97})
+    assert grade.targets_line({"a": a, "b": b}) == (
+        "targets over 2 validations: 3 arrival points, served within 2% 2, TTFT p50 within max(10%, spread) 2; runs "
+        "within 2% 3 of 4; step kinds within 2% 1 of 3")
 
 
 def test_gpus_whose_decode_and_prompt_speeds_stray_apart_show_as_a_negative_correlation(script):
@@ -280,6 +301,28 @@ def test_grading_against_the_unrefreshed_plan_takes_its_predictions_and_table_an
     assert grade.main([v, "--against", "results/validation-v32"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not plan 2 of results/validation-v16-71520d56's points" in err
+
+
+def test_unrefreshed_grades_a_refreshed_session_against_the_plan_its_points_came_from_and_others_as_they_are(
+        capsys, tmp_path, script):
+    grade = script("grade_validation")
+    refreshed = "results/validation-v16-71520d56"
+    assert grade.unrefreshed(Path(refreshed)) == grade.against(Path(refreshed), Path("results/validation-v16"))
+    assert grade.unrefreshed(Path("results/validation-v39-91f89b91")) is None  # v39's table, as it is
+    assert grade.main([refreshed, "--unrefreshed"]) == 0
+    by_flag = capsys.readouterr().out
+    assert grade.main([refreshed, "--against", "results/validation-v16"]) == 0
+    assert by_flag == capsys.readouterr().out
+    lost = tmp_path / "v"  # a refreshed session whose plan no longer says where its points came from
+    lost.mkdir()
+    plan = json.loads(Path(refreshed, "plan.json").read_text())
+    (lost / "plan.json").write_text(json.dumps({**plan, "points_from": None}))
+    assert grade.main([str(lost), "--unrefreshed"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no plan of its points from that table is recorded" in err
+    with pytest.raises(SystemExit) as bad:
+        grade.main([refreshed, "--unrefreshed", "--against", "results/validation-v16"])
+    assert bad.value.code == 2
 
 
 def test_rebanded_one_factor_keeps_the_whole_runs_sigma_and_draws_no_kind_apart(script, tmp_path):
