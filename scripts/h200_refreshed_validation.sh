@@ -19,10 +19,16 @@
 # rescaled to this GPU's serving speed read from them (`calibrate --from-runs ... --rescale`, TABLE-GPU-own.json) and
 # DIR-GPU's plan of V's points made from that and frozen the same way, before POINTS run; graded by V-GPU's runs with
 # `grade_validation.py --against DIR-GPU V-GPU` (v40, v41, v42).
+# CLOCK_V=DIR (a README committed there) with CLOCK_FIT=FIT.json and CHECK=the output of `calibrate
+# --check-stationary` run on this GPU fresh, before the call: TABLE's prompt steps rescaled to this GPU's speed told by
+# the SM clock that check left it at (`scripts/post_burst_clock.py rescale`, TABLE-GPU-clock.json) and DIR-GPU's plan
+# of V's points made from that and frozen the same way before any run; the runs are V-GPU's, copied into DIR-GPU at
+# the end (v48).
 # The call ends by printing the runs still to make and the --only that makes them (`validate real --pending`), for
 # POINTS of the next call on the same warm GPU.
 # Usage: SERVECAP_GIT_COMMIT=<commit> TABLE=T.json V=DIR CALL=a|b|... POINTS=ID1,ID2,... [PROBE=1] [END_S=585] \
 #          [GPU='NVIDIA H100 80GB HBM3'] [SERVING_V='DIR2 DIR3:T1,T2'] [REFRESH=none] [OWN_FROM=ID1,ID2 OWN_V=DIR] \
+#          [CLOCK_V=DIR CLOCK_FIT=FIT.json CHECK=check.txt] \
 #          bash scripts/h200_refreshed_validation.sh
 #          (GPU: the device name expected; first, here, `bash scripts/device_tree.sh slim V TABLE [SERVING_V's DIRs]
 #          [OWN_V]` so that what travels stays under the device's 64 MiB, and `restore` after the call)
@@ -32,6 +38,7 @@ L=logs/call-$CALL; mkdir -p $L; GPU=${GPU:-NVIDIA H200}; END=${END_S:-585}
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,power.limit --format=csv | tee $L/nvidia-smi.txt
 gpu=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | cut -c5-12)
 R=${TABLE%.json}-$gpu.json; VR=$V-$gpu; OR=${TABLE%.json}-$gpu-own.json; OVR=${OWN_V:-}-$gpu
+CR=${TABLE%.json}-$gpu-clock.json; CVR=${CLOCK_V:-}-$gpu
 probed() { d=${1%%:*}; SVR=$d-$gpu; SR=${TABLE%.json}-$gpu-${d##*validation-}.json; ST=${1#$d}; ST=${ST#:}; }
 # A warm machine keeps git-ignored paths between calls: an earlier call's directory on this GPU comes back from there.
 [ ! -f $VR/plan.json ] && [ -f .device/$VR/plan.json ] && mkdir -p $VR && cp -r .device/$VR/. $VR/ &&
@@ -68,6 +75,14 @@ if [ -n "${OWN_FROM:-}" ] && [ ! -f $OVR/plan.json ]; then
   timeout 120 python3 -m validate plan --table $OR --out $OVR --points-from $V --interval 90 > $L/plan-own.txt 2>&1
   tail -1 $L/plan-own.txt; (sha256sum $OVR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-own-frozen.txt
 fi
+[ -n "${CLOCK_V:-}" ] && [ ! -f $CVR/plan.json ] && [ -f .device/$CVR/plan.json ] && mkdir -p $CVR &&
+  cp -r .device/$CVR/. $CVR/ && cp .device/$CR $CR  # frozen by an earlier call on this GPU: never re-planned
+if [ -n "${CLOCK_V:-}" ] && [ ! -f $CVR/plan.json ]; then
+  python3 scripts/post_burst_clock.py rescale --check $CHECK --fit $CLOCK_FIT --table $TABLE --out $CR \
+    > $L/rescale-clock.txt 2>&1; cat $L/rescale-clock.txt
+  timeout 120 python3 -m validate plan --table $CR --out $CVR --points-from $V --interval 90 > $L/plan-clock.txt 2>&1
+  tail -1 $L/plan-clock.txt; (sha256sum $CVR/plan.json; date -u +%FT%T.%NZ) | tee $L/plan-clock-frozen.txt
+fi
 left=$((END - 40 - SECONDS)); [ -n "${PROBE:-}" ] && left=$((left < 300 ? left : 300))
 echo "== validate real $VR --only $POINTS, $left s ($(date -u +%T))"
 timeout $left python3 -m validate real --out $VR --only "$POINTS" --expect-gpu "$GPU" > $L/real.txt 2>&1
@@ -81,6 +96,8 @@ done
 mkdir -p .device/$(dirname $VR) .device/$(dirname $R) && rm -rf .device/$VR && cp -r $VR .device/$VR && cp $R .device/$R
 keep="$R $VR"
 [ -f $OVR/plan.json ] && rm -rf .device/$OVR && cp -r $OVR .device/$OVR && cp $OR .device/$OR && keep="$keep $OR $OVR"
+[ -n "${CLOCK_V:-}" ] && [ -f $CVR/plan.json ] && rm -rf $CVR/real && cp -r $VR/real $CVR/real && rm -rf .device/$CVR &&
+  cp -r $CVR .device/$CVR && cp $CR .device/$CR && keep="$keep $CR $CVR"
 for sv in ${SERVING_V:-}; do
   probed $sv; [ -f $SVR/plan.json ] || continue
   rm -rf $SVR/real && cp -r $VR/real $SVR/real; rm -rf .device/$SVR && cp -r $SVR .device/$SVR && cp $SR .device/$SR
