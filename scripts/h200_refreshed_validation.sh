@@ -96,8 +96,10 @@ done
 mkdir -p .device/$(dirname $VR) .device/$(dirname $R) && rm -rf .device/$VR && cp -r $VR .device/$VR && cp $R .device/$R
 keep="$R $VR"
 [ -f $OVR/plan.json ] && rm -rf .device/$OVR && cp -r $OVR .device/$OVR && cp $OR .device/$OR && keep="$keep $OR $OVR"
-[ -n "${CLOCK_V:-}" ] && [ -f $CVR/plan.json ] && rm -rf $CVR/real && cp -r $VR/real $CVR/real && rm -rf .device/$CVR &&
-  cp -r $CVR .device/$CVR && cp $CR .device/$CR && keep="$keep $CR $CVR"
+if [ -n "${CLOCK_V:-}" ] && [ -f $CVR/plan.json ]; then
+  rm -rf $CVR/real; [ -d $VR/real ] && cp -r $VR/real $CVR/real
+  rm -rf .device/$CVR && cp -r $CVR .device/$CVR && cp $CR .device/$CR; keep="$keep $CR $CVR"
+fi
 for sv in ${SERVING_V:-}; do
   probed $sv; [ -f $SVR/plan.json ] || continue
   rm -rf $SVR/real && cp -r $VR/real $SVR/real; rm -rf .device/$SVR && cp -r $SVR .device/$SVR && cp $SR .device/$SR
