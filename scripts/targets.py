@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grade_validation import Graded, grade_all, shared_band_ratios, unrefreshed  # noqa: E402
+from grade_validation import Graded, grade_all, shared_band_ratios, target_counts, unrefreshed  # noqa: E402
 
 from servecap.traces.command import Parser, command  # noqa: E402
 from servecap.traces.outpath import check_new_file  # noqa: E402
@@ -41,18 +41,13 @@ COVER = 0.85  # the share of measurements a 90% band must hold
 
 def column(graded: dict[Path, Graded]) -> dict[str, str]:
     """One kind's cell per target: its count met of all, over the pooled sessions."""
-    targets = [t for g in graded.values() for t in g.targets]
-    runs = [x for g in graded.values() for x in g.runs.total]
-    kinds = [m for g in graded.values() for m in g.kinds.values()]
+    counts = {k: f"{met} of {of}" for k, (met, of) in target_counts(graded).items()}
     bands = [g.bands["all"] for g in graded.values()]
     inside, measured = sum(b["inside"] for b in bands), sum(b["graded"] for b in bands)
     under = sum(b["inside"] < COVER * b["graded"] for b in bands if b["graded"])
     near = [w["width"] / w["real_spread"] for g in graded.values() for w in g.bands["near"]["width_vs_real_spread"]]
     gpus = shared_band_ratios({v: g.compared for v, g in graded.items()})["near"][1]
-    return {"served": f"{sum(abs(t[1]) <= 0.02 for t in targets)} of {len(targets)}",
-            "ttft": f"{sum(t[4] for t in targets)} of {len(targets)}",
-            "runs": f"{sum(abs(x - 1) <= 0.02 for x in runs)} of {len(runs)}",
-            "kinds": f"{sum(abs(m - 1) <= 0.02 for m in kinds)} of {len(kinds)}",
+    return {**counts,
             "bands": f"{inside} of {measured} ({inside / measured:.1%}); sessions under {COVER:.0%}: {under} of "
                      f"{len(graded)}",
             "width": _within_twice(near), "width_gpus": _within_twice(gpus)}
