@@ -23,9 +23,9 @@ from grade_validation import Graded, grade_all, shared_band_ratios, target_count
 from servecap.traces.command import Parser, command  # noqa: E402
 from servecap.traces.outpath import check_new_file  # noqa: E402
 
-# Every fresh GPU session of each kind whose runs were graded blind against a plan of every policy's points (the
-# README's pools): H100s from v28 on (v27 planned from its own closed-run table), H200s from v12 on (since the
-# engine's serving phase and tables corrected from serving runs) and v35.
+# The README's pools, each a fresh GPU session graded blind against a plan from a table corrected from serving runs:
+# on H100s v28 on (v27 planned from its own closed-run table); on H200s v12-v27 (the sessions that refreshed such a
+# table on their GPU, graded against the unrefreshed plan) and v35.
 POOLS = {
     "h100": ("v28-87507692", "v29-2304fc8c", "v30-0d00527b", "v32-5d7577b0", "v37-89c098b0", "v39-0849f914",
              "v39-24c9ce4e", "v39-c46ecc40", "v39-3b82dd1f", "v39-7474a88c", "v39-68f6b1d8", "v39-1982e955",
