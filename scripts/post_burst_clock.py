@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot_gpu_pool import gpu_grade  # noqa: E402
 
-from servecap.calibrate.refresh import rescaled  # noqa: E402
+from servecap.calibrate.refresh import refreshed_from, rescaled  # noqa: E402
 from servecap.costs.table import load_cost_table, save_cost_table  # noqa: E402
 from servecap.traces.command import Parser, command  # noqa: E402
 from servecap.traces.errors import InputError  # noqa: E402
@@ -110,7 +110,7 @@ def rescale_command(args) -> int:
     table = rescaled(old.raw, {"prefill": factor})
     table.update(name=f"{old.raw['name']} (prompt steps rescaled by the post-burst clock)", created_at=now_iso(),
                  git_commit=git_commit(),
-                 refreshed_from={"table_id": old.table_id, "device": old.device, "created_at": old.created_at},
+                 refreshed_from=refreshed_from(old),
                  refresh={"factors": {"prefill": factor}, "applied": {"prefill": factor},
                           "post_burst_clock_mhz": clock, "clock_readings": n, "check": str(args.check),
                           "fit": {"file": str(args.fit), "made_at": fit.get("made_at"),

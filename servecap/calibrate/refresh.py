@@ -81,6 +81,11 @@ def rescaled(raw: dict, factor: dict[str, float]) -> dict:
             "fit": fit(prefill, {b: d["points"] for b, d in decode.items()}, raw.get("engine"))}
 
 
+def refreshed_from(table: CostTable) -> dict:
+    """What a table rescaled from `table` records of its source: its id, device and time."""
+    return {"table_id": table.table_id, "device": table.device, "created_at": table.created_at}
+
+
 def source_table(path: Path, cfg) -> CostTable:
     """The table to refresh, refused before the engine starts unless this engine is the one it measured (model,
     dtype, block size): the ratios of another model's steps to its model would rescale it by nothing they share."""
@@ -132,7 +137,7 @@ def refresh(old: CostTable, out: Path, cfg, argv: list[str], telemetry=None) -> 
     table.update(device=meta["device"], software=meta["software"], created_at=meta["created_at"],
                  git_commit=meta["git_commit"], host=meta["host"],
                  name=f"{old.raw['name']} (refreshed on {meta['device']['name']})",
-                 refreshed_from={"table_id": old.table_id, "device": old.device, "created_at": old.created_at},
+                 refreshed_from=refreshed_from(old),
                  refresh={"factors": factor, "applied": applies, "ratios": measured, "runs": [r.label for r in runs],
                           "wall_s": round(time.perf_counter() - t0, 1),
                           **({"telemetry": telemetry.summary()} if telemetry is not None else {}),

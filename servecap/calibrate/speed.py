@@ -43,7 +43,7 @@ from servecap.traces.errors import InputError
 from servecap.traces.provenance import git_commit, now_iso
 
 from .from_runs import class_factor, gpu_key, table_and_runs
-from .refresh import SPANNED_GPUS, rescaled, spanned_gpus
+from .refresh import SPANNED_GPUS, refreshed_from, rescaled, spanned_gpus
 
 MEDIAN_GPUS = 3  # a median over fewer is one GPU's reading or the mean of two
 
@@ -111,7 +111,7 @@ def rescale_from_runs(paths: list[Path], table_path: Path, out: Path, argv: list
                           "is (README, validations v40-v42): plan with both", stacklevel=2)
     raw.update(name=f"{table.raw.get('name', table.table_id)} (rescaled to the serving speed of {len(runs)} run(s))",
                created_at=now_iso(), git_commit=git_commit(),
-               refreshed_from={"table_id": table.table_id, "device": table.device, "created_at": table.created_at},
+               refreshed_from=refreshed_from(table),
                refresh={"method": "serving speed: summed step time over the table's price in context, per kind" +
                                   (", the median over the runs' GPUs of each GPU's own" if median_gpu else "") +
                                   " (servecap/calibrate/speed.py)",
